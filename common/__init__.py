@@ -1,0 +1,4 @@
+"""Small helpers shared by every stage: atomic writes, errors, the --json summary, manifests.
+
+Nothing here imports torch, so the inference-only path on a device stays light.
+"""

@@ -1,0 +1,93 @@
+"""Atomic file and directory writes: a reader sees the old complete version or the new one, never half.
+
+Temp file in the same directory, fsync, rename, fsync of the directory: the POSIX recipe that survives
+a crash or power loss (rename is atomic on one filesystem).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry so a completed rename survives power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; on success it replaces ``path`` atomically, on failure it is
+    removed and ``path`` is untouched. For writers that want a filename (np.save, safetensors)."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str], *, replace: bool = False) -> Iterator[Path]:
+    """Build a directory in a hidden sibling and move it into place only when complete.
+
+    With ``replace`` an existing directory is swapped out (renamed aside, then deleted) only after the
+    new one is complete, so an interrupted write leaves the old one in place.
+    """
+    final = Path(path)
+    if final.exists() and not replace:
+        raise FileExistsError(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.partial"
+    staging.mkdir()
+    try:
+        yield staging
+        for child in staging.rglob("*"):
+            if child.is_file():
+                with open(child, "rb") as fh:
+                    os.fsync(fh.fileno())
+        old = None
+        if final.exists():
+            old = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.old"
+            os.replace(final, old)
+        os.replace(staging, final)
+        fsync_dir(final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)

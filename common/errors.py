@@ -1,0 +1,37 @@
+"""One error convention for every command: a single line on stderr and a meaningful exit code."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+
+class SacEdgeError(Exception):
+    """A problem the user can fix (bad flag, bad file). Printed as one line; exit code 2."""
+
+    exit_code = 2
+
+
+class InternalError(SacEdgeError):
+    """Something went wrong inside sac-edge (not the user's input). Exit code 1."""
+
+    exit_code = 1
+
+
+def run_cli(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:
+    """Run a command's main and turn every failure into one line on stderr plus an exit code.
+
+    2 means bad input (the message names the problem and the fix), 1 an internal failure, 130 Ctrl-C.
+    """
+    try:
+        return main(argv)
+    except SacEdgeError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # one line, never a traceback, for anything unforeseen
+        message = str(err).splitlines()[0] if str(err) else ""
+        print(f"{prog}: internal error: {type(err).__name__}: {message}", file=sys.stderr)
+        return 1

@@ -1,0 +1,27 @@
+"""The ``--json`` contract: the last line a command prints on stdout is one JSON object."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    """Make a summary JSON-safe: numpy scalars to Python, NaN/inf to None (JSON has neither)."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def emit_json(summary: dict[str, Any]) -> None:
+    """Print ``summary`` as the final stdout line and flush, so scripts can ``tail -n 1`` it."""
+    sys.stdout.write(json.dumps(_clean(summary), sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,137 @@
+"""The run dir's files and how they are read back: safetensors + JSON, never pickle.
+
+Tensor keys in ``checkpoint.safetensors`` (the contract export and the fine-tuner read):
+``actor.<param>``, ``critic.<param>``, ``critic_target.<param>``, ``log_alpha``, ``obs_norm.{mean,var,count}``,
+``optim.<name>.<index>.<slot>`` and ``rng.torch``. ``trainer_state.json`` holds the counters, the numpy
+and environment RNG states and the optimiser hyperparameters.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from sac_edge.common.atomic import atomic_path
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import sha256_file
+from sac_edge.common.spec import PolicySpec
+
+from .policies import Actor, CriticEnsemble, InferencePolicy, ObsNormalizer
+
+CONFIG = "config.json"
+CHECKPOINT = "checkpoint.safetensors"
+TRAINER_STATE = "trainer_state.json"
+REPLAY = "replay.safetensors"
+CALIB_STATES = "calib_states.npy"
+METRICS = "metrics.csv"
+
+LEARNER_PREFIXES = ("actor.", "critic.", "log_alpha", "obs_norm.")
+
+
+class Run(NamedTuple):
+    """A trained run read back from disk (validated)."""
+
+    path: Path
+    config: dict[str, Any]
+    spec: PolicySpec
+    tensors: dict[str, torch.Tensor]
+    checkpoint_sha256: str
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file atomically (contiguous CPU copies; shared storage is not allowed)."""
+    flat = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(flat, str(tmp), metadata=metadata)
+
+
+def load_tensors(path: Path, what: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """Read a safetensors file; a missing, truncated or corrupt file is a one-line SacEdgeError."""
+    if not path.is_file():
+        raise SacEdgeError(f"{path}: {what} not found (train with sac-train first)")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise SacEdgeError(f"{path}: {what} is corrupt or truncated ({err}); use an intact copy") from None
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """Read a JSON object; a missing or malformed file is a one-line SacEdgeError."""
+    if not path.is_file():
+        raise SacEdgeError(f"{path}: {what} not found")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SacEdgeError(f"{path}: {what} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise SacEdgeError(f"{path}: {what} is not a JSON object")
+    return data
+
+
+def prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The sub-dict under ``prefix.`` with the prefix removed (a module's state dict)."""
+    cut = len(prefix) + 1
+    return {k[cut:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read and validate a run dir written by ``sac-train``."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise SacEdgeError(f"{path}: run dir not found")
+    config = read_json(path / CONFIG, "run config")
+    spec = PolicySpec.from_dict(config.get("spec", {}), source=str(path / CONFIG))
+    tensors = load_tensors(path / CHECKPOINT)
+    missing = [k for k in ("log_alpha", "obs_norm.mean", "actor.mu.weight") if k not in tensors]
+    if missing:
+        raise SacEdgeError(f"{path / CHECKPOINT}: not a sac-edge checkpoint (missing {', '.join(missing)})")
+    mu = tensors["actor.mu.weight"]
+    first = tensors.get("actor.trunk.0.weight")
+    if mu.shape[0] != spec.act_dim or first is None or first.shape[1] != spec.obs_dim:
+        raise SacEdgeError(
+            f"{path}: checkpoint shapes do not match config.json (obs_dim={spec.obs_dim}, "
+            f"act_dim={spec.act_dim}); the run dir is inconsistent, retrain or restore it"
+        )
+    return Run(path, config, spec, tensors, sha256_file(path / CHECKPOINT))
+
+
+def build_actor(spec: PolicySpec, tensors: dict[str, torch.Tensor]) -> Actor:
+    actor = Actor(spec.obs_dim, spec.act_dim, spec.hidden)
+    actor.load_state_dict(prefixed(tensors, "actor"))
+    return actor
+
+
+def build_normalizer(spec: PolicySpec, tensors: dict[str, torch.Tensor]) -> ObsNormalizer:
+    norm = ObsNormalizer(spec.obs_dim)
+    norm.load_state_dict(prefixed(tensors, "obs_norm"))
+    return norm
+
+
+def build_critic(spec: PolicySpec, tensors: dict[str, torch.Tensor], prefix: str = "critic") -> CriticEnsemble:
+    state = prefixed(tensors, prefix)
+    n_layers = sum(1 for k in state if k.startswith("weights."))
+    n_critics, _, width = state["weights.0"].shape
+    critic = CriticEnsemble(spec.obs_dim, spec.act_dim, (width,) * (n_layers - 1), n_critics)
+    critic.load_state_dict(state)
+    return critic
+
+
+def inference_policy(spec: PolicySpec, tensors: dict[str, torch.Tensor]) -> InferencePolicy:
+    """The deterministic deployment policy (raw obs -> env-unit action) from checkpoint tensors."""
+    policy = InferencePolicy(
+        build_actor(spec, tensors),
+        build_normalizer(spec, tensors),
+        torch.tensor(spec.action_low),
+        torch.tensor(spec.action_high),
+    )
+    return policy.eval()
+
+
+def learner_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What on-device fine-tuning needs: actor, critics, target critics, log-alpha, normaliser."""
+    return {k: v for k, v in tensors.items() if k.startswith(LEARNER_PREFIXES) or k.startswith("critic_target.")}

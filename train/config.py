@@ -1,0 +1,57 @@
+"""``sac-train``'s one frozen config. Field help texts become ``--help``; the resolved config is saved as
+``config.json`` in the run dir. Defaults are the CleanRL / Stable-Baselines3 SAC defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    env: str = field(default="Pendulum-v1", metadata={"help": "gymnasium environment id (Box action space)"})
+    total_steps: int = field(default=15_000, metadata={"help": "environment steps in total (all envs)"})
+    seed: int = field(default=0, metadata={"help": "seed for torch, numpy and the environments"})
+    learning_starts: int = field(default=5_000, metadata={"help": "random-action steps before the first update"})
+    num_envs: int = field(default=1, metadata={"help": "parallel gymnasium vector environments"})
+    vector_mode: str = field(
+        default="sync",
+        metadata={"help": "vector env backend (async runs each env in its own process)", "choices": ["sync", "async"]},
+    )
+    device: str = field(default="cpu", metadata={"help": "training device", "choices": ["cpu", "cuda"]})
+    amp: str = field(
+        default="off",
+        metadata={
+            "help": "autocast precision for the networks (fp16 uses a GradScaler)",
+            "choices": ["off", "bf16", "fp16"],
+        },
+    )
+    compile: bool = field(default=False, metadata={"help": "torch.compile the update step"})
+    cuda_graphs: bool = field(default=False, metadata={"help": "capture the whole update in a CUDA graph (cuda only)"})
+    buffer_size: int = field(default=1_000_000, metadata={"help": "replay capacity (preallocated on the device)"})
+    batch_size: int = field(default=256, metadata={"help": "minibatch size per update"})
+    hidden: tuple[int, ...] = field(default=(256, 256), metadata={"help": "actor hidden layer widths"})
+    critic_layers: int = field(default=2, metadata={"help": "hidden layers in each critic (width: last of --hidden)"})
+    grad_checkpoint: bool = field(default=False, metadata={"help": "gradient checkpointing in deep critics"})
+    gamma: float = field(default=0.99, metadata={"help": "discount factor"})
+    tau: float = field(default=0.005, metadata={"help": "soft target update rate"})
+    actor_lr: float = field(default=3e-4, metadata={"help": "actor learning rate"})
+    critic_lr: float = field(default=3e-4, metadata={"help": "critic learning rate"})
+    alpha_lr: float = field(default=3e-4, metadata={"help": "entropy temperature learning rate"})
+    init_alpha: float = field(default=1.0, metadata={"help": "initial entropy temperature"})
+    autotune: bool = field(default=True, metadata={"help": "learn alpha towards target entropy -act_dim"})
+    utd: int = field(default=1, metadata={"help": "updates per environment step (per env)"})
+    normalize_obs: bool = field(default=True, metadata={"help": "running mean/var observation normalisation"})
+    eval_every: int = field(default=5_000, metadata={"help": "steps between deterministic evaluations (0: off)"})
+    eval_episodes: int = field(default=5, metadata={"help": "episodes per evaluation"})
+    checkpoint_every: int = field(default=10_000, metadata={"help": "steps between checkpoints (0: only at end)"})
+    calib_states: int = field(default=4096, metadata={"help": "observations saved to calib_states.npy"})
+    threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: all cores)"})
+    out: str = field(default="runs/latest", metadata={"help": "run directory"})
+    resume: bool = field(default=False, metadata={"help": "continue the run in --out from its checkpoint"})
+    force: bool = field(default=False, metadata={"help": "overwrite an existing run in --out"})
+    progress: bool = field(default=True, metadata={"help": "tqdm progress bar on stderr"})
+    json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})
+
+    @property
+    def critic_hidden(self) -> tuple[int, ...]:
+        return (self.hidden[-1],) * self.critic_layers

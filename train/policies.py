@@ -1,0 +1,176 @@
+"""SAC networks, kept apart from the algorithm: actor, fused twin-critic ensemble, obs normaliser.
+
+The twin critics are one module whose weights are stacked ``[n_critics, in, out]``, so both critics run
+as one batched matmul per layer instead of two separate MLPs (fewer, larger kernels; one optimiser
+group). ``InferencePolicy`` is the deterministic deployment policy (normalise -> actor mean -> tanh ->
+scale to the env's bounds); evaluation in training and the ONNX export both use it, so they agree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+LOG_STD_MIN = -5.0
+LOG_STD_MAX = 2.0
+OBS_CLIP = 10.0
+
+
+def mlp(in_dim: int, hidden: Sequence[int]) -> nn.Sequential:
+    """ReLU MLP trunk ``in_dim -> hidden[0] -> ... -> hidden[-1]``."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        in_dim = width
+    return nn.Sequential(*layers)
+
+
+class ObsNormalizer(nn.Module):
+    """Running mean/variance of raw observations (parallel-variance update, float64 accumulators).
+
+    Applied to replay samples at training time and baked into the exported graph, so the device sees
+    raw sensor values.
+    """
+
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+
+    def __init__(self, obs_dim: int, eps: float = 1e-8, clip: float = OBS_CLIP) -> None:
+        super().__init__()
+        self.eps = eps
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(obs_dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(obs_dim, dtype=torch.float64))
+        self.register_buffer("count", torch.full((), 1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, batch: Tensor) -> None:
+        """Fold a batch ``[n, obs_dim]`` of raw observations into the running statistics."""
+        batch = batch.to(torch.float64)
+        n = batch.shape[0]
+        b_mean = batch.mean(0)
+        b_var = batch.var(0, unbiased=False)
+        delta = b_mean - self.mean
+        total = self.count + n
+        self.mean += delta * (n / total)
+        m2 = self.var * self.count + b_var * n + delta.square() * (self.count * n / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def scale(self) -> tuple[Tensor, Tensor]:
+        """(mean, 1/std) as float32, the two constants the exported graph uses."""
+        inv_std = torch.rsqrt(self.var + self.eps)
+        return self.mean.float(), inv_std.float()
+
+    def forward(self, obs: Tensor) -> Tensor:
+        mean, inv_std = self.scale()
+        return ((obs - mean.to(obs.dtype)) * inv_std.to(obs.dtype)).clamp(-self.clip, self.clip)
+
+
+class Actor(nn.Module):
+    """Tanh-squashed diagonal Gaussian policy on normalised observations; actions in [-1, 1]."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int] = (256, 256)) -> None:
+        super().__init__()
+        self.trunk = mlp(obs_dim, hidden)
+        self.mu = nn.Linear(hidden[-1], act_dim)
+        self.log_std = nn.Linear(hidden[-1], act_dim)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """Pre-tanh mean and log-std (squashed smoothly into [LOG_STD_MIN, LOG_STD_MAX])."""
+        h = self.trunk(obs)
+        log_std = torch.tanh(self.log_std(h))
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1.0)
+        return self.mu(h), log_std
+
+    def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Reparameterised action in [-1, 1] and its log-probability, from standard normal ``noise``.
+
+        The log-prob is computed in float32 even under autocast: it feeds the entropy term and alpha.
+        """
+        mean, log_std = self(obs)
+        mean, log_std = mean.float(), log_std.float()
+        u = mean + log_std.exp() * noise
+        # log N(u; mean, std) - sum log(1 - tanh(u)^2), the latter in its stable softplus form.
+        log_prob = (-0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+        return torch.tanh(u), log_prob
+
+    def deterministic(self, obs: Tensor) -> Tensor:
+        """The mode of the squashed policy: tanh(mean)."""
+        return torch.tanh(self(obs)[0])
+
+
+class CriticEnsemble(nn.Module):
+    """``n_critics`` Q-networks evaluated together: weights ``[n, in, out]``, one bmm per layer."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: Sequence[int] = (256, 256),
+        n_critics: int = 2,
+        grad_checkpoint: bool = False,
+    ) -> None:
+        super().__init__()
+        self.n_critics = n_critics
+        self.grad_checkpoint = grad_checkpoint
+        dims = [obs_dim + act_dim, *hidden, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in itertools.pairwise(dims):
+            bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default init, per critic
+            self.weights.append(nn.Parameter(torch.empty(n_critics, fan_in, fan_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(n_critics, 1, fan_out).uniform_(-bound, bound)))
+
+    def forward(self, obs: Tensor, act: Tensor, detach_params: bool = False) -> Tensor:
+        """Q-values ``[n_critics, batch]``. ``detach_params`` lets gradients reach the inputs only
+        (the actor loss), which skips every critic weight-gradient GEMM."""
+        ws = [w.detach() if detach_params else w for w in self.weights]
+        bs = [b.detach() if detach_params else b for b in self.biases]
+        x = torch.cat([obs, act], dim=-1)
+        h = torch.baddbmm(bs[0], x.unsqueeze(0).expand(self.n_critics, -1, -1), ws[0]).relu()
+        for w, b in zip(ws[1:-1], bs[1:-1], strict=True):
+            if self.grad_checkpoint and torch.is_grad_enabled():
+                h = checkpoint(_hidden_layer, h, w, b, use_reentrant=False)
+            else:
+                h = _hidden_layer(h, w, b)
+        return torch.baddbmm(bs[-1], h, ws[-1]).squeeze(-1)
+
+
+def _hidden_layer(h: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    return torch.baddbmm(b, h, w).relu()
+
+
+class InferencePolicy(nn.Module):
+    """Deployment policy: raw observation -> action in env units. What export puts in the ONNX graph.
+
+    Non-finite observations are zeroed after normalisation (``nan_to_num``) so the action stays finite.
+    """
+
+    obs_mean: Tensor
+    obs_inv_std: Tensor
+    act_scale: Tensor
+    act_bias: Tensor
+
+    def __init__(self, actor: Actor, normalizer: ObsNormalizer, low: Tensor, high: Tensor) -> None:
+        super().__init__()
+        self.actor = actor
+        mean, inv_std = normalizer.scale()
+        self.clip = normalizer.clip
+        self.register_buffer("obs_mean", mean.clone())
+        self.register_buffer("obs_inv_std", inv_std.clone())
+        self.register_buffer("act_scale", ((high - low) / 2.0).float())
+        self.register_buffer("act_bias", ((high + low) / 2.0).float())
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = ((obs - self.obs_mean) * self.obs_inv_std).clamp(-self.clip, self.clip)
+        x = torch.nan_to_num(x, nan=0.0)
+        return self.actor.deterministic(x) * self.act_scale + self.act_bias
