@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class TrainConfig:
-    env: str = field(default="Pendulum-v1", metadata={"help": "gymnasium environment id (Box action space)"})
+    env: str | None = field(
+        default=None, metadata={"help": "gymnasium id or module:Class (default Pendulum-v1; on --resume the run's env)"}
+    )
     total_steps: int = field(default=15_000, metadata={"help": "environment steps in total (all envs)"})
     seed: int = field(default=0, metadata={"help": "seed for torch, numpy and the environments"})
     learning_starts: int = field(default=5_000, metadata={"help": "random-action steps before the first update"})

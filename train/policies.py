@@ -41,11 +41,13 @@ class ObsNormalizer(nn.Module):
     mean: Tensor
     var: Tensor
     count: Tensor
+    clip: Tensor
 
     def __init__(self, obs_dim: int, eps: float = 1e-8, clip: float = OBS_CLIP) -> None:
         super().__init__()
         self.eps = eps
-        self.clip = clip
+        # A buffer, so a run without normalisation (clip=inf, identity stats) round-trips through the checkpoint.
+        self.register_buffer("clip", torch.tensor(clip, dtype=torch.float64))
         self.register_buffer("mean", torch.zeros(obs_dim, dtype=torch.float64))
         self.register_buffer("var", torch.ones(obs_dim, dtype=torch.float64))
         self.register_buffer("count", torch.full((), 1e-4, dtype=torch.float64))
@@ -71,7 +73,8 @@ class ObsNormalizer(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         mean, inv_std = self.scale()
-        return ((obs - mean.to(obs.dtype)) * inv_std.to(obs.dtype)).clamp(-self.clip, self.clip)
+        clip = self.clip.to(obs.dtype)  # a tensor bound: no host sync, capturable in a CUDA graph
+        return torch.clamp((obs - mean.to(obs.dtype)) * inv_std.to(obs.dtype), -clip, clip)
 
 
 class Actor(nn.Module):
@@ -164,13 +167,18 @@ class InferencePolicy(nn.Module):
         super().__init__()
         self.actor = actor
         mean, inv_std = normalizer.scale()
-        self.clip = normalizer.clip
+        self.clip = float(normalizer.clip)
         self.register_buffer("obs_mean", mean.clone())
         self.register_buffer("obs_inv_std", inv_std.clone())
         self.register_buffer("act_scale", ((high - low) / 2.0).float())
         self.register_buffer("act_bias", ((high + low) / 2.0).float())
 
     def forward(self, obs: Tensor) -> Tensor:
-        x = ((obs - self.obs_mean) * self.obs_inv_std).clamp(-self.clip, self.clip)
-        x = torch.nan_to_num(x, nan=0.0)
+        # NaN -> 0 before the clamp (TensorRT's Clip may map NaN to a bound), then ±inf -> ±bound. Written as
+        # IsNaN + Where + Clip: nan_to_num exports IsInf, which TensorRT 8.5 (JetPack 5) cannot parse. The bound
+        # stays finite even without normalisation (clip=inf), so a non-finite observation never yields a
+        # non-finite action.
+        bound = min(self.clip, 1e6)
+        x = (obs - self.obs_mean) * self.obs_inv_std
+        x = torch.where(torch.isnan(x), 0.0, x).clamp(-bound, bound)
         return self.actor.deterministic(x) * self.act_scale + self.act_bias

@@ -1,0 +1,175 @@
+"""SAC update throughput: sac-edge against Stable-Baselines3 SAC, side by side in one run.
+
+Same hyperparameters (batch 256, 256x256 MLPs, twin critics, Adam 3e-4, autotuned alpha), same replay
+contents size, same threads. Runs are interleaved (A B A B ...) and the median is reported, so load from
+other processes hits both alike. The FLOPs of one update are counted with torch's FlopCounterMode and
+divided by the matmul rate measured here now, which gives the floor the brief asks us to compare with.
+
+    python bench/train_speed.py                     # Pendulum-v1 and HalfCheetah-v5 shapes, CPU
+    python bench/train_speed.py --compile           # also the torch.compile path (slow to build)
+    python bench/train_speed.py --device cuda --batch 256,1024
+
+Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from sac_edge.common.envs import make_env
+from sac_edge.train.config import TrainConfig
+from sac_edge.train.envs import policy_spec
+from sac_edge.train.sac import SAC
+
+FILL = 20_000
+
+
+def _filled_sac(env_id: str, cfg: TrainConfig) -> SAC:
+    env = make_env(env_id)
+    spec = policy_spec(env_id, env, cfg.hidden)
+    sac = SAC(spec, cfg, torch.device(cfg.device))
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((FILL, spec.obs_dim)).astype(np.float32)
+    act = rng.uniform(-1, 1, (FILL, spec.act_dim)).astype(np.float32)
+    sac.buffer.add(obs, act, rng.standard_normal(FILL), obs + 0.01, np.zeros(FILL, np.float32))
+    sac.obs_norm.update(torch.as_tensor(obs, device=sac.device))
+    sac.prepare_fast_path()
+    return sac
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_sac_edge(sac: SAC, n: int) -> float:
+    """Seconds per update over ``n`` updates (after the caller's warm-up)."""
+    _sync(sac.cfg.device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        sac.step()
+    _sync(sac.cfg.device)
+    return (time.perf_counter() - t0) / n
+
+
+def make_sb3(env_id: str, batch: int, device: str) -> Any:
+    from stable_baselines3 import SAC as SB3SAC
+    from stable_baselines3.common.logger import configure
+
+    env = make_env(env_id)
+    model = SB3SAC("MlpPolicy", env, batch_size=batch, buffer_size=FILL, learning_starts=0, device=device, seed=0)
+    model.set_logger(configure(None, []))
+    rng = np.random.default_rng(0)
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    buffer = model.replay_buffer
+    assert buffer is not None
+    for _ in range(FILL):
+        o = rng.standard_normal((1, obs_dim)).astype(np.float32)
+        buffer.add(o, o + 0.01, rng.uniform(-1, 1, (1, act_dim)), rng.standard_normal(1), np.zeros(1), [{}])
+    return model
+
+
+def time_sb3(model: Any, n: int) -> float:
+    t0 = time.perf_counter()
+    model.train(gradient_steps=n, batch_size=model.batch_size)
+    return (time.perf_counter() - t0) / n
+
+
+def update_flops(sac: SAC) -> int:
+    """FLOPs of one eager update, counted by torch (matmuls dominate)."""
+    with FlopCounterMode(display=False) as counter:
+        sac.train_step()
+    return int(counter.get_total_flops())
+
+
+def matmul_rate(device: str, size: int = 256, reps: int = 400) -> float:
+    """GFLOP/s of a square fp32 matmul of the update's size, measured now (the floor's denominator)."""
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    for _ in range(20):
+        a @ b
+    best = float("inf")
+    for _ in range(5):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        _sync(device)
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return 2 * size**3 / best / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--envs", default="Pendulum-v1,HalfCheetah-v5")
+    parser.add_argument("--batch", default="256")
+    parser.add_argument("--updates", type=int, default=150, help="timed updates per repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 reference")
+    args = parser.parse_args()
+
+    rate = matmul_rate(args.device)
+    rows = []
+    for env_id in args.envs.split(","):
+        for batch in (int(b) for b in args.batch.split(",")):
+            base = TrainConfig(env=env_id, device=args.device, batch_size=batch, buffer_size=FILL)
+            variants = {"sac-edge eager": _filled_sac(env_id, base)}
+            if args.compile:
+                variants["sac-edge compile"] = _filled_sac(env_id, replace(base, compile=True))
+            flops = update_flops(variants["sac-edge eager"])
+            sb3 = None if args.no_sb3 else make_sb3(env_id, batch, args.device)
+            times: dict[str, list[float]] = {name: [] for name in variants}
+            if sb3 is not None:
+                times["sb3"] = []
+            for sac in variants.values():
+                time_sac_edge(sac, 10)  # warm-up (and compilation)
+            if sb3 is not None:
+                time_sb3(sb3, 10)
+            for _ in range(args.repeats):
+                for name, sac in variants.items():
+                    times[name].append(time_sac_edge(sac, args.updates))
+                if sb3 is not None:
+                    times["sb3"].append(time_sb3(sb3, args.updates))
+            med = {name: statistics.median(t) for name, t in times.items()}
+            floor_ms = flops / (rate * 1e9) * 1e3
+            for name, sec in med.items():
+                rows.append(
+                    {
+                        "env": env_id,
+                        "batch": batch,
+                        "impl": name,
+                        "ms_per_update": round(sec * 1e3, 3),
+                        "updates_per_s": round(1.0 / sec, 1),
+                        "vs_sb3": round(med["sb3"] / sec, 2) if "sb3" in med else None,
+                        "floor_ms": round(floor_ms, 3),
+                        "floor_fraction": round(floor_ms / (sec * 1e3), 2),
+                        "gflop_per_update": round(flops / 1e9, 3),
+                    }
+                )
+
+    header = (
+        f"{'env':<16}{'batch':>6}  {'impl':<18}{'ms/upd':>8}{'upd/s':>9}{'x SB3':>7}{'floor ms':>10}{'of floor':>9}"
+    )
+    print(f"matmul rate here now: {rate:.1f} GFLOP/s (fp32, 256^3, {torch.get_num_threads()} threads)")
+    print(header)
+    for r in rows:
+        ratio = "" if r["vs_sb3"] is None else f"{r['vs_sb3']:.2f}"
+        print(
+            f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<18}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
+            f"{ratio:>7}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}"
+        )
+    print(json.dumps({"bench": "train_speed", "device": args.device, "matmul_gflops": round(rate, 1), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""The INT8 accuracy gate: INT8 ships only if it acts like FP32 on held-out states and earns the same return.
+
+Rule: accepted when (a) the mean |a_int8 - a_fp32| over the held-out states is at most 1% of the action
+range (per dimension, averaged over dimensions and states) and (b) the mean return over ``gate_episodes``
+seeded episodes (the same seeds for both) drops by at most 2% of the FP32 return's distance from the env's
+worst return. If the fully quantised model fails, each layer's sensitivity is measured (mean action error with only that
+layer quantised) and the most sensitive layers are kept in float, one more at a time, re-checking both
+criteria each time. (Ranking by this one-at-a-time sensitivity beat a greedy "which float copy helps most"
+search on a trained Pendulum actor: greedy kept the wrong layer first and rejected, ranking accepted.)
+When every mixed model with at least one INT8 layer fails, INT8 is rejected, with the fully quantised
+model's figures and every attempt in the report.
+
+Worst return: for envs whose per-step reward has a known minimum it is that minimum times the episode
+length (Pendulum-v1: -(pi^2 + 0.1*8^2 + 0.001*2^2) = -16.2736044 per step, 200 steps -> -3254.72). For
+other envs (MuJoCo locomotion has no finite worst case) it is the lower of the mean returns of the
+zero-action policy and a seeded uniform-random policy on the gate seeds: "as bad as doing nothing or
+acting at random", a floor a trained policy is far above. Callers may pass their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from sac_edge.common.envs import make_env
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.spec import PolicySpec
+
+from .rollout import Policy, random_policy, run_episode, zero_policy
+from .session import OnnxPolicy
+from .states import GATE_SEED_OFFSET
+
+MAX_MEAN_ERROR_FRAC = 0.01  # mean action error <= 1% of the action range
+MAX_RETURN_DROP_FRAC = 0.02  # return drop <= 2% of (fp32 return - worst return)
+PER_STEP_WORST_REWARD = {"Pendulum-v1": -(math.pi**2 + 0.1 * 8.0**2 + 0.001 * 2.0**2)}  # -16.2736044
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """One MatMul/Gemm: its final precision and its sensitivity (mean action error as a fraction of the
+    range with only this layer quantised; None when the full INT8 model passed and none was measured)."""
+
+    name: str
+    precision: str
+    sensitivity: float | None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One candidate the gate tried: the layers it kept in float and its figures."""
+
+    float_layers: tuple[str, ...]
+    mean_action_error_frac: float
+    return_drop: float | None  # None: episodes skipped, the action criterion already failed
+    passed: bool
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """The gate's figures and verdict (for the terminal table and the manifest's ``gate`` entry)."""
+
+    env_id: str
+    verdict: str  # "accepted" | "rejected"
+    holdout_states: int
+    max_action_error: float  # env units
+    mean_action_error: float
+    max_action_error_frac: float  # fraction of the action range
+    mean_action_error_frac: float
+    episode_seeds: tuple[int, ...]
+    fp32_returns: tuple[float, ...]
+    int8_returns: tuple[float, ...]
+    fp32_mean_return: float
+    int8_mean_return: float
+    worst_return: float
+    worst_return_source: str
+    return_drop: float
+    allowed_return_drop: float
+    layers: tuple[LayerReport, ...]
+    attempts: tuple[Attempt, ...]
+    max_mean_error_frac: float = MAX_MEAN_ERROR_FRAC
+    max_return_drop_frac: float = MAX_RETURN_DROP_FRAC
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict == "accepted"
+
+    @property
+    def float_layers(self) -> tuple[str, ...]:
+        return tuple(layer.name for layer in self.layers if layer.precision != "int8")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values (non-finite figures become None)."""
+        return _finite(dataclasses.asdict(self) | {"float_layers": list(self.float_layers)})
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one INT8 candidate scores against FP32."""
+
+    max_error: float
+    mean_error: float
+    max_error_frac: float
+    mean_error_frac: float
+    int8_returns: tuple[float, ...] | None
+
+
+def action_errors(
+    fp32: Policy, int8: Policy, states: np.ndarray, low: Sequence[float], high: Sequence[float]
+) -> tuple[float, float, float, float]:
+    """(max, mean) |a_int8 - a_fp32| in env units, then the same as fractions of the action range."""
+    err = np.abs(int8(states).astype(np.float64) - fp32(states).astype(np.float64))
+    frac = err / (np.asarray(high, np.float64) - np.asarray(low, np.float64))
+    return float(err.max()), float(err.mean()), float(frac.max()), float(frac.mean())
+
+
+def episode_returns(policy: Policy, env_id: str, seeds: Sequence[int]) -> tuple[float, ...]:
+    """Undiscounted returns of ``policy`` on one episode per seed."""
+    env = make_env(env_id)
+    try:
+        return tuple(run_episode(policy, env, s).total_return for s in seeds)
+    finally:
+        env.close()
+
+
+def worst_return(env_id: str, seeds: Sequence[int]) -> tuple[float, str]:
+    """The env's worst return and how it was obtained (see the module docstring)."""
+    env = make_env(env_id)
+    try:
+        per_step = PER_STEP_WORST_REWARD.get(env_id)
+        if per_step is not None and env.spec is not None and env.spec.max_episode_steps:
+            steps = int(env.spec.max_episode_steps)
+            return per_step * steps, f"analytic: {per_step:.7f} per step x {steps} steps"
+        zero = float(np.mean([run_episode(zero_policy(env), env, s).total_return for s in seeds]))
+        rand = float(np.mean([run_episode(random_policy(env, s), env, s).total_return for s in seeds]))
+    finally:
+        env.close()
+    return min(zero, rand), f"measured: min(zero-action {zero:.2f}, uniform-random {rand:.2f}) on the gate seeds"
+
+
+def run_gate(
+    fp32: onnx.ModelProto | Path,
+    build_int8: Callable[[frozenset[str]], onnx.ModelProto],
+    layers: Sequence[str],
+    holdout: np.ndarray,
+    spec: PolicySpec,
+    *,
+    gate_episodes: int,
+    seed: int = 0,
+    worst: tuple[float, str] | None = None,
+    keep_float: Collection[str] = (),
+) -> tuple[GateReport, onnx.ModelProto | None]:
+    """Gate the fully quantised model, falling back to mixed precision; return the report and the
+    accepted model (None when rejected).
+
+    ``build_int8(float_layers)`` makes the Q/DQ model with those MatMul/Gemm layers left float;
+    ``layers`` names all of them; ``keep_float`` are layers the caller forces to float from the start.
+    """
+    if gate_episodes < 1:
+        raise SacEdgeError(f"--gate-episodes must be >= 1, got {gate_episodes}")
+    seeds = tuple(seed + GATE_SEED_OFFSET + k for k in range(gate_episodes))
+    ref = OnnxPolicy(fp32)
+    fp32_returns = episode_returns(ref, spec.env_id, seeds)
+    worst_value, worst_source = worst if worst is not None else worst_return(spec.env_id, seeds)
+    fp32_mean = float(np.mean(fp32_returns))
+    allowed = MAX_RETURN_DROP_FRAC * max(fp32_mean - worst_value, 0.0)
+
+    def score(float_layers: frozenset[str]) -> tuple[Figures, onnx.ModelProto, OnnxPolicy]:
+        """Action errors of the candidate that keeps ``float_layers`` in float (no episodes yet)."""
+        model = build_int8(float_layers)
+        policy = OnnxPolicy(model)
+        return Figures(*action_errors(ref, policy, holdout, spec.action_low, spec.action_high), None), model, policy
+
+    def with_returns(fig: Figures, policy: OnnxPolicy) -> tuple[Figures, float]:
+        """The candidate's episode returns and return drop (episodes are skipped for non-finite actions)."""
+        returns = episode_returns(policy, spec.env_id, seeds)
+        return dataclasses.replace(fig, int8_returns=returns), fp32_mean - float(np.mean(returns))
+
+    def passes(fig: Figures, drop: float | None) -> bool:
+        return drop is not None and fig.mean_error_frac <= MAX_MEAN_ERROR_FRAC and drop <= allowed
+
+    forced = frozenset(keep_float)
+    first, model, policy = score(forced)
+    first_drop = None
+    if math.isfinite(first.max_error):  # reported even when rejected, so always with its returns
+        first, first_drop = with_returns(first, policy)
+    ok = passes(first, first_drop)
+    attempts = [Attempt(tuple(sorted(forced)), first.mean_error_frac, first_drop, ok)]
+    chosen, chosen_fig, chosen_float = (model if ok else None), first, forced
+    sensitivity: dict[str, float] = {}
+    remaining = [name for name in layers if name not in forced]
+    if not ok and len(remaining) > 1:
+        for name in remaining:
+            sensitivity[name] = score(frozenset(layers) - {name})[0].mean_error_frac
+        ranked = sorted(remaining, key=lambda n: sensitivity[n], reverse=True)
+        for k in range(1, len(ranked)):  # keep the k most sensitive layers in float
+            kept = forced | frozenset(ranked[:k])
+            fig, model, policy = score(kept)
+            drop = None
+            if math.isfinite(fig.max_error) and fig.mean_error_frac <= MAX_MEAN_ERROR_FRAC:
+                fig, drop = with_returns(fig, policy)
+            ok = passes(fig, drop)
+            attempts.append(Attempt(tuple(sorted(kept)), fig.mean_error_frac, drop, ok))
+            if ok:
+                chosen, chosen_fig, chosen_float = model, fig, kept
+                break
+    final_float = chosen_float if chosen is not None else forced
+    shown = chosen_fig if chosen is not None else first
+    int8_returns = shown.int8_returns or tuple(math.nan for _ in seeds)
+    report = GateReport(
+        env_id=spec.env_id,
+        verdict="accepted" if chosen is not None else "rejected",
+        holdout_states=len(holdout),
+        max_action_error=shown.max_error,
+        mean_action_error=shown.mean_error,
+        max_action_error_frac=shown.max_error_frac,
+        mean_action_error_frac=shown.mean_error_frac,
+        episode_seeds=seeds,
+        fp32_returns=fp32_returns,
+        int8_returns=int8_returns,
+        fp32_mean_return=fp32_mean,
+        int8_mean_return=float(np.mean(int8_returns)),
+        worst_return=worst_value,
+        worst_return_source=worst_source,
+        return_drop=fp32_mean - float(np.mean(int8_returns)),
+        allowed_return_drop=allowed,
+        layers=tuple(LayerReport(n, "fp32" if n in final_float else "int8", sensitivity.get(n)) for n in layers),
+        attempts=tuple(attempts),
+    )
+    return report, chosen
+
+
+def render_table(report: GateReport) -> str:
+    """The gate report as a terminal table."""
+    pct = 100.0
+    lines = [
+        f"INT8 accuracy gate: {report.env_id}  ->  {report.verdict.upper()}",
+        f"  {'criterion':<34}{'FP32':>12}{'INT8':>12}{'value':>12}{'limit':>12}  ok",
+        f"  {'mean action error (% of range)':<34}{'':>12}{'':>12}"
+        f"{report.mean_action_error_frac * pct:>11.3f}%{report.max_mean_error_frac * pct:>11.2f}%"
+        f"  {_mark(report.mean_action_error_frac <= report.max_mean_error_frac)}",
+        f"  {'max action error (% of range)':<34}{'':>12}{'':>12}{report.max_action_error_frac * pct:>11.3f}%",
+        f"  {'mean / max action error (env units)':<34}{'':>12}{'':>12}"
+        f"{report.mean_action_error:>12.4g}{report.max_action_error:>12.4g}",
+        f"  {f'mean return ({len(report.episode_seeds)} seeded episodes)':<34}"
+        f"{report.fp32_mean_return:>12.2f}{report.int8_mean_return:>12.2f}"
+        f"{report.return_drop:>12.2f}{report.allowed_return_drop:>12.2f}"
+        f"  {_mark(report.return_drop <= report.allowed_return_drop)}",
+        f"  worst return {report.worst_return:.2f} ({report.worst_return_source}); "
+        f"held-out states {report.holdout_states}",
+        f"  {'layer':<40}{'precision':>10}{'sensitivity':>14}",
+    ]
+    for layer in report.layers:
+        sens = "-" if layer.sensitivity is None else f"{layer.sensitivity * pct:.3f}%"
+        lines.append(f"  {layer.name:<40}{layer.precision:>10}{sens:>14}")
+    if len(report.attempts) > 1:
+        for i, att in enumerate(report.attempts):
+            drop = "skipped" if att.return_drop is None else f"{att.return_drop:.2f}"
+            kept = ", ".join(att.float_layers) or "none"
+            lines.append(
+                f"  attempt {i}: float [{kept}]  mean error {att.mean_action_error_frac * pct:.3f}%  "
+                f"return drop {drop}  {'pass' if att.passed else 'fail'}"
+            )
+    return "\n".join(lines)
+
+
+def _mark(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def gate_model(
+    fp32: onnx.ModelProto | Path,
+    int8: onnx.ModelProto | Path,
+    holdout: np.ndarray,
+    spec: PolicySpec,
+    *,
+    gate_episodes: int,
+    seed: int = 0,
+    worst: tuple[float, str] | None = None,
+) -> GateReport:
+    """Gate one given INT8 model as it is (no mixed-precision fallback, no layer table)."""
+    model = int8 if isinstance(int8, onnx.ModelProto) else onnx.load(str(int8))
+    return run_gate(fp32, lambda _: model, (), holdout, spec, gate_episodes=gate_episodes, seed=seed, worst=worst)[0]

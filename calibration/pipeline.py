@@ -1,0 +1,143 @@
+"""The one call ``sac-export --int8`` makes: calibrate, insert Q/DQ, check, gate, write the INT8 artefacts."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from sac_edge.common.atomic import atomic_write_bytes
+from sac_edge.common.errors import InternalError, SacEdgeError
+from sac_edge.common.spec import PolicySpec
+
+from .cache import TRT_VERSION, cache_scales, cache_tensors, write_cache
+from .calibrators import compute_amax
+from .check import check_qdq
+from .gate import GateReport, render_table, run_gate
+from .graph import layer_name, linear_nodes
+from .qdq import quantizable_tensors, quantize_model
+from .session import collect_activations
+from .states import StateSets, build_state_sets, validate_states
+
+INT8_ONNX = "policy.int8.onnx"
+CALIB_CACHE = "calib.cache"
+
+
+class Int8Result(NamedTuple):
+    """The gate report, the files written (None when INT8 was rejected) and the calibration facts."""
+
+    report: GateReport
+    int8_onnx: Path | None
+    calib_cache: Path | None
+    calibration: dict[str, Any]  # for the manifest's ``calibration`` entry
+
+    def to_dict(self) -> dict[str, Any]:
+        """``gate`` and ``calibration`` for the manifest, ``table`` for the terminal, ``files`` written."""
+        files = [p.name for p in (self.int8_onnx, self.calib_cache) if p is not None]
+        return {
+            "gate": self.report.to_dict(),
+            "calibration": self.calibration,
+            "table": render_table(self.report),
+            "files": files,
+        }
+
+
+def quantize_and_gate(
+    fp32_onnx: Path,
+    out_dir: Path,
+    replay: np.ndarray | None,
+    spec: PolicySpec,
+    *,
+    calib_samples: int = 2048,
+    holdout_samples: int = 2048,
+    method: str = "entropy",
+    method_overrides: Mapping[str, str] | None = None,
+    percentile: float = 99.99,
+    gate_episodes: int = 10,
+    seed: int = 0,
+    keep_float: Collection[str] = (),
+    trt_version: int = TRT_VERSION,
+) -> Int8Result:
+    """``sac-export --int8``: build the state sets (``replay`` = the run's ``calib_states.npy`` or None, plus
+    rollouts of ``fp32_onnx``), then ``calibrate_and_gate``."""
+    states = build_state_sets(
+        fp32_onnx, spec, calib_samples=calib_samples, holdout_samples=holdout_samples, replay=replay, seed=seed
+    )
+    return calibrate_and_gate(
+        fp32_onnx,
+        out_dir,
+        states,
+        spec,
+        method=method,
+        method_overrides=method_overrides,
+        percentile=percentile,
+        gate_episodes=gate_episodes,
+        seed=seed,
+        keep_float=keep_float,
+        trt_version=trt_version,
+    )
+
+
+def calibrate_and_gate(
+    fp32_onnx: Path,
+    out_dir: Path,
+    states: StateSets,
+    spec: PolicySpec,
+    *,
+    method: str = "entropy",
+    method_overrides: Mapping[str, str] | None = None,
+    percentile: float = 99.99,
+    gate_episodes: int = 10,
+    seed: int = 0,
+    keep_float: Collection[str] = (),
+    trt_version: int = TRT_VERSION,
+) -> Int8Result:
+    """Calibrate ``fp32_onnx`` on ``states.calibration``, gate the Q/DQ model on ``states.holdout`` and
+    ``gate_episodes`` seeded episodes of ``spec.env_id``, and write ``policy.int8.onnx`` and ``calib.cache``
+    into ``out_dir`` (atomically) only when the gate accepts it.
+
+    ``method``: minmax | percentile | entropy for every tensor, ``method_overrides`` per tensor name;
+    ``keep_float``: MatMul/Gemm node names to leave in float from the start.
+    """
+    try:
+        model = onnx.load(str(fp32_onnx))
+    except (OSError, DecodeError) as err:
+        raise SacEdgeError(f"{fp32_onnx}: cannot read the fp32 ONNX model ({str(err).splitlines()[0]})") from None
+    calibration = validate_states(states.calibration, spec.obs_dim, "calibration states")
+    holdout = validate_states(states.holdout, spec.obs_dim, "held-out states")
+    layers = [layer_name(n) for n in linear_nodes(model)]
+    if not layers:
+        raise SacEdgeError(f"{fp32_onnx}: no MatMul/Gemm layers to quantise")
+    tensors = list(dict.fromkeys([*quantizable_tensors(model), *cache_tensors(model)]))
+    amax = compute_amax(
+        collect_activations(model, calibration, tensors), method, overrides=method_overrides, percentile=percentile
+    )
+
+    def build(float_layers: frozenset[str]) -> onnx.ModelProto:
+        candidate = quantize_model(model, amax, float_layers=float_layers)
+        violations = check_qdq(candidate)
+        if violations:
+            raise InternalError(f"Q/DQ model breaks a TensorRT rule: {violations[0]}")
+        return candidate
+
+    report, accepted = run_gate(
+        model, build, layers, holdout, spec, gate_episodes=gate_episodes, seed=seed, keep_float=keep_float
+    )
+    facts: dict[str, Any] = {
+        "method": method,
+        "method_overrides": dict(method_overrides or {}),
+        "percentile": percentile,
+        "states": dict(states.counts),
+        "amax": amax,
+        "trt_cache_version": trt_version,
+    }
+    if accepted is None:
+        return Int8Result(report, None, None, facts)
+    int8_path, cache_path = out_dir / INT8_ONNX, out_dir / CALIB_CACHE
+    atomic_write_bytes(int8_path, accepted.SerializeToString())
+    write_cache(cache_path, cache_scales(model, amax, report.float_layers), trt_version)
+    return Int8Result(report, int8_path, cache_path, facts)

@@ -1,0 +1,189 @@
+"""The one inference interface the control loop, bench and fine-tuner talk to (Polygraphy-style).
+
+A backend loads one entry of a bundle (a precision of the policy) and runs it:
+
+- ``act(obs)`` is the hot path, batch 1: the observation is copied into a preallocated input and the
+  action comes back in a preallocated output. The returned array is the *same object* every call, so the
+  loop must copy it (or finish with it) before the next call. ``act`` is for one control thread.
+- ``act_batch(obs[n, d])`` is for bench and evaluation; it may allocate.
+- ``swap_weights(weights)`` installs a new weight set atomically (copy-on-write: the new runner is built
+  aside and published with one reference assignment), so a reader never sees half of one set and half of
+  another. Weights are keyed by the ``InferencePolicy`` state-dict names, which are also the initializer
+  names of the bundle's fp32 ONNX graph (``actor.trunk.0.weight``, ...). It may be called from any thread.
+- ``describe()`` says what runs (backend, precision, file, provider/device, versions) for logs and JSON.
+
+Heavy dependencies (torch, tensorrt, cuda-python/pycuda) are imported inside the backend that needs
+them, so the onnxruntime path never imports torch; a missing one is a one-line ``SacEdgeError``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import read_manifest
+from sac_edge.common.spec import PolicySpec
+
+PRECISIONS = ("fp32", "fp16", "int8")
+#: Cheapest last: the order the governor degrades through (DESIGN.md "cheaper precision").
+PRECISION_ORDER = PRECISIONS
+
+
+class Bundle(NamedTuple):
+    """A verified bundle: its directory, manifest and policy spec."""
+
+    path: Path
+    manifest: dict[str, Any]
+    spec: PolicySpec
+
+    def files(self, kind: str, precision: str | None = None) -> list[str]:
+        """Names of the manifest files of ``kind`` (and ``precision`` when given), sorted."""
+        out = []
+        for name, entry in sorted(self.manifest.get("files", {}).items()):
+            if entry.get("kind") != kind:
+                continue
+            if precision is not None and (entry.get("precision") or "fp32") != precision:
+                continue
+            out.append(name)
+        return out
+
+    def onnx(self, precision: str) -> Path | None:
+        """The ONNX graph stored for ``precision``, if the bundle has one."""
+        names = self.files("onnx", precision)
+        return self.path / names[0] if names else None
+
+
+def open_bundle(path: str | Path) -> Bundle:
+    """Read a bundle, verifying format_version and every file's sha256 (one-line error on a mismatch)."""
+    root = Path(path)
+    manifest = read_manifest(root, verify=True)
+    spec = PolicySpec.from_dict(manifest.get("spec", {}), source=str(root / "manifest.json"))
+    return Bundle(root, manifest, spec)
+
+
+ACCEPTED = ("accepted", "accepted-mixed")
+
+
+def gate_entry(bundle: Bundle, precision: str) -> dict[str, Any] | None:
+    """The accuracy-gate record for ``precision``: sac-export writes the INT8 gate as ``manifest["gate"]``
+    itself; a gate keyed by precision (``{"int8": {...}}``) is read too."""
+    gate = bundle.manifest.get("gate")
+    if not isinstance(gate, dict):
+        return None
+    if "verdict" in gate:
+        return gate if precision == "int8" else None
+    entry = gate.get(precision)
+    return entry if isinstance(entry, dict) else None
+
+
+def gate_refusal(bundle: Bundle, precision: str) -> str | None:
+    """Why ``precision`` may not serve actions (None when it may).
+
+    fp32 is the reference. int8 must have been accepted by the bundle's accuracy gate (an ungated int8
+    graph is refused: nothing showed its actions are close to fp32's). fp16 is not gated by sac-export
+    (TensorRT fp16 of an MLP stays within ~1e-3 of fp32), so it is refused only if a gate rejected it.
+    """
+    if precision == "fp32":
+        return None
+    entry = gate_entry(bundle, precision)
+    verdict = entry.get("verdict") if entry else None
+    if verdict in ACCEPTED or (verdict is None and precision == "fp16"):
+        return None
+    if verdict is None:
+        return f"{precision} has no accuracy-gate verdict in the bundle (re-export it with --int8)"
+    assert entry is not None
+    figures = ", ".join(
+        f"{k}={v}" for k, v in sorted(entry.items()) if isinstance(v, (int, float, str)) and k != "verdict"
+    )
+    return f"{precision} was {verdict} by the bundle's accuracy gate" + (f" ({figures[:200]})" if figures else "")
+
+
+class SwapReport(NamedTuple):
+    """What a weight swap did: tensors installed, names the graph does not use, and the time taken."""
+
+    applied: int
+    ignored: tuple[str, ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Knobs shared by the backends."""
+
+    threads: int = 1
+    """Intra-op threads (onnxruntime, torch): 1 keeps latency steady on a shared edge CPU."""
+    engine_dir: Path | None = None
+    """Where TensorRT plans are cached (default: ``BUNDLE/engines``)."""
+
+
+class Backend(abc.ABC):
+    """A loaded policy that maps raw observations to env-unit actions."""
+
+    name: str
+    precision: str
+
+    def __init__(self, spec: PolicySpec) -> None:
+        self.spec = spec
+        self.swaps = 0
+
+    @abc.abstractmethod
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Action ``[act_dim]`` for one observation ``[obs_dim]``; the returned buffer is reused."""
+
+    @abc.abstractmethod
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        """Actions ``[n, act_dim]`` for observations ``[n, obs_dim]`` (a new array)."""
+
+    @abc.abstractmethod
+    def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
+        """Install ``weights`` atomically (see the module docstring)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Backend, precision and whatever identifies the runtime (extended by each backend)."""
+        return {"backend": self.name, "precision": self.precision, "swaps": self.swaps}
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends free with the GC
+        """Release device resources early (optional)."""
+
+
+def check_weights(
+    weights: Mapping[str, np.ndarray], known: Mapping[str, tuple[int, ...]]
+) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """Split ``weights`` into float32 arrays the runner uses and the names it does not have.
+
+    A known name with the wrong shape is an error (it would be a different network), so a swap never
+    installs a partial set.
+    """
+    use: dict[str, np.ndarray] = {}
+    ignored = []
+    for name, value in weights.items():
+        if name not in known:
+            ignored.append(name)
+            continue
+        arr = np.ascontiguousarray(value, dtype=np.float32)
+        if tuple(arr.shape) != tuple(known[name]):
+            raise SacEdgeError(f"swap_weights: {name} has shape {tuple(arr.shape)}, the policy has {known[name]}")
+        use[name] = arr
+    return use, tuple(sorted(ignored))
+
+
+def missing_package(backend: str, package: str, hint: str) -> SacEdgeError:
+    """The one-line error for a backend whose optional dependency is not installed."""
+    return SacEdgeError(f"backend {backend!r} needs the Python package {package!r}, which is not installed ({hint})")
+
+
+class BackendKind(NamedTuple):
+    """A backend as the registry sees it: why it cannot run here, what it can run, how to open it."""
+
+    name: str
+    unavailable: Callable[[], str | None]
+    """None when usable here, else a one-line reason (missing package, no device)."""
+    precisions: Callable[[Bundle], tuple[str, ...]]
+    """Precisions this backend can run from this bundle (before the accuracy gate)."""
+    open: Callable[[Bundle, str, BackendOptions], Backend]

@@ -1,0 +1,162 @@
+"""``sac-edge bench``: latency, throughput, energy per inference and peak memory per backend x precision x batch.
+
+Each row: ``warmup`` untimed calls, then ``calls`` timed ones (batch 1 through ``act``, the control
+loop's path; larger batches through ``act_batch``), while a background thread samples the power sensor.
+Energy per inference is the board (or package) energy over the timed window divided by the inferences
+in it: measured where the machine has a power sensor, else the labelled estimate, and the row says which.
+Peak memory is the process's resident high-water mark after the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sac_edge.common.atomic import atomic_path, atomic_write_json
+from sac_edge.common.config import config_dict
+from sac_edge.common.errors import SacEdgeError
+
+from .autoselect import probe_observations
+from .backend import Backend, BackendOptions, open_bundle
+from .config import BenchConfig
+from .memory import MemoryProbe
+from .registry import candidates, check_precision, kind
+from .sensors import EnergyMeter, detect_power_sensor
+from .stats import latency_us, time_calls
+from .table import format_table
+
+
+def _validate(cfg: BenchConfig) -> None:
+    for name in cfg.backends:
+        kind(name)
+    for precision in cfg.precisions:
+        check_precision(precision)
+    if not cfg.batch or any(b < 1 for b in cfg.batch):
+        raise SacEdgeError(f"--batch needs positive sizes, got {cfg.batch}")
+    if cfg.calls < 1 or cfg.warmup < 0 or cfg.threads < 1:
+        raise SacEdgeError("--calls and --threads must be at least 1, --warmup at least 0")
+
+
+def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any]:
+    """Measure every usable backend x precision x batch; write ``--out`` and ``--plot`` when given."""
+    _validate(cfg)
+    bundle = open_bundle(cfg.bundle)
+    explicit = bool(cfg.backends or cfg.precisions)
+    usable, logged = [], set()
+    for cand in candidates(bundle, cfg.backends or None, cfg.precisions or None):
+        if cand.refusal is None:
+            usable.append(cand)
+        elif explicit and cfg.backends and cfg.precisions:
+            raise SacEdgeError(cand.refusal)
+        elif (cand.backend, cand.refusal) not in logged:  # "not installed" once per backend
+            logged.add((cand.backend, cand.refusal))
+            log(f"bench: skipping {cand.backend}/{cand.precision}: {cand.refusal}")
+    if not usable:
+        raise SacEdgeError("bench: no backend x precision can run this bundle here")
+    meter = EnergyMeter(detect_power_sensor(Path(cfg.sensor_root)))
+    memory = MemoryProbe()
+    rows, samples, power = [], {}, []
+    probes = probe_observations(bundle.spec.obs_dim, count=max(cfg.batch) + 64)
+    t0 = None
+    try:
+        for cand in usable:
+            backend = kind(cand.backend).open(bundle, cand.precision, BackendOptions(threads=cfg.threads))
+            for batch in cfg.batch:
+                call = _caller(backend, probes, batch)
+                label = f"{cand.backend}/{cand.precision}/b{batch}"
+                meter.reset()
+                with meter.sampling(0.02):
+                    ns = time_calls(call, cfg.calls, cfg.warmup)
+                t0 = meter.readings[0].timestamp if t0 is None else t0
+                power += [(r.timestamp - t0, r.total_w, label) for r in meter.readings]
+                inferences = cfg.calls * batch
+                peak = memory.read().peak_rss_mb
+                rows.append(
+                    {
+                        "backend": cand.backend,
+                        "precision": cand.precision,
+                        "batch": batch,
+                        "calls": cfg.calls,
+                        "latency_us": latency_us(ns),
+                        "throughput_per_s": round(inferences / (ns.sum() / 1e9), 1),
+                        "energy_mj_per_inference": round(meter.millijoules_per(inferences), 6),
+                        "energy": "measured" if meter.measured else "estimated",
+                        "power_w": round(meter.mean_power_w, 3),
+                        "power_source": meter.sensor.source,
+                        "peak_rss_mb": round(peak, 1),
+                    }
+                )
+                samples[label] = ns / 1000.0
+                log(f"bench: {label}: p99 {rows[-1]['latency_us']['p99']} us")
+            backend.close()
+    finally:
+        meter.sensor.close()
+    result = {
+        "bundle": str(bundle.path),
+        "rows": rows,
+        "power_source": meter.sensor.source,
+        "power_measured": bool(meter.sensor.measured),
+        "config": config_dict(cfg),
+    }
+    if cfg.out:
+        atomic_write_json(cfg.out, result)
+    if cfg.plot:
+        plot(samples, power, Path(cfg.plot), meter.sensor.measured)
+    return result
+
+
+def _caller(backend: Backend, probes: np.ndarray, batch: int) -> Callable[[int], object]:
+    """Batch 1 through ``act`` (the control loop's path), larger batches through ``act_batch``."""
+    if batch == 1:
+        return lambda i: backend.act(probes[i % 64])
+    return lambda i: backend.act_batch(probes[i % 64 : i % 64 + batch])
+
+
+def bench_table(rows: list[dict[str, Any]]) -> str:
+    header = ("backend", "precision", "batch", "p50 us", "p99 us", "max us", "inf/s", "mJ/inf", "energy", "peak MB")
+    body = [
+        (
+            r["backend"],
+            r["precision"],
+            r["batch"],
+            r["latency_us"]["p50"],
+            r["latency_us"]["p99"],
+            r["latency_us"]["max"],
+            r["throughput_per_s"],
+            r["energy_mj_per_inference"],
+            r["energy"],
+            r["peak_rss_mb"],
+        )
+        for r in rows
+    ]
+    return format_table(body, header)
+
+
+def plot(samples: dict[str, np.ndarray], power: list[tuple[float, float, str]], path: Path, measured: bool) -> None:
+    """Latency distributions per row (log scale) and power over the whole bench, written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_lat, ax_pow) = plt.subplots(2, 1, figsize=(10, 8))
+    labels = list(samples)
+    ax_lat.boxplot([samples[k] for k in labels], whis=(1, 99), showfliers=False)
+    ax_lat.set_xticks(range(1, len(labels) + 1), labels, rotation=30, ha="right", fontsize=8)
+    ax_lat.set_yscale("log")
+    ax_lat.set_ylabel("latency per call (us), whiskers p1-p99")
+    ax_lat.set_title("sac-edge bench: latency per backend / precision / batch")
+    for label in labels:
+        pts = [(t, w) for t, w, lab in power if lab == label]
+        if pts:
+            ax_pow.plot(*zip(*pts, strict=True), marker=".", label=label)
+    ax_pow.set_xlabel("time (s)")
+    ax_pow.set_ylabel("power (W, " + ("measured" if measured else "ESTIMATED") + ")")
+    ax_pow.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)

@@ -1,0 +1,73 @@
+"""``sac-edge``: ``run`` (the control loop on a bundle) and ``bench`` (backend x precision x batch figures).
+
+Conventions (DESIGN.md): with ``--json`` the last stdout line is one JSON object; errors are one line on
+stderr with exit code 2 (bad input) or 1 (internal); Ctrl-C / SIGTERM during ``run`` stop the loop
+cleanly and still print the summary.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from sac_edge.common.config import parse_config
+from sac_edge.common.errors import SacEdgeError, run_cli
+from sac_edge.common.summary import emit_json
+
+from .config import BenchConfig, RunConfig
+
+PROG = "sac-edge"
+USAGE = f"""usage: {PROG} {{run,bench}} BUNDLE [options]
+
+  run    drive an environment with the bundle's policy at a fixed rate, within budgets
+  bench  latency, throughput, energy and memory per backend x precision x batch
+
+'{PROG} run --help' and '{PROG} bench --help' list the options."""
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _run(argv: Sequence[str]) -> int:
+    from .run import run_command, summary_table
+
+    cfg = parse_config(RunConfig, argv, f"{PROG} run", RunConfig.__doc__ or "", positional=("bundle",))
+    summary = run_command(cfg, log)
+    print(summary_table(summary), flush=True)
+    if cfg.json:
+        emit_json(summary)
+    return 0
+
+
+def _bench(argv: Sequence[str]) -> int:
+    from .bench import bench_command, bench_table
+
+    cfg = parse_config(BenchConfig, argv, f"{PROG} bench", BenchConfig.__doc__ or "", positional=("bundle",))
+    result = bench_command(cfg, log)
+    print(bench_table(result["rows"]), flush=True)
+    if cfg.json:
+        emit_json(result)
+    return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "run":
+        return _run(rest)
+    if command == "bench":
+        return _bench(rest)
+    raise SacEdgeError(f"unknown command {command!r}; use run or bench ({PROG} --help)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit code."""
+    return run_cli(PROG, _main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The resolved configuration of ``sac-edge run`` and ``sac-edge bench`` (field help becomes ``--help``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .backend import PRECISIONS
+from .registry import BACKEND_CHOICES, KINDS
+from .safety import OBS_FAULT_POLICIES
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """``sac-edge run BUNDLE``: drive an environment with the bundle's policy at a fixed rate."""
+
+    bundle: str = field(metadata={"help": "bundle directory written by sac-export"})
+    env: str | None = field(
+        default=None,
+        metadata={"help": "gymnasium id or module:Class (any gymnasium Env API class); default: the bundle's env"},
+    )
+    backend: str = field(
+        default="auto",
+        metadata={
+            "help": "inference backend; auto times each usable one at start-up and keeps the lowest p99",
+            "choices": list(BACKEND_CHOICES),
+        },
+    )
+    precision: str | None = field(
+        default=None,
+        metadata={
+            "help": "precision to run; default fp32 for a named backend, every gated one for auto",
+            "choices": list(PRECISIONS),
+        },
+    )
+    rate_hz: float = field(default=100.0, metadata={"help": "control rate (steps per second)"})
+    duration: float = field(default=10.0, metadata={"help": "seconds to run; 0 runs until Ctrl-C or SIGTERM"})
+    obs_fault: str = field(
+        default="clip",
+        metadata={
+            "help": "bad observation policy: clip (repair: last good value, clip to bounds) or hold "
+            "(keep the last safe action)",
+            "choices": list(OBS_FAULT_POLICIES),
+        },
+    )
+    inference_budget: float = field(
+        default=0.5, metadata={"help": "fraction of the period an inference may take; slower ones hold the action"}
+    )
+    spin_us: float = field(default=100.0, metadata={"help": "busy-wait this long before each slot (sleep before)"})
+    mem_budget_mb: float | None = field(default=None, metadata={"help": "memory budget enforced by the governor"})
+    power_budget_w: float | None = field(default=None, metadata={"help": "power budget enforced by the governor"})
+    finetune: bool = field(default=False, metadata={"help": "fine-tune on the device while running"})
+    telemetry: str | None = field(
+        default=None, metadata={"help": "JSONL file: the config, one record per second and every governor event"}
+    )
+    threads: int = field(default=1, metadata={"help": "intra-op threads for the inference backend"})
+    auto_calls: int = field(default=200, metadata={"help": "timed calls per candidate for --backend auto"})
+    sensor_root: str = field(default="/", metadata={"help": "filesystem root the power/memory sensors read"})
+    seed: int = field(default=0, metadata={"help": "environment reset seed"})
+    json: bool = field(default=False, metadata={"help": "print the summary as one JSON object on the last line"})
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """``sac-edge bench BUNDLE``: latency, throughput, energy and memory per backend x precision x batch."""
+
+    bundle: str = field(metadata={"help": "bundle directory written by sac-export"})
+    backends: tuple[str, ...] = field(
+        default=(), metadata={"help": f"backends to measure (default: every usable one of {', '.join(KINDS)})"}
+    )
+    precisions: tuple[str, ...] = field(
+        default=(), metadata={"help": "precisions to measure (default: every one the bundle has and the gate passed)"}
+    )
+    batch: tuple[int, ...] = field(default=(1, 8, 64), metadata={"help": "batch sizes"})
+    calls: int = field(default=500, metadata={"help": "timed calls per row"})
+    warmup: int = field(default=50, metadata={"help": "untimed calls before each row"})
+    threads: int = field(default=1, metadata={"help": "intra-op threads for the backends"})
+    out: str | None = field(default=None, metadata={"help": "write the rows (and the config) to this JSON file"})
+    plot: str | None = field(default=None, metadata={"help": "PNG: latency distributions and power over time"})
+    sensor_root: str = field(default="/", metadata={"help": "filesystem root the power sensors read"})
+    json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})

@@ -1,0 +1,83 @@
+"""The control loop's safety policy for observations and actions (counted, never silent).
+
+Observation (``--obs-fault``):
+
+- ``clip`` (default): each non-finite component is replaced by its last good value (0 before any good
+  one), then the observation is clipped to the declared observation-space bounds; the policy then runs
+  on the repaired observation. Keeps the controller responsive when one sensor channel glitches.
+- ``hold``: any non-finite or out-of-range observation skips inference and holds the last safe action.
+  The conservative choice for a plant where a stale command is safer than a guessed state.
+
+Action: always finite and inside the action bounds. A non-finite action is replaced by the last safe
+action (initially 0 clipped to the bounds); a finite one is clipped to the bounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+OBS_FAULT_POLICIES = ("clip", "hold")
+
+
+class ObservationGuard:
+    """Checks each observation against finiteness and the declared bounds, repairing per the policy."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, policy: str = "clip") -> None:
+        if policy not in OBS_FAULT_POLICIES:
+            raise ValueError(f"obs fault policy must be one of {OBS_FAULT_POLICIES}, got {policy!r}")
+        self.low = np.asarray(low, dtype=np.float64)
+        self.high = np.asarray(high, dtype=np.float64)
+        self.bounded = bool(np.isfinite(self.low).any() or np.isfinite(self.high).any())
+        self.hold = policy == "hold"
+        self.last_good = np.clip(np.zeros_like(self.low), self.low, self.high)
+        self._repaired = np.empty_like(self.low)
+        self.nonfinite = 0
+        self.out_of_range = 0
+
+    def check(self, obs: np.ndarray) -> np.ndarray | None:
+        """A safe observation (``obs`` itself when it is fine), or None: hold the last action."""
+        finite = bool(np.isfinite(obs).all())
+        if finite and (not self.bounded or bool(((obs >= self.low) & (obs <= self.high)).all())):
+            np.copyto(self.last_good, obs)
+            return obs
+        if not finite:
+            self.nonfinite += 1
+        else:
+            self.out_of_range += 1
+        if self.hold:
+            return None
+        repaired = self._repaired
+        np.copyto(repaired, obs)
+        bad = ~np.isfinite(repaired)
+        repaired[bad] = self.last_good[bad]
+        np.clip(repaired, self.low, self.high, out=repaired)
+        np.copyto(self.last_good, repaired)
+        return repaired
+
+
+class ActionGuard:
+    """Keeps every action finite and inside ``[low, high]``; remembers the last safe one."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray) -> None:
+        self.low = np.asarray(low, dtype=np.float32)
+        self.high = np.asarray(high, dtype=np.float32)
+        self.safe = np.clip(np.zeros_like(self.low), self.low, self.high)
+        self._out = self.safe.copy()
+        self.nonfinite = 0
+        self.clipped = 0
+
+    def apply(self, action: np.ndarray) -> np.ndarray:
+        """The action to send (a reused buffer): ``action`` clipped, or the last safe one if not finite."""
+        if not np.isfinite(action).all():
+            self.nonfinite += 1
+            return self.hold()
+        if (action < self.low).any() or (action > self.high).any():
+            self.clipped += 1
+        np.clip(action, self.low, self.high, out=self._out)
+        np.copyto(self.safe, self._out)
+        return self._out
+
+    def hold(self) -> np.ndarray:
+        """The last safe action (for a skipped or overrun inference)."""
+        np.copyto(self._out, self.safe)
+        return self._out

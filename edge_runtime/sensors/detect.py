@@ -1,0 +1,87 @@
+"""Pick the best power source a machine has, falling back to the labelled estimate."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .base import Clock, PowerReading, PowerSensor, SensorError
+from .estimate import EstimatedSensor
+from .ina3221 import Ina3221HwmonSensor, Ina3221IioSensor
+from .nvml import NvmlSensor
+from .rapl import RaplSensor
+from .tegrastats import TegrastatsSensor
+
+TEGRASTATS_BINARY = Path("usr/bin/tegrastats")
+
+
+class CombinedSensor(PowerSensor):
+    """Sums independent sources (RAPL for the CPU package + NVML for a discrete GPU)."""
+
+    def __init__(self, sensors: Sequence[PowerSensor], clock: Clock = time.monotonic) -> None:
+        self.sensors = list(sensors)
+        self.source = "+".join(s.source for s in self.sensors)
+        self.measured = all(s.measured for s in self.sensors)
+        self._clock = clock
+
+    def read(self) -> PowerReading:
+        readings = [s.read() for s in self.sensors]
+        rails = {f"{r.source}/{name}": w for r in readings for name, w in r.rails_w.items()}
+        energies = [r.energy_j for r in readings]
+        energy = sum(e for e in energies if e is not None) if all(e is not None for e in energies) else None
+        measured = all(r.measured for r in readings)
+        return PowerReading(sum(r.total_w for r in readings), rails, measured, self.source, self._clock(), energy)
+
+    def close(self) -> None:
+        for sensor in self.sensors:
+            sensor.close()
+
+
+def _try(make: Callable[[], PowerSensor], probe: bool = False) -> PowerSensor | None:
+    """The sensor if it can be made (and, with ``probe``, read once), else None."""
+    try:
+        sensor = make()
+    except SensorError:
+        return None
+    if probe:
+        try:
+            sensor.read()
+        except SensorError:
+            sensor.close()
+            return None
+    return sensor
+
+
+def detect_power_sensor(
+    root: Path = Path("/"), clock: Clock = time.monotonic, tegrastats_interval_ms: int = 1000
+) -> PowerSensor:
+    """The best real source present under ``root``, else :class:`EstimatedSensor`.
+
+    Order: INA3221 hwmon (JetPack 5+), INA3221 iio (JetPack 4), ``root/usr/bin/tegrastats`` (a Jetson
+    whose sysfs rails are not readable), then RAPL and NVML (summed when both are present), then the
+    estimate. NVML is a library, not a file tree, so it is only consulted when ``root`` is ``/``.
+    Every candidate is read once before it is chosen.
+    """
+    for make in (lambda: Ina3221HwmonSensor(root, clock), lambda: Ina3221IioSensor(root, clock)):
+        sensor = _try(make, probe=True)
+        if sensor is not None:
+            return sensor
+    binary = root / TEGRASTATS_BINARY
+    if os.access(binary, os.X_OK):
+        found = _try(lambda: TegrastatsSensor(binary, tegrastats_interval_ms, clock), probe=True)
+        if found is not None:
+            return found
+    host: list[PowerSensor] = []
+    rapl = _try(lambda: RaplSensor(root, clock), probe=True)
+    if rapl is not None:
+        host.append(rapl)
+    nvml = _try(lambda: NvmlSensor(0, clock), probe=True) if root == Path("/") else None
+    if nvml is not None:
+        host.append(nvml)
+    if len(host) > 1:
+        return CombinedSensor(host, clock)
+    if host:
+        return host[0]
+    return EstimatedSensor(root, clock=clock)

@@ -1,0 +1,161 @@
+"""Jetson INA3221 power monitor, in its two sysfs layouts.
+
+JetPack 4 (L4T 32, NVIDIA's own ``ina3221x`` iio driver, drivers/staging/iio/meter/ina3221.c in the L4T
+tree; energymon jetson/ina3221x.c, jetson-stats jtop/core/power.py)::
+
+    /sys/bus/i2c/drivers/ina3221x/7-0040/iio:device0/
+        rail_name_N  in_voltageN_input (mV)  in_currentN_input (mA)  in_powerN_input (mW)   N = 0, 1, 2
+
+JetPack 5+ (L4T 34+, mainline ``ina3221`` hwmon driver; kernel Documentation/hwmon/ina3221.rst,
+energymon jetson/ina3221.c, alumet plugins/nvidia-jetson/README.md)::
+
+    /sys/bus/i2c/drivers/ina3221/7-0040/hwmon/hwmonN/      (N varies between boots and boards)
+        in[1-3]_label  in[1-3]_input (bus mV)  curr[1-3]_input (mA)  update_interval (ms)
+        in[4-6]_input shunt uV, in7_label "sum of shunt voltages": not rails. No power file:
+        P = mV * mA / 1000. A label "NC" marks an unconnected channel (Orin) and is skipped.
+
+Xavier NX rails at 7-0040: VDD_IN (module input = the total), VDD_CPU_GPU_CV, VDD_SOC (energymon
+jetson/JetsonPowerRails.md). Where no input rail exists (AGX Xavier) the total is the sum of the rails.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .base import Clock, PowerReading, PowerSensor, SensorError, read_number, total_from_rails
+
+IIO_DRIVER_DIR = Path("sys/bus/i2c/drivers/ina3221x")
+HWMON_DRIVER_DIR = Path("sys/bus/i2c/drivers/ina3221")
+_I2C_DEVICE = re.compile(r"^\d+-[0-9a-fA-F]{4}$")  # "7-0040": bus 7, address 0x40
+_HWMON_LABEL = re.compile(r"^in(\d+)_label$")
+_IIO_RAIL = re.compile(r"^rail_name_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Rail:
+    """Where one channel's figures live. ``power_mw`` is None in the hwmon layout (computed from V and I)."""
+
+    name: str
+    voltage_mv: Path
+    current_ma: Path
+    power_mw: Path | None = None
+
+    def watts(self) -> float:
+        if self.power_mw is not None:
+            return read_number(self.power_mw) / 1000.0
+        return read_number(self.voltage_mv) * read_number(self.current_ma) / 1e6
+
+
+def _i2c_devices(driver_dir: Path) -> list[Path]:
+    if not driver_dir.is_dir():
+        return []
+    return sorted(p for p in driver_dir.iterdir() if _I2C_DEVICE.match(p.name) and p.is_dir())
+
+
+def _label(path: Path) -> str:
+    """A label file's text; an unreadable one counts as absent so detection can move on."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _unique(name: str, device: Path, rails: dict[str, Rail]) -> str:
+    """A second board monitor with the same rail name (rare) is keyed by its I2C device too."""
+    return name if name not in rails else f"{name}@{device.name}"
+
+
+def find_iio_rails(root: Path) -> dict[str, Rail]:
+    """Rails of every ``ina3221x`` iio device under ``root`` (JetPack 4)."""
+    rails: dict[str, Rail] = {}
+    for device in _i2c_devices(root / IIO_DRIVER_DIR):
+        for iio in sorted(device.glob("iio:device*")):
+            for entry in sorted(iio.iterdir()):
+                match = _IIO_RAIL.match(entry.name)
+                if not match:
+                    continue
+                n = match.group(1)
+                name = _label(entry)
+                if not name or name == "NC":
+                    continue
+                rails[_unique(name, device, rails)] = Rail(
+                    name=name,
+                    voltage_mv=iio / f"in_voltage{n}_input",
+                    current_ma=iio / f"in_current{n}_input",
+                    power_mw=iio / f"in_power{n}_input",
+                )
+    return rails
+
+
+def find_hwmon_dirs(root: Path) -> list[Path]:
+    """The ``hwmonN`` folders of every ``ina3221`` device under ``root`` (N is whatever the kernel chose)."""
+    return [
+        hwmon
+        for device in _i2c_devices(root / HWMON_DRIVER_DIR)
+        for hwmon in sorted((device / "hwmon").glob("hwmon*"))
+        if hwmon.is_dir()
+    ]
+
+
+def find_hwmon_rails(root: Path) -> dict[str, Rail]:
+    """Rails of every ``ina3221`` hwmon device under ``root`` (JetPack 5+), skipping NC and the shunt sum."""
+    rails: dict[str, Rail] = {}
+    for hwmon in find_hwmon_dirs(root):
+        device = hwmon.parent.parent
+        for entry in sorted(hwmon.iterdir()):
+            match = _HWMON_LABEL.match(entry.name)
+            if not match or not 1 <= int(match.group(1)) <= 3:  # in4-6 are shunt voltages, in7 their sum
+                continue
+            n = match.group(1)
+            name = _label(entry)
+            if not name or name == "NC":
+                continue
+            rails[_unique(name, device, rails)] = Rail(
+                name=name, voltage_mv=hwmon / f"in{n}_input", current_ma=hwmon / f"curr{n}_input"
+            )
+    return rails
+
+
+class _RailSensor(PowerSensor):
+    """Reads a fixed set of rails on every call; the files are re-read, never cached."""
+
+    def __init__(self, rails: dict[str, Rail], source: str, clock: Clock) -> None:
+        self.rails = rails
+        self.source = source
+        self._clock = clock
+
+    def read(self) -> PowerReading:
+        rails_w = {name: rail.watts() for name, rail in self.rails.items()}
+        return PowerReading(
+            total_w=total_from_rails(rails_w),
+            rails_w=rails_w,
+            measured=True,
+            source=self.source,
+            timestamp=self._clock(),
+        )
+
+
+class Ina3221IioSensor(_RailSensor):
+    """INA3221 through the JetPack 4 ``ina3221x`` iio driver (power read from ``in_powerN_input``)."""
+
+    def __init__(self, root: Path = Path("/"), clock: Clock = time.monotonic) -> None:
+        rails = find_iio_rails(root)
+        if not rails:
+            raise SensorError(f"no INA3221 iio rails under {root / IIO_DRIVER_DIR} (not a JetPack 4 Jetson?)")
+        super().__init__(rails, "ina3221-iio", clock)
+
+
+class Ina3221HwmonSensor(_RailSensor):
+    """INA3221 through the JetPack 5+ mainline hwmon driver (power = bus mV * mA)."""
+
+    def __init__(self, root: Path = Path("/"), clock: Clock = time.monotonic) -> None:
+        rails = find_hwmon_rails(root)
+        if not rails:
+            raise SensorError(f"no INA3221 hwmon rails under {root / HWMON_DRIVER_DIR} (not a JetPack 5 Jetson?)")
+        super().__init__(rails, "ina3221-hwmon", clock)
+        intervals = [hw / "update_interval" for hw in find_hwmon_dirs(root) if (hw / "update_interval").is_file()]
+        #: the monitor's conversion time; reading faster than this returns the same figures
+        self.update_interval_ms: float | None = max(read_number(p) for p in intervals) if intervals else None

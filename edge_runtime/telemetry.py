@@ -1,0 +1,68 @@
+"""Telemetry JSONL (one object per line: the config, one record per second, every governor event) and the
+live status line.
+
+The file is a log, written as the run goes and flushed per record so a crash keeps everything up to it;
+it is not rewritten atomically like the other artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.summary import _clean
+
+
+class TelemetryWriter:
+    """Appends JSON records to ``path`` (or drops them when ``path`` is None)."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path else None
+        self._fh: IO[str] | None = None
+        self.records = 0
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            except OSError as err:
+                raise SacEdgeError(f"cannot write telemetry to {self.path}: {err.strerror or err}") from None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._fh is None:
+            return
+        self._fh.write(json.dumps(_clean(record), sort_keys=True, default=str) + "\n")
+        self._fh.flush()
+        self.records += 1
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> TelemetryWriter:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class StatusLine:
+    """A one-line status rewritten in place on stderr; only used when stderr is a terminal."""
+
+    def __init__(self, stream: IO[str] = sys.stderr) -> None:
+        self.stream = stream
+        self._width = 0
+
+    def __call__(self, text: str) -> None:
+        self.stream.write("\r" + text.ljust(self._width))
+        self.stream.flush()
+        self._width = len(text)
+
+    def finish(self) -> None:
+        if self._width:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,103 @@
+"""``sac-export RUN --out BUNDLE``: a run dir or SB3 zip -> verified ONNX / INT8 / TensorRT bundle."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sac_edge.common.config import parse_config
+from sac_edge.common.errors import SacEdgeError, run_cli
+from sac_edge.common.summary import emit_json
+
+from .bundle import ExportResult, write_bundle
+from .config import ExportConfig
+from .source import load_source
+from .tensorrt import tensorrt_unavailable
+
+PROG = "sac-export"
+GATE_SUMMARY = (
+    "verdict",
+    "max_action_error",
+    "mean_action_error",
+    "max_action_error_frac",
+    "mean_action_error_frac",
+    "fp32_mean_return",
+    "int8_mean_return",
+    "return_drop",
+    "allowed_return_drop",
+    "float_layers",
+)
+DESCRIPTION = "Export a trained SAC actor (sac-edge run dir or Stable-Baselines3 .zip) to a deployment bundle."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(PROG, _main, argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    cfg = parse_config(ExportConfig, argv, PROG, DESCRIPTION, positional=["run"])
+    _check_flags(cfg)
+    if cfg.engine == "always":
+        reason = tensorrt_unavailable()
+        if reason is not None:
+            raise SacEdgeError(f"--engine always: {reason}; use --engine auto to defer engines to the device")
+    source = load_source(cfg.run, cfg.env)
+    result = write_bundle(cfg, source)
+    print(report(result))
+    if cfg.json:
+        emit_json(summary(result))
+    return 0
+
+
+def _check_flags(cfg: ExportConfig) -> None:
+    for name in ("parity_states", "calib_samples", "max_batch", "workspace_mb"):
+        if getattr(cfg, name) < 1:
+            raise SacEdgeError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
+    if cfg.gate_episodes < 1:
+        raise SacEdgeError(f"--gate-episodes must be >= 1 (got {cfg.gate_episodes})")
+    if not cfg.parity_tol > 0:
+        raise SacEdgeError(f"--parity-tol must be > 0 (got {cfg.parity_tol})")
+
+
+def report(result: ExportResult) -> str:
+    """The terminal report: parity, file sizes, engines and (with --int8) the gate table."""
+    m, p = result.manifest, result.parity
+    lines = [
+        f"bundle {result.bundle}  ({m['spec']['env_id']}, obs {m['spec']['obs_dim']} -> act {m['spec']['act_dim']}, "
+        f"from {m['source']['kind']})",
+        f"parity vs {p.reference}: max abs {p.max_abs:.2e}, mean abs {p.mean_abs:.2e} on {p.states} held-out states "
+        f"({p.state_source}; tol {p.tol:g}) {'ok' if p.passed else 'FAILED'}",
+        "files:",
+    ]
+    for name, entry in m["files"].items():
+        lines.append(f"  {name:<24} {entry['bytes'] / 1024:9.1f} KiB  {entry['kind']:<22} {entry['precision'] or ''}")
+    for precision, engine in m["tensorrt"].items():
+        status = engine["status"]
+        detail = (
+            f"TensorRT {engine['tensorrt_version']} on {engine['device']} (sm {engine['compute_capability']}), "
+            f"{engine['build_s']:.1f} s"
+            if status == "built"
+            else engine["reason"] + (f"; {engine['build']}" if "build" in engine else "")
+        )
+        lines.append(f"engine {precision}: {status} ({detail})")
+    if result.int8 is not None:
+        lines.append(result.int8.get("table", ""))
+    return "\n".join(lines)
+
+
+def summary(result: ExportResult) -> dict[str, Any]:
+    """The --json line: bundle, parity, INT8 gate figures and verdict, engines."""
+    m = result.manifest
+    out: dict[str, Any] = {
+        "bundle": str(result.bundle),
+        "parity_max_abs": result.parity.max_abs,
+        "parity_mean_abs": result.parity.mean_abs,
+        "parity_states": result.parity.states,
+        "files": {name: entry["bytes"] for name, entry in m["files"].items()},
+        "engines": {p: e["status"] for p, e in m["tensorrt"].items()},
+    }
+    gate = m.get("gate")
+    if gate:
+        out["int8"] = {k: gate.get(k) for k in GATE_SUMMARY}
+        out["int8_verdict"] = gate.get("verdict")
+    return out

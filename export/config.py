@@ -1,0 +1,51 @@
+"""``sac-export``'s one frozen config. Field help texts become ``--help``; the resolved config is saved in the
+bundle as ``export_config.json``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ENGINE_MODES = ("auto", "never", "always")
+CALIB_METHODS = ("minmax", "percentile", "entropy")  # calibration.calibrators.METHODS (not imported: lazy)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    run: str = field(
+        default="runs/latest", metadata={"help": "run dir written by sac-train, or a Stable-Baselines3 SAC .zip"}
+    )
+    out: str = field(default="bundles/latest", metadata={"help": "bundle directory to write"})
+    env: str = field(
+        default="",
+        metadata={"help": "environment id (required for an SB3 .zip, which does not record it; checked against a run)"},
+    )
+    fp16: bool = field(default=True, metadata={"help": "build an FP16 TensorRT engine (or defer it to the device)"})
+    int8: bool = field(
+        default=False, metadata={"help": "calibrate, write policy.int8.onnx + calib.cache, run the gate"}
+    )
+    calib_samples: int = field(default=2048, metadata={"help": "calibration states (replay sample + fresh rollouts)"})
+    calib_method: str = field(
+        default="entropy",
+        metadata={
+            "help": "activation calibrator for every tensor (see --calib-overrides)",
+            "choices": list(CALIB_METHODS),
+        },
+    )
+    calib_overrides: tuple[str, ...] = field(
+        default=(), metadata={"help": "per-tensor calibrators, TENSOR=METHOD (tensor names as in policy.onnx)"}
+    )
+    gate_episodes: int = field(default=5, metadata={"help": "seeded episodes per precision in the INT8 gate"})
+    parity_states: int = field(default=10_000, metadata={"help": "held-out states for the ONNX vs PyTorch parity"})
+    parity_tol: float = field(default=1e-5, metadata={"help": "max abs action error allowed by the parity check"})
+    engine: str = field(
+        default="auto",
+        metadata={
+            "help": "TensorRT engines: auto builds them when tensorrt and a GPU are present, always requires that",
+            "choices": list(ENGINE_MODES),
+        },
+    )
+    workspace_mb: int = field(default=512, metadata={"help": "TensorRT builder workspace limit (MiB)"})
+    max_batch: int = field(default=64, metadata={"help": "largest batch of the TensorRT optimisation profile"})
+    seed: int = field(default=0, metadata={"help": "seed for held-out states, calibration rollouts and the gate"})
+    force: bool = field(default=False, metadata={"help": "replace an existing bundle in --out (only once complete)"})
+    json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})

@@ -1,0 +1,93 @@
+"""ONNX vs reference parity: the exported graph through onnxruntime must give the reference's actions.
+
+Held-out states are never the calibration rows themselves: replay states (``calib_states.npy``) with small
+per-dimension noise, some with wide noise that reaches the observation clamp, or, without replay states,
+fresh rollouts of the exported policy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sac_edge.common.errors import InternalError
+from sac_edge.common.spec import PolicySpec
+
+from .source import Reference
+
+PARITY_TOL = 1e-5
+PARITY_SEED_OFFSET = 300_000  # rollout seeds disjoint from calibration (seed+k) and the gate (seed+200_000+k)
+WIDE_FRACTION = 0.1  # share of held-out rows with wide noise (3 std), to exercise the clamp
+
+
+class Parity(NamedTuple):
+    """Max/mean abs action error (env units) of the ONNX graph vs the reference on ``states`` rows."""
+
+    states: int
+    max_abs: float
+    mean_abs: float
+    tol: float
+    reference: str
+    state_source: str
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs <= self.tol
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self._asdict(), "passed": self.passed}
+
+
+def held_out_states(
+    replay: np.ndarray | None, onnx_path: Path, spec: PolicySpec, count: int, seed: int
+) -> tuple[np.ndarray, str]:
+    """``count`` raw observations for the parity check and where they came from."""
+    rng = np.random.default_rng(seed + PARITY_SEED_OFFSET)
+    if replay is not None and len(replay):
+        base = replay[rng.integers(len(replay), size=count)].astype(np.float64)
+        std = replay.std(axis=0) + 1e-3  # the floor perturbs constant dimensions too
+        scale = np.where(rng.random(count) < WIDE_FRACTION, 3.0, 0.05)[:, None]
+        return (base + rng.standard_normal(base.shape) * std * scale).astype(np.float32), "perturbed calib_states"
+    from sac_edge.calibration.session import OnnxPolicy
+    from sac_edge.calibration.states import rollout_states
+
+    states = rollout_states(OnnxPolicy(onnx_path), spec.env_id, count, seed + PARITY_SEED_OFFSET)
+    return states, f"rollouts of the exported policy on {spec.env_id}"
+
+
+def onnx_actions(onnx_path: Path, states: np.ndarray, batch: int = 2048) -> np.ndarray:
+    """Actions of ``onnx_path`` through onnxruntime's CPU provider."""
+    from sac_edge.calibration.session import OnnxPolicy
+
+    policy = OnnxPolicy(onnx_path)
+    return np.concatenate([policy(states[i : i + batch]) for i in range(0, len(states), batch)])
+
+
+def measure_parity(
+    onnx_path: Path,
+    reference: Reference,
+    reference_name: str,
+    states: np.ndarray,
+    state_source: str,
+    tol: float = PARITY_TOL,
+) -> Parity:
+    """Compare the ONNX actions with ``reference`` on ``states``."""
+    got = onnx_actions(onnx_path, states).astype(np.float64)
+    want = np.asarray(reference(states), dtype=np.float64)
+    if got.shape != want.shape:
+        raise InternalError(f"parity: ONNX actions have shape {got.shape}, the reference {want.shape}")
+    err = np.abs(got - want)
+    if not np.all(np.isfinite(err)):
+        raise InternalError("parity: non-finite actions on finite held-out states")
+    return Parity(len(states), float(err.max()), float(err.mean()), tol, reference_name, state_source)
+
+
+def require_parity(parity: Parity) -> None:
+    """Exit 1 (an export bug, not bad input) when the ONNX graph disagrees with its reference."""
+    if not parity.passed:
+        raise InternalError(
+            f"parity failed: ONNX vs {parity.reference} max abs {parity.max_abs:.3g} > {parity.tol:g} "
+            f"on {parity.states} held-out states (mean abs {parity.mean_abs:.3g}); the bundle was not written"
+        )

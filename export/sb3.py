@@ -1,0 +1,249 @@
+"""A Stable-Baselines3 SAC ``.zip`` read without unpickling anything, mapped onto sac-edge's networks.
+
+The archive (SB3 ``save_to_zip_file``) holds ``policy.pth`` (the policy's state dict, a plain tensor
+``torch.save``), ``pytorch_variables.pth`` (``log_ent_coef``) and ``data``: JSON in which objects that
+are not plain JSON are cloudpickled under a ``:serialized:`` key. Only the tensor files (read with
+``torch.load(weights_only=True)``) and plain JSON fields are used; ``:serialized:`` payloads are ignored.
+
+SB3's MlpPolicy actor is ``latent_pi`` (Linear+ReLU, default net_arch [256, 256]) -> ``mu`` / ``log_std``;
+its deterministic action is ``tanh(mu)`` scaled to the bounds by ``policy.unscale_action``
+(``low + 0.5 (a + 1) (high - low)``), and it has no observation normaliser (identity, no clamp).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import pickle
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import sha256_file
+from sac_edge.common.spec import PolicySpec
+from sac_edge.train.policies import ObsNormalizer
+
+
+class Sb3Model(NamedTuple):
+    """An SB3 SAC policy as sac-edge checkpoint tensors (``actor.*``, ``critic.*``, ``log_alpha``, ...)."""
+
+    path: Path
+    spec: PolicySpec
+    tensors: dict[str, torch.Tensor]
+    sb3_state: dict[str, torch.Tensor]  # SB3's own state dict, for the parity reference
+    sha256: str
+    sb3_version: str
+
+
+def is_sb3_zip(path: Path) -> bool:
+    return path.suffix == ".zip"
+
+
+def load_sb3_zip(
+    path: Path, env_id: str, obs_shape: tuple[int, ...], act_bounds: tuple[np.ndarray, np.ndarray]
+) -> Sb3Model:
+    """Read ``path`` and check it against the env's observation shape and action bounds."""
+    if not path.is_file():
+        raise SacEdgeError(f"{path}: Stable-Baselines3 zip not found")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            if "policy.pth" not in names or "data" not in names:
+                raise SacEdgeError(f"{path}: not a Stable-Baselines3 model (no policy.pth/data in the archive)")
+            data = _read_json(archive.read("data"), path)
+            state = _read_tensors(archive.read("policy.pth"), path, "policy.pth")
+            variables = (
+                _read_tensors(archive.read("pytorch_variables.pth"), path, "pytorch_variables.pth")
+                if "pytorch_variables.pth" in names
+                else {}
+            )
+            version = (
+                archive.read("_stable_baselines3_version").decode(errors="replace").strip()
+                if ("_stable_baselines3_version" in names)
+                else "unknown"
+            )
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, KeyError) as err:
+        raise SacEdgeError(f"{path}: corrupt or truncated Stable-Baselines3 zip ({err})") from None
+    hidden = _check_actor(state, path)
+    obs_dim, act_dim = int(state["actor.latent_pi.0.weight"].shape[1]), int(state["actor.mu.weight"].shape[0])
+    _check_spaces(data, path, obs_dim, act_dim, env_id, obs_shape, act_bounds)
+    low, high = act_bounds
+    spec = PolicySpec(
+        env_id=env_id,
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        action_low=tuple(float(x) for x in low),
+        action_high=tuple(float(x) for x in high),
+        hidden=hidden,
+    )
+    tensors = {
+        **_actor_tensors(state, len(hidden)),
+        **_critic_tensors(state, "critic"),
+        **_critic_tensors(state, "critic_target"),
+        "log_alpha": _log_alpha(data, variables, path),
+        **{f"obs_norm.{k}": v for k, v in _identity_normalizer(obs_dim).state_dict().items()},
+    }
+    return Sb3Model(path, spec, tensors, state, sha256_file(path), version)
+
+
+def _read_json(raw: bytes, path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SacEdgeError(f"{path}: the archive's data entry is not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise SacEdgeError(f"{path}: the archive's data entry is not a JSON object")
+    return data
+
+
+def _read_tensors(raw: bytes, path: Path, member: str) -> dict[str, torch.Tensor]:
+    """``torch.load(weights_only=True)``: tensors and containers only, no arbitrary unpickling."""
+    try:
+        obj = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, AttributeError) as err:
+        raise SacEdgeError(
+            f"{path}: {member} is corrupt or not a plain tensor file ({str(err).splitlines()[0][:160]})"
+        ) from None
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise SacEdgeError(f"{path}: {member} is not a state dict of tensors")
+    return obj
+
+
+def _check_actor(state: dict[str, torch.Tensor], path: Path) -> tuple[int, ...]:
+    """The actor's hidden widths; refuse what the mapping cannot represent (gSDE, non-MLP extractors)."""
+    if "actor.log_std.weight" not in state or "actor.mu.weight" not in state:
+        kind = "a gSDE policy (use_sde=True)" if "actor.log_std" in state else "not an SB3 SAC MlpPolicy"
+        raise SacEdgeError(f"{path}: {kind}; only the default squashed-Gaussian SAC MlpPolicy can be exported")
+    hidden: list[int] = []
+    while f"actor.latent_pi.{2 * len(hidden)}.weight" in state:
+        hidden.append(int(state[f"actor.latent_pi.{2 * len(hidden)}.weight"].shape[0]))
+    if not hidden or any(k.startswith("actor.features_extractor.") for k in state):
+        raise SacEdgeError(f"{path}: actor is not a plain MLP (no latent_pi layers or a learned feature extractor)")
+    return tuple(hidden)
+
+
+def _parse_numpy_repr(text: Any) -> np.ndarray | None:
+    """``'[-1. -1. -8.]'`` (numpy's str of a 1-D array, as SB3 writes Box bounds) -> array; None if abridged."""
+    if not isinstance(text, str) or "..." in text:
+        return None
+    try:
+        return np.array([float(x) for x in text.replace("[", " ").replace("]", " ").split()], dtype=np.float64)
+    except ValueError:
+        return None
+
+
+def _check_spaces(
+    data: dict[str, Any],
+    path: Path,
+    obs_dim: int,
+    act_dim: int,
+    env_id: str,
+    obs_shape: tuple[int, ...],
+    act_bounds: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """The weights, the zip's recorded spaces (plain fields only) and the env must agree."""
+    if obs_shape != (obs_dim,) or act_bounds[0].shape != (act_dim,):
+        raise SacEdgeError(
+            f"{path}: policy has obs_dim={obs_dim}, act_dim={act_dim} but {env_id} has observation shape "
+            f"{obs_shape} and action shape {act_bounds[0].shape}; pass the --env it was trained on"
+        )
+    for key, dim in (("observation_space", obs_dim), ("action_space", act_dim)):
+        space = data.get(key)
+        shape = space.get("_shape") if isinstance(space, dict) else None
+        if isinstance(shape, list) and shape != [dim]:
+            raise SacEdgeError(f"{path}: recorded {key} shape {shape} does not match the weights ({dim})")
+    space = data.get("action_space")
+    if isinstance(space, dict):
+        for name, bound in zip(("low", "high"), act_bounds, strict=True):
+            recorded = _parse_numpy_repr(space.get(name))
+            if recorded is not None and (recorded.shape != bound.shape or not np.allclose(recorded, bound)):
+                raise SacEdgeError(
+                    f"{path}: recorded action {name} {recorded.tolist()} differs from {env_id}'s {bound.tolist()}"
+                )
+
+
+def _actor_tensors(state: dict[str, torch.Tensor], n_hidden: int) -> dict[str, torch.Tensor]:
+    out = {
+        f"actor.trunk.{2 * i}.{p}": state[f"actor.latent_pi.{2 * i}.{p}"]
+        for i in range(n_hidden)
+        for p in ("weight", "bias")
+    }
+    for head in ("mu", "log_std"):
+        for p in ("weight", "bias"):
+            out[f"actor.{head}.{p}"] = state[f"actor.{head}.{p}"]
+    return out
+
+
+def _linear_layers(state: dict[str, torch.Tensor], prefix: str) -> list[int]:
+    """Indices of the Linear layers under ``prefix.`` (``prefix.<i>.weight``), in numeric order."""
+    cut = len(prefix) + 1
+    return sorted(int(k[cut:].split(".")[0]) for k in state if k.startswith(prefix + ".") and k.endswith(".weight"))
+
+
+def _critic_tensors(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """SB3's separate ``qf0``/``qf1``/... Linear stacks -> the fused ensemble's ``weights.j [n, in, out]``."""
+    n_critics = sum(1 for q in range(16) if f"{prefix}.qf{q}.0.weight" in state)
+    if n_critics == 0:
+        raise SacEdgeError(f"policy.pth has no {prefix} weights; not an SB3 SAC policy")
+    out: dict[str, torch.Tensor] = {}
+    for j, layer in enumerate(_linear_layers(state, f"{prefix}.qf0")):
+        ws = [state[f"{prefix}.qf{q}.{layer}.weight"].t() for q in range(n_critics)]
+        bs = [state[f"{prefix}.qf{q}.{layer}.bias"][None, :] for q in range(n_critics)]
+        out[f"{prefix}.weights.{j}"] = torch.stack(ws).contiguous()
+        out[f"{prefix}.biases.{j}"] = torch.stack(bs).contiguous()
+    return out
+
+
+def _log_alpha(data: dict[str, Any], variables: dict[str, torch.Tensor], path: Path) -> torch.Tensor:
+    """``log_ent_coef`` when alpha was learned, else ``log(ent_coef)`` from the plain JSON field."""
+    if "log_ent_coef" in variables:
+        return variables["log_ent_coef"].detach().reshape(1).float()
+    try:
+        return torch.tensor([math.log(float(data["ent_coef"]))], dtype=torch.float32)
+    except (KeyError, TypeError, ValueError):
+        raise SacEdgeError(f"{path}: no entropy coefficient (log_ent_coef or a numeric ent_coef)") from None
+
+
+def _identity_normalizer(obs_dim: int) -> ObsNormalizer:
+    """SB3 feeds raw observations: zero mean, unit scale (var + eps rounds to 1.0 in float32), no clip."""
+    norm = ObsNormalizer(obs_dim, clip=math.inf)
+    norm.var.fill_(1.0 - norm.eps)
+    return norm
+
+
+def sb3_reference(
+    model: Sb3Model, obs_low: np.ndarray, obs_high: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray] | None:
+    """SB3's own ``predict(obs, deterministic=True)`` on the zip's weights, or None without stable-baselines3.
+
+    The SB3 policy is built from the spaces and loaded with the state dict (never ``SAC.load``, which
+    unpickles the ``data`` objects).
+    """
+    try:
+        import gymnasium as gym
+        from stable_baselines3.sac.policies import SACPolicy
+    except ImportError:
+        return None
+    spec = model.spec
+    obs_space = gym.spaces.Box(obs_low.astype(np.float32), obs_high.astype(np.float32), dtype=np.float32)
+    act_space = gym.spaces.Box(
+        np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32), dtype=np.float32
+    )
+    qf_arch = [
+        int(model.sb3_state[f"critic.qf0.{i}.weight"].shape[0]) for i in _linear_layers(model.sb3_state, "critic.qf0")
+    ]
+    policy = SACPolicy(obs_space, act_space, lambda _: 3e-4, net_arch={"pi": list(spec.hidden), "qf": qf_arch[:-1]})
+    policy.load_state_dict(model.sb3_state)
+    policy.set_training_mode(False)
+
+    def predict(obs: np.ndarray) -> np.ndarray:
+        action, _ = policy.predict(obs, deterministic=True)
+        return np.asarray(action, dtype=np.float32)
+
+    return predict

@@ -1,0 +1,129 @@
+"""What ``sac-export`` exports from: a sac-edge run dir or a Stable-Baselines3 SAC ``.zip``, read and
+validated up front so a bad input is a one-line error before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from sac_edge.common.envs import make_env
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.spec import PolicySpec
+from sac_edge.train.checkpoint import CALIB_STATES, inference_policy, learner_tensors, load_run
+from sac_edge.train.policies import InferencePolicy
+
+from .sb3 import is_sb3_zip, load_sb3_zip, sb3_reference
+
+Reference = Callable[[np.ndarray], np.ndarray]  # raw obs [batch, obs_dim] -> env-unit actions
+
+
+class PolicySource(NamedTuple):
+    """A policy ready to export, with the reference its ONNX must match."""
+
+    kind: str  # "sac-edge" or "stable-baselines3"
+    path: Path
+    sha256: str
+    spec: PolicySpec
+    policy: InferencePolicy
+    learner: dict[str, torch.Tensor]  # actor, critics, target critics, log-alpha, obs normaliser
+    replay_states: np.ndarray | None  # the run's calib_states.npy (raw observations), if any
+    reference: Reference
+    reference_name: str
+    provenance: dict[str, Any]
+
+
+def load_source(run: str, env: str = "") -> PolicySource:
+    """A run dir (``env`` optional, checked against its config) or an SB3 zip (``env`` required)."""
+    path = Path(run)
+    return _load_sb3(path, env) if is_sb3_zip(path) else _load_run_dir(path, env)
+
+
+def torch_reference(policy: InferencePolicy) -> Reference:
+    """The PyTorch eager action, the parity reference for a sac-edge run."""
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return policy(torch.as_tensor(np.ascontiguousarray(obs, dtype=np.float32))).numpy()
+
+    return act
+
+
+def _load_run_dir(path: Path, env: str) -> PolicySource:
+    run = load_run(path)
+    spec = run.spec
+    if env:
+        _check_env(env, spec, str(path))
+        spec = dataclasses.replace(spec, env_id=env)
+    replay = None
+    if (path / CALIB_STATES).is_file():
+        from sac_edge.calibration.states import load_calib_states
+
+        replay = load_calib_states(path, spec.obs_dim)
+    policy = inference_policy(spec, run.tensors)
+    provenance = {k: run.config[k] for k in ("env", "seed", "total_steps", "versions") if k in run.config}
+    return PolicySource(
+        "sac-edge",
+        run.path,
+        run.checkpoint_sha256,
+        spec,
+        policy,
+        learner_tensors(run.tensors),
+        replay,
+        torch_reference(policy),
+        "torch",
+        provenance,
+    )
+
+
+def _load_sb3(path: Path, env: str) -> PolicySource:
+    if not env:
+        raise SacEdgeError(f"{path}: a Stable-Baselines3 zip does not record its environment; pass --env ID")
+    instance = make_env(env)
+    try:
+        obs_space, act_space = instance.observation_space, instance.action_space
+    finally:
+        instance.close()
+    assert isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)  # make_env checked
+    bounds = (act_space.low.astype(np.float64), act_space.high.astype(np.float64))
+    model = load_sb3_zip(path, env, tuple(obs_space.shape), bounds)
+    policy = inference_policy(model.spec, model.tensors)
+    reference = sb3_reference(model, obs_space.low, obs_space.high)
+    name = "stable-baselines3 predict(deterministic=True)"
+    if reference is None:  # SB3 is a dev dependency; without it the mapped torch policy is the reference
+        reference, name = torch_reference(policy), "torch (stable-baselines3 not installed)"
+    return PolicySource(
+        "stable-baselines3",
+        path,
+        model.sha256,
+        model.spec,
+        policy,
+        model.tensors,
+        None,
+        reference,
+        name,
+        {"stable_baselines3_version": model.sb3_version},
+    )
+
+
+def _check_env(env: str, spec: PolicySpec, source: str) -> None:
+    """``--env`` must have the run's observation size and action bounds."""
+    instance = make_env(env)
+    try:
+        obs_shape = tuple(instance.observation_space.shape or ())
+        act = instance.action_space
+    finally:
+        instance.close()
+    assert isinstance(act, gym.spaces.Box)
+    if obs_shape != (spec.obs_dim,) or act.shape != (spec.act_dim,):
+        raise SacEdgeError(
+            f"{source}: --env {env} has observation shape {obs_shape} and action shape {act.shape}, the run has "
+            f"obs_dim={spec.obs_dim}, act_dim={spec.act_dim}"
+        )
+    if not (np.allclose(act.low, spec.action_low) and np.allclose(act.high, spec.action_high)):
+        raise SacEdgeError(f"{source}: --env {env} has action bounds {act.low}..{act.high}, unlike the run's")

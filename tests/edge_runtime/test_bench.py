@@ -1,0 +1,68 @@
+"""sac-edge bench rows, JSON file, plot; and --backend auto's choice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sac_edge.edge_runtime.autoselect import autoselect
+from sac_edge.edge_runtime.backend import BackendOptions, open_bundle
+from sac_edge.edge_runtime.cli import main
+
+
+def test_bench_table_json_and_plot(pendulum_bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    rc = main(
+        [
+            "bench",
+            str(pendulum_bundle),
+            "--backends",
+            "onnxruntime,torch",
+            "--batch",
+            "1,4",
+            "--calls",
+            "60",
+            "--warmup",
+            "5",
+            "--out",
+            str(out),
+            "--plot",
+            str(png),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    stdout = capsys.readouterr().out
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert "mJ/inf" in stdout
+    rows = summary["rows"]
+    assert {(r["backend"], r["precision"], r["batch"]) for r in rows} == {
+        ("onnxruntime", "fp32", 1),
+        ("onnxruntime", "fp32", 4),
+        ("onnxruntime", "int8", 1),
+        ("onnxruntime", "int8", 4),
+        ("torch", "fp32", 1),
+        ("torch", "fp32", 4),
+    }
+    for r in rows:
+        assert r["latency_us"]["p50"] <= r["latency_us"]["p99"] <= r["latency_us"]["max"]
+        assert r["throughput_per_s"] > 0 and r["peak_rss_mb"] > 0
+        assert r["energy"] == ("measured" if summary["power_measured"] else "estimated")
+        assert r["energy_mj_per_inference"] is None or r["energy_mj_per_inference"] >= 0
+    assert json.loads(out.read_text())["rows"] == rows
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_auto_picks_the_lowest_p99_among_gated_candidates(rejected_bundle: Path) -> None:
+    lines: list[str] = []
+    chosen, figures = autoselect(open_bundle(rejected_bundle), BackendOptions(), calls=50, warmup=5, log=lines.append)
+    timed = [m for m in figures if m.refusal is None]
+    assert {(m.backend, m.precision) for m in timed} == {("onnxruntime", "fp32")}  # int8 rejected, torch excluded
+    assert (chosen.name, chosen.precision) == ("onnxruntime", "fp32")
+    assert chosen.act(__import__("numpy").zeros(3, "float32")).shape == (1,)
+    assert any("int8" in line and "rejected" in line for line in lines)
+    assert lines[-1].startswith("auto: chose onnxruntime/fp32")
+    best = min(timed, key=lambda m: m.p99_us or 0.0)
+    assert best.backend == chosen.name and best.precision == chosen.precision

@@ -1,0 +1,82 @@
+"""Replay buffer preallocated as tensors on the training device.
+
+No Python lists and no per-sample copies: a vector-env step writes K rows with one indexed copy per field,
+and sampling draws indices on the device from a dedicated generator (``rand * size``, so the fill level is
+a device tensor and the whole sample-and-update step can be captured in a CUDA graph).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+class ReplayBatch(NamedTuple):
+    """One minibatch. Observations are raw (normalised in the update); actions are in [-1, 1]."""
+
+    obs: Tensor
+    actions: Tensor
+    rewards: Tensor
+    next_obs: Tensor
+    dones: Tensor
+
+
+class ReplayBuffer:
+    """Fixed-capacity ring buffer of transitions, all fields on ``device``."""
+
+    FIELDS = ("obs", "actions", "rewards", "next_obs", "dones")
+
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int, device: torch.device | str) -> None:
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.obs = torch.zeros((capacity, obs_dim), device=self.device)
+        self.actions = torch.zeros((capacity, act_dim), device=self.device)
+        self.rewards = torch.zeros(capacity, device=self.device)
+        self.next_obs = torch.zeros((capacity, obs_dim), device=self.device)
+        self.dones = torch.zeros(capacity, device=self.device)
+        self.pos = 0
+        self.size = 0
+        self._size_t = torch.zeros((), device=self.device)  # fill level as a device scalar for sampling
+
+    def add(
+        self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray, dones: np.ndarray
+    ) -> None:
+        """Append a batch of K transitions (one per vector env), wrapping around at capacity."""
+        k = obs.shape[0]
+        idx = torch.arange(self.pos, self.pos + k) % self.capacity
+        idx = idx.to(self.device)
+        for name, value in zip(self.FIELDS, (obs, actions, rewards, next_obs, dones), strict=True):
+            src = torch.as_tensor(np.asarray(value, dtype=np.float32)).to(self.device, non_blocking=True)
+            getattr(self, name).index_copy_(0, idx, src)
+        self.pos = (self.pos + k) % self.capacity
+        self.size = min(self.size + k, self.capacity)
+        self._size_t.fill_(self.size)
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> ReplayBatch:
+        """Uniform minibatch with replacement; no host synchronisation."""
+        idx = (torch.rand(batch_size, device=self.device, generator=generator) * self._size_t).long()
+        return ReplayBatch(self.obs[idx], self.actions[idx], self.rewards[idx], self.next_obs[idx], self.dones[idx])
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        """The filled rows as laid out in the ring, plus (pos, size), for the checkpoint."""
+        out = {f"replay.{name}": getattr(self, name)[: self.size] for name in self.FIELDS}
+        out["replay.meta"] = torch.tensor([self.pos, self.size], dtype=torch.int64)
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        """Restore what ``state_tensors`` wrote (capacity must be at least the saved size)."""
+        pos, size = (int(x) for x in tensors["replay.meta"])
+        if size > self.capacity:
+            raise ValueError(f"saved replay holds {size} transitions, more than capacity {self.capacity}")
+        for name in self.FIELDS:
+            getattr(self, name)[:size].copy_(tensors[f"replay.{name}"])
+        self.pos, self.size = pos, size
+        self._size_t.fill_(size)
+
+    def sample_observations(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """A uniform sample of stored raw observations (for calib_states.npy)."""
+        take = rng.choice(self.size, size=min(n, self.size), replace=False)
+        return self.obs[torch.as_tensor(np.sort(take), device=self.device)].cpu().numpy().astype(np.float32)

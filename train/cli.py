@@ -1,0 +1,38 @@
+"""``sac-train``: train a SAC policy and write a run dir (see shared DESIGN.md, "Run dir")."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from sac_edge.common.config import parse_config
+from sac_edge.common.errors import run_cli
+from sac_edge.common.summary import emit_json
+
+from .config import TrainConfig
+
+PROG = "sac-train"
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    cfg = parse_config(TrainConfig, argv, PROG, __doc__ or "")
+    from .trainer import Trainer  # torch and gymnasium load after the flags parse (fast --help)
+
+    summary = Trainer(cfg).train()
+    ret = "n/a" if summary.final_eval_return is None else f"{summary.final_eval_return:.1f}"
+    print(
+        f"{PROG}: {summary.steps} steps, {summary.updates} updates ({summary.updates_per_s:.0f} updates/s), "
+        f"{summary.episodes} episodes, final eval return {ret}, run dir {summary.run}",
+        file=sys.stderr if cfg.json else sys.stdout,
+    )
+    if cfg.json:
+        emit_json(summary._asdict())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(PROG, _main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""The training loop: collect with vector envs, update, evaluate, checkpoint atomically, resume exactly.
+
+Everything needed to continue bit-for-bit (learner, optimisers, replay, torch/numpy/env RNG states, the
+envs' physical state and the current observations) goes into one ``checkpoint.safetensors`` written
+atomically, so a crash mid-save leaves the previous checkpoint whole. ``trainer_state.json`` is a
+readable copy of the counters and RNG states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+import sac_edge
+from sac_edge.common.atomic import atomic_path, atomic_write_json
+from sac_edge.common.config import config_dict
+from sac_edge.common.envs import make_env
+from sac_edge.common.errors import InternalError, SacEdgeError
+from sac_edge.common.spec import PolicySpec
+
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .envs import env_state, make_vector_env, policy_spec, restore_env_state
+from .evaluate import evaluate
+from .metrics import MetricsLog
+from .policies import InferencePolicy
+from .sac import SAC
+
+LOG_EVERY = 1000
+EVAL_SEED_OFFSET = 10_000
+RECENT_EPISODES = 10
+
+
+class TrainSummary(NamedTuple):
+    """What ``sac-train --json`` prints."""
+
+    run: str
+    steps: int
+    updates: int
+    episodes: int
+    updates_per_s: float
+    final_eval_return: float | None
+    wall_s: float
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "sac_edge": sac_edge.__version__,
+        "torch": torch.__version__,
+        "gymnasium": gym.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
+    """Validate the run dir against the flags; on --resume take the saved hyperparameters.
+
+    Raises SacEdgeError before anything is written.
+    """
+    run = Path(cfg.out)
+    has_run = (run / ckpt.CONFIG).exists() or (run / ckpt.CHECKPOINT).exists()
+    if cfg.resume:
+        saved = ckpt.read_json(run / ckpt.CONFIG, "run config (nothing to resume)")
+        fields = {f.name for f in dataclasses.fields(TrainConfig)}
+        saved_cfg = {k: v for k, v in saved.items() if k in fields}
+        saved_cfg["hidden"] = tuple(saved_cfg.get("hidden", cfg.hidden))
+        if cfg.env is not None and cfg.env != saved_cfg.get("env"):
+            raise SacEdgeError(
+                f"{run} was trained on {saved_cfg.get('env')}, not {cfg.env}; "
+                "resume without --env or choose another --out"
+            )
+        if not (run / ckpt.CHECKPOINT).exists():
+            raise SacEdgeError(f"{run}: no {ckpt.CHECKPOINT} to resume from; train without --resume")
+        keep = {"total_steps", "progress", "json", "resume", "out", "threads"}
+        return dataclasses.replace(cfg, **{k: v for k, v in saved_cfg.items() if k not in keep}), run
+    if has_run and not cfg.force:
+        raise SacEdgeError(f"{run} already holds a run; pass --resume to continue it or --force to replace it")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise SacEdgeError("--device cuda but no CUDA device is available; use --device cpu")
+    if cfg.num_envs < 1 or cfg.batch_size < 1 or cfg.total_steps < 1:
+        raise SacEdgeError("--num-envs, --batch-size and --total-steps must be positive")
+    return dataclasses.replace(cfg, env=cfg.env or "Pendulum-v1"), run
+
+
+class Trainer:
+    """Owns the envs, the learner and the run dir for one ``sac-train`` invocation."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        cfg, self.run = resolve_config(cfg)
+        self.cfg = cfg
+        assert cfg.env is not None
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        self.eval_env = make_env(cfg.env)  # fails fast with a one-line error on a bad id or space
+        self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode)
+        self.spec: PolicySpec = policy_spec(cfg.env, self.envs, cfg.hidden)
+        self.device = torch.device(cfg.device)
+        self.sac = SAC(self.spec, cfg, self.device)
+        self.np_rng = np.random.default_rng(cfg.seed)
+        self.step = self.updates = self.episodes = 0
+        self.ep_returns = np.zeros(cfg.num_envs)
+        self.recent: list[float] = []
+        self.last_eval: float | None = None
+        self.last_good_step: int | None = None
+        obs, _ = self.envs.reset(seed=cfg.seed)
+        self.obs = np.asarray(obs, dtype=np.float32)
+        resume_step = self._load() if cfg.resume else None
+        if not cfg.resume and cfg.force and self.run.exists():
+            shutil.rmtree(self.run)
+        self.run.mkdir(parents=True, exist_ok=True)
+        ckpt_config = {**config_dict(cfg), "spec": self.spec.to_dict(), "versions": _versions()}
+        atomic_write_json(self.run / ckpt.CONFIG, ckpt_config)
+        self.metrics = MetricsLog(self.run, resume_step)
+        if not cfg.resume and self.cfg.normalize_obs:
+            self.sac.obs_norm.update(torch.as_tensor(self.obs, device=self.device))
+
+    # -- persistence ------------------------------------------------------------------------------
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "updates": self.updates,
+            "episodes": self.episodes,
+            "episode_returns": self.ep_returns.tolist(),
+            "recent_returns": self.recent,
+            "last_eval": self.last_eval,
+            "numpy_rng": self.np_rng.bit_generator.state,
+            "env_state": env_state(self.envs),
+            "obs": self.obs.tolist(),
+        }
+
+    def save(self) -> None:
+        """Checkpoint everything atomically (one file), then the readable copies beside it."""
+        tensors, extra = self.sac.state_tensors()
+        state = self._trainer_state()
+        metadata = {"trainer_state": json.dumps(state), "learner_extra": json.dumps(extra), "format": "sac-edge/1"}
+        ckpt.save_tensors(self.run / ckpt.CHECKPOINT, tensors, metadata)
+        atomic_write_json(self.run / ckpt.TRAINER_STATE, {k: v for k, v in state.items() if k != "obs"})
+        if self.sac.buffer.size:
+            calib = self.sac.buffer.sample_observations(self.cfg.calib_states, np.random.default_rng(self.cfg.seed))
+            with atomic_path(self.run / ckpt.CALIB_STATES) as tmp, open(tmp, "wb") as fh:
+                np.save(fh, calib)
+        self.last_good_step = self.step
+
+    def _load(self) -> int:
+        path = self.run / ckpt.CHECKPOINT
+        tensors = ckpt.load_tensors(path)
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                meta = fh.metadata() or {}
+            state = json.loads(meta["trainer_state"])
+            extra = json.loads(meta["learner_extra"])
+            self.sac.load_state_tensors(tensors, extra)
+        except (KeyError, ValueError, RuntimeError) as err:
+            raise SacEdgeError(f"{path}: not a resumable sac-edge checkpoint ({err}); retrain with --force") from None
+        self.step, self.updates, self.episodes = state["step"], state["updates"], state["episodes"]
+        self.ep_returns = np.asarray(state["episode_returns"], dtype=np.float64)
+        self.recent, self.last_eval = list(state["recent_returns"]), state["last_eval"]
+        self.np_rng.bit_generator.state = state["numpy_rng"]
+        if state["env_state"] is None or not restore_env_state(self.envs, state["env_state"]):
+            print("sac-train: warning: env state not restorable (async envs); episodes restart", file=sys.stderr)
+        else:
+            self.obs = np.asarray(state["obs"], dtype=np.float32)
+        self.last_good_step = self.step
+        return int(self.step)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _collect(self) -> None:
+        cfg, spec = self.cfg, self.spec
+        if self.step < cfg.learning_starts:
+            action = self.np_rng.uniform(-1.0, 1.0, size=(cfg.num_envs, spec.act_dim)).astype(np.float32)
+        else:
+            action = self.sac.explore(self.obs)
+        low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+        env_action = low + 0.5 * (action + 1.0) * (high - low)
+        next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
+        next_obs = np.asarray(next_obs, dtype=np.float32)
+        done = np.logical_or(terminated, truncated)
+        real_next = next_obs.copy()
+        if done.any():
+            mask = info.get("_final_obs", done)
+            for i in np.flatnonzero(mask):
+                real_next[i] = info["final_obs"][i]
+        self.sac.buffer.add(self.obs, action, reward, real_next, terminated.astype(np.float32))
+        self.ep_returns += reward
+        for i in np.flatnonzero(done):
+            self.recent = [*self.recent, float(self.ep_returns[i])][-RECENT_EPISODES:]
+            self.ep_returns[i] = 0.0
+            self.episodes += 1
+        self.obs = next_obs
+        if cfg.normalize_obs:
+            self.sac.obs_norm.update(torch.as_tensor(next_obs, device=self.device))
+        self.step += cfg.num_envs
+
+    def _evaluate(self) -> float:
+        policy = InferencePolicy(
+            self.sac.actor,
+            self.sac.obs_norm,
+            torch.tensor(self.spec.action_low, device=self.device),
+            torch.tensor(self.spec.action_high, device=self.device),
+        )
+        returns = evaluate(policy, self.eval_env, self.cfg.eval_episodes, self.cfg.seed + EVAL_SEED_OFFSET)
+        return float(np.mean(returns))
+
+    def train(self) -> TrainSummary:
+        cfg = self.cfg
+        start = time.perf_counter()
+        updates_at_start, update_time = self.updates, 0.0
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        metrics = None
+        fast_ready = False
+        bar = tqdm(total=cfg.total_steps, initial=self.step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+        try:
+            while self.step < cfg.total_steps:
+                before = self.step
+                self._collect()
+                if self.step >= cfg.learning_starts:
+                    if not fast_ready:
+                        self.sac.prepare_fast_path()
+                        fast_ready = True
+                    t0 = time.perf_counter()
+                    for _ in range(cfg.num_envs * cfg.utd):
+                        metrics = self.sac.step()
+                        finite &= metrics.finite
+                    update_time += time.perf_counter() - t0
+                    self.updates += cfg.num_envs * cfg.utd
+                bar.update(self.step - before)
+                if _crossed(before, self.step, LOG_EVERY) or self.step >= cfg.total_steps:
+                    self._check_finite(finite)
+                    row = self._row(metrics, start, update_time, updates_at_start)
+                    if cfg.eval_every and (_crossed(before, self.step, cfg.eval_every) or self.step >= cfg.total_steps):
+                        self.last_eval = row["eval_return"] = self._evaluate()
+                    self.metrics.log(row)
+                    bar.set_postfix(ret=row["train_return"], ups=f"{row['updates_per_s']:.0f}", refresh=False)
+                if cfg.checkpoint_every and _crossed(before, self.step, cfg.checkpoint_every):
+                    self._check_finite(finite)
+                    self.save()
+            self._check_finite(finite)
+            self.save()
+        finally:
+            bar.close()
+            self.metrics.close()
+            self.envs.close()
+        ups = (self.updates - updates_at_start) / update_time if update_time > 0 else 0.0
+        return TrainSummary(
+            str(self.run), self.step, self.updates, self.episodes, ups, self.last_eval, time.perf_counter() - start
+        )
+
+    def _row(self, metrics: Any, start: float, update_time: float, updates_at_start: int) -> dict[str, Any]:
+        elapsed = time.perf_counter() - start
+        row: dict[str, Any] = {
+            "step": self.step,
+            "updates": self.updates,
+            "episodes": self.episodes,
+            "train_return": round(float(np.mean(self.recent)), 2) if self.recent else "",
+            "steps_per_s": round(self.step / max(elapsed, 1e-9), 1),
+            "updates_per_s": (self.updates - updates_at_start) / update_time if update_time > 0 else 0.0,
+        }
+        if metrics is not None:
+            row.update(
+                critic_loss=float(metrics.critic_loss),
+                actor_loss=float(metrics.actor_loss),
+                alpha=float(metrics.alpha),
+            )
+        return row
+
+    def _check_finite(self, finite: torch.Tensor) -> None:
+        if not bool(finite):
+            kept = f"step {self.last_good_step}" if self.last_good_step is not None else "none written yet"
+            raise InternalError(
+                f"non-finite loss before step {self.step}: training stopped; last good checkpoint in {self.run} "
+                f"({kept}) kept; lower the learning rates or use --amp off"
+            )
+
+
+def _crossed(before: int, after: int, every: int) -> bool:
+    """True when a multiple of ``every`` lies in (before, after]."""
+    return every > 0 and after // every > before // every
