@@ -28,11 +28,17 @@ unit: venv
 
 test: lint typecheck unit
 
+# Train Pendulum-v1 briefly, export with the INT8 gate, run 10 s on the device path with budgets, bench.
 demo: venv
-	$(BIN)/sac-train --env Pendulum-v1 --total-steps 12000 --learning-starts 1000 --eval-every 4000 --out $(DEMO) --force
+	$(BIN)/sac-train --env Pendulum-v1 --total-steps 12000 --learning-starts 2000 --eval-every 4000 --out $(DEMO) --force
+	$(BIN)/sac-export $(DEMO) --out bundles/demo --int8 --force
+	$(BIN)/sac-edge run bundles/demo --rate-hz 200 --duration 10 --mem-budget-mb 400 --power-budget-w 15 --telemetry runs/demo-telemetry.jsonl
+	$(BIN)/sac-edge bench bundles/demo --batch 1,8,64 --out runs/demo-bench.json --plot runs/demo-bench.png
 
 bench: venv
 	$(BIN)/python bench/train_speed.py
+	$(BIN)/python bench/export_quality.py
+	$(BIN)/python bench/edge_loop.py
 
 clean:
 	rm -rf runs bundles .pytest_cache .mypy_cache .ruff_cache

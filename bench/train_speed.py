@@ -6,8 +6,8 @@ other processes hits both alike. The FLOPs of one update are counted with torch'
 divided by the matmul rate measured here now, which gives the floor the brief asks us to compare with.
 
     python bench/train_speed.py                     # Pendulum-v1 and HalfCheetah-v5 shapes, CPU
-    python bench/train_speed.py --compile           # also the torch.compile path (slow to build)
-    python bench/train_speed.py --device cuda --batch 256,1024
+    python bench/train_speed.py --variants eager,compile   # also torch.compile (slow to build on CPU)
+    python bench/train_speed.py --device cuda --batch 256,1024 --variants eager,bf16,compile,graphs,compile+graphs
 
 Prints a table, then one JSON line.
 """
@@ -31,6 +31,15 @@ from sac_edge.train.envs import policy_spec
 from sac_edge.train.sac import SAC
 
 FILL = 20_000
+# Named fast paths: TrainConfig overrides on top of the eager fp32 baseline.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "eager": {},
+    "bf16": {"amp": "bf16"},
+    "compile": {"compile": True},
+    "graphs": {"cuda_graphs": True},
+    "compile+graphs": {"compile": True, "cuda_graphs": True},
+    "bf16+compile+graphs": {"amp": "bf16", "compile": True, "cuda_graphs": True},
+}
 
 
 def _filled_sac(env_id: str, cfg: TrainConfig) -> SAC:
@@ -114,7 +123,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=150, help="timed updates per repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument("--variants", default="eager", help=f"comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 reference")
     args = parser.parse_args()
 
@@ -123,10 +132,10 @@ def main() -> None:
     for env_id in args.envs.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
             base = TrainConfig(env=env_id, device=args.device, batch_size=batch, buffer_size=FILL)
-            variants = {"sac-edge eager": _filled_sac(env_id, base)}
-            if args.compile:
-                variants["sac-edge compile"] = _filled_sac(env_id, replace(base, compile=True))
-            flops = update_flops(variants["sac-edge eager"])
+            variants = {
+                f"sac-edge {v}": _filled_sac(env_id, replace(base, **VARIANTS[v])) for v in args.variants.split(",")
+            }
+            flops = update_flops(_filled_sac(env_id, base))
             sb3 = None if args.no_sb3 else make_sb3(env_id, batch, args.device)
             times: dict[str, list[float]] = {name: [] for name in variants}
             if sb3 is not None:
@@ -135,9 +144,14 @@ def main() -> None:
                 time_sac_edge(sac, 10)  # warm-up (and compilation)
             if sb3 is not None:
                 time_sb3(sb3, 10)
+            peak_mb: dict[str, float | None] = dict.fromkeys(times)
             for _ in range(args.repeats):
                 for name, sac in variants.items():
+                    if args.device == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
                     times[name].append(time_sac_edge(sac, args.updates))
+                    if args.device == "cuda":
+                        peak_mb[name] = torch.cuda.max_memory_allocated() / 2**20
                 if sb3 is not None:
                     times["sb3"].append(time_sb3(sb3, args.updates))
             med = {name: statistics.median(t) for name, t in times.items()}
@@ -154,6 +168,8 @@ def main() -> None:
                         "floor_ms": round(floor_ms, 3),
                         "floor_fraction": round(floor_ms / (sec * 1e3), 2),
                         "gflop_per_update": round(flops / 1e9, 3),
+                        "peak_gpu_mb": None if peak_mb.get(name) is None else round(peak_mb[name] or 0.0, 1),
+                        "vs_eager": round(med["sac-edge eager"] / sec, 2) if "sac-edge eager" in med else None,
                     }
                 )
 
@@ -164,9 +180,11 @@ def main() -> None:
     print(header)
     for r in rows:
         ratio = "" if r["vs_sb3"] is None else f"{r['vs_sb3']:.2f}"
+        eager = "" if r["vs_eager"] is None else f"{r['vs_eager']:.2f}"
+        peak = "" if r["peak_gpu_mb"] is None else f"{r['peak_gpu_mb']:.0f}"
         print(
-            f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<18}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
-            f"{ratio:>7}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}"
+            f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<30}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
+            f"{ratio:>7}{eager:>8}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}{peak:>9}"
         )
     print(json.dumps({"bench": "train_speed", "device": args.device, "matmul_gflops": round(rate, 1), "rows": rows}))
 

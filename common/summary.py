@@ -8,12 +8,12 @@ import sys
 from typing import Any
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Make a summary JSON-safe: numpy scalars to Python, NaN/inf to None (JSON has neither)."""
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -23,5 +23,5 @@ def _clean(value: Any) -> Any:
 
 def emit_json(summary: dict[str, Any]) -> None:
     """Print ``summary`` as the final stdout line and flush, so scripts can ``tail -n 1`` it."""
-    sys.stdout.write(json.dumps(_clean(summary), sort_keys=True, default=str) + "\n")
+    sys.stdout.write(json.dumps(json_safe(summary), sort_keys=True, default=str) + "\n")
     sys.stdout.flush()

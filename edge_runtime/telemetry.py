@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.summary import _clean
+from sac_edge.common.summary import json_safe
 
 
 class TelemetryWriter:
@@ -34,7 +34,7 @@ class TelemetryWriter:
     def write(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             return
-        self._fh.write(json.dumps(_clean(record), sort_keys=True, default=str) + "\n")
+        self._fh.write(json.dumps(json_safe(record), sort_keys=True, default=str) + "\n")
         self._fh.flush()
         self.records += 1
 

@@ -17,6 +17,7 @@ import json
 import math
 import pickle
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -68,7 +69,7 @@ def load_sb3_zip(
                 if ("_stable_baselines3_version" in names)
                 else "unknown"
             )
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, KeyError) as err:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, KeyError) as err:
         raise SacEdgeError(f"{path}: corrupt or truncated Stable-Baselines3 zip ({err})") from None
     hidden = _check_actor(state, path)
     obs_dim, act_dim = int(state["actor.latent_pi.0.weight"].shape[1]), int(state["actor.mu.weight"].shape[0])
@@ -82,13 +83,16 @@ def load_sb3_zip(
         action_high=tuple(float(x) for x in high),
         hidden=hidden,
     )
-    tensors = {
-        **_actor_tensors(state, len(hidden)),
-        **_critic_tensors(state, "critic"),
-        **_critic_tensors(state, "critic_target"),
-        "log_alpha": _log_alpha(data, variables, path),
-        **{f"obs_norm.{k}": v for k, v in _identity_normalizer(obs_dim).state_dict().items()},
-    }
+    try:
+        tensors = {
+            **_actor_tensors(state, len(hidden)),
+            **_critic_tensors(state, "critic"),
+            **_critic_tensors(state, "critic_target"),
+            "log_alpha": _log_alpha(data, variables, path),
+            **{f"obs_norm.{k}": v for k, v in _identity_normalizer(obs_dim).state_dict().items()},
+        }
+    except KeyError as err:
+        raise SacEdgeError(f"{path}: policy.pth lacks {err}; not a complete SB3 SAC policy") from None
     return Sb3Model(path, spec, tensors, state, sha256_file(path), version)
 
 

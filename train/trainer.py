@@ -237,10 +237,12 @@ class Trainer:
                     update_time += time.perf_counter() - t0
                     self.updates += cfg.num_envs * cfg.utd
                 bar.update(self.step - before)
-                if _crossed(before, self.step, LOG_EVERY) or self.step >= cfg.total_steps:
+                last = self.step >= cfg.total_steps
+                do_eval = cfg.eval_every > 0 and (_crossed(before, self.step, cfg.eval_every) or last)
+                if do_eval or last or _crossed(before, self.step, LOG_EVERY):
                     self._check_finite(finite)
                     row = self._row(metrics, start, update_time, updates_at_start)
-                    if cfg.eval_every and (_crossed(before, self.step, cfg.eval_every) or self.step >= cfg.total_steps):
+                    if do_eval:
                         self.last_eval = row["eval_return"] = self._evaluate()
                     self.metrics.log(row)
                     bar.set_postfix(ret=row["train_return"], ups=f"{row['updates_per_s']:.0f}", refresh=False)

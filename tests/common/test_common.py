@@ -1,0 +1,80 @@
+import json
+import math
+
+import numpy as np
+import pytest
+
+from sac_edge.common.atomic import atomic_dir, atomic_path, atomic_write_json
+from sac_edge.common.config import build_parser, parse_config
+from sac_edge.common.errors import SacEdgeError, run_cli
+from sac_edge.common.manifest import read_manifest, sha256_file, write_manifest
+from sac_edge.common.summary import emit_json, json_safe
+from sac_edge.train.config import TrainConfig
+
+
+def test_atomic_path_keeps_old_file_on_failure(tmp_path):
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("crash mid-write")
+    assert target.read_text() == "old"
+    assert list(tmp_path.iterdir()) == [target]
+
+
+def test_atomic_dir_is_complete_or_absent(tmp_path):
+    final = tmp_path / "bundle"
+    with pytest.raises(RuntimeError), atomic_dir(final) as staging:
+        (staging / "a").write_text("1")
+        raise RuntimeError("crash")
+    assert not final.exists() and list(tmp_path.iterdir()) == []
+    with atomic_dir(final) as staging:
+        (staging / "a").write_text("1")
+    with atomic_dir(final, replace=True) as staging:
+        (staging / "b").write_text("2")
+    assert sorted(p.name for p in final.iterdir()) == ["b"]
+    with pytest.raises(FileExistsError), atomic_dir(final):
+        pass
+
+
+def test_manifest_verifies_checksums(tmp_path):
+    (tmp_path / "policy.onnx").write_bytes(b"graph")
+    write_manifest(tmp_path, {"files": {"policy.onnx": {"sha256": sha256_file(tmp_path / "policy.onnx")}}})
+    assert read_manifest(tmp_path)["format_version"] == 1
+    (tmp_path / "policy.onnx").write_bytes(b"tampered")
+    with pytest.raises(SacEdgeError, match=r"checksum mismatch for policy\.onnx"):
+        read_manifest(tmp_path)
+    atomic_write_json(tmp_path / "manifest.json", {"format_version": 99})
+    with pytest.raises(SacEdgeError, match="format_version 99"):
+        read_manifest(tmp_path)
+
+
+def test_config_parser_uses_field_help_and_types():
+    help_text = build_parser(TrainConfig, "sac-train", "x").format_help()
+    assert "replay capacity" in help_text and "--no-compile" in help_text
+    cfg = parse_config(TrainConfig, ["--hidden", "64,32", "--amp", "bf16", "--compile"], "sac-train", "x")
+    assert cfg.hidden == (64, 32) and cfg.amp == "bf16" and cfg.compile is True
+    with pytest.raises(SystemExit) as err:
+        parse_config(TrainConfig, ["--amp", "fp8"], "sac-train", "x")
+    assert err.value.code == 2
+
+
+def test_run_cli_turns_errors_into_one_line(capsys):
+    def bad(_argv):
+        raise SacEdgeError("the problem; the fix")
+
+    def broken(_argv):
+        raise ValueError("boom\nsecond line")
+
+    assert run_cli("prog", bad, []) == 2
+    assert capsys.readouterr().err == "prog: error: the problem; the fix\n"
+    assert run_cli("prog", broken, []) == 1
+    assert capsys.readouterr().err == "prog: internal error: ValueError: boom\n"
+
+
+def test_json_summary_is_last_line_and_json_safe(capsys):
+    print("report")
+    emit_json({"x": np.float32(1.5), "bad": math.nan, "rows": [np.int64(3)]})
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last) == {"x": 1.5, "bad": None, "rows": [3]}
+    assert json_safe({"a": (math.inf,)}) == {"a": [None]}
