@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from .atomic import atomic_write_json
 from .errors import SacEdgeError
+from .jsonfile import read_json
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -45,15 +45,10 @@ def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
     Raises SacEdgeError with one line naming the problem and the fix.
     """
     root = Path(bundle)
-    path = root / MANIFEST
-    if not path.is_file():
+    if not (root / MANIFEST).is_file():
         raise SacEdgeError(f"{root} is not a bundle: {MANIFEST} is missing (create one with sac-export)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise SacEdgeError(f"{path} is not valid JSON ({err}); re-export the bundle") from None
-    if not isinstance(manifest, dict):
-        raise SacEdgeError(f"{path} is not a manifest object; re-export the bundle")
+    path = root / MANIFEST
+    manifest = read_json(path, "bundle manifest", "re-export the bundle")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise SacEdgeError(

@@ -8,7 +8,6 @@ and environment RNG states and the optimiser hyperparameters.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from sac_edge.common.atomic import atomic_path
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.jsonfile import read_json
 from sac_edge.common.manifest import sha256_file
 from sac_edge.common.spec import PolicySpec
 
@@ -60,19 +60,6 @@ def load_tensors(path: Path, what: str = "checkpoint") -> dict[str, torch.Tensor
         raise SacEdgeError(f"{path}: {what} is corrupt or truncated ({err}); use an intact copy") from None
 
 
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    """Read a JSON object; a missing or malformed file is a one-line SacEdgeError."""
-    if not path.is_file():
-        raise SacEdgeError(f"{path}: {what} not found")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise SacEdgeError(f"{path}: {what} is not valid JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise SacEdgeError(f"{path}: {what} is not a JSON object")
-    return data
-
-
 def prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """The sub-dict under ``prefix.`` with the prefix removed (a module's state dict)."""
     cut = len(prefix) + 1
@@ -84,7 +71,7 @@ def load_run(run_dir: str | Path) -> Run:
     path = Path(run_dir)
     if not path.is_dir():
         raise SacEdgeError(f"{path}: run dir not found")
-    config = read_json(path / CONFIG, "run config")
+    config = read_json(path / CONFIG, "run config", "train the run with sac-train first")
     spec = PolicySpec.from_dict(config.get("spec", {}), source=str(path / CONFIG))
     tensors = load_tensors(path / CHECKPOINT)
     missing = [k for k in ("log_alpha", "obs_norm.mean", "actor.mu.weight") if k not in tensors]

@@ -28,6 +28,7 @@ from sac_edge.common.atomic import atomic_path, atomic_write_json
 from sac_edge.common.config import config_dict
 from sac_edge.common.envs import make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
+from sac_edge.common.jsonfile import read_json
 from sac_edge.common.spec import PolicySpec
 
 from . import checkpoint as ckpt
@@ -73,7 +74,7 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
     run = Path(cfg.out)
     has_run = (run / ckpt.CONFIG).exists() or (run / ckpt.CHECKPOINT).exists()
     if cfg.resume:
-        saved = ckpt.read_json(run / ckpt.CONFIG, "run config (nothing to resume)")
+        saved = read_json(run / ckpt.CONFIG, "run config", "nothing to resume; train without --resume")
         fields = {f.name for f in dataclasses.fields(TrainConfig)}
         saved_cfg = {k: v for k, v in saved.items() if k in fields}
         saved_cfg["hidden"] = tuple(saved_cfg.get("hidden", cfg.hidden))

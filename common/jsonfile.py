@@ -1,0 +1,23 @@
+"""Reading a JSON object from disk with the one-line error convention (the writer is ``atomic_write_json``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import SacEdgeError
+
+
+def read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
+    """The JSON object in ``path``; missing, malformed or non-object files raise one SacEdgeError line
+    naming ``what`` the file is and ``fix``, what to do about it."""
+    if not path.is_file():
+        raise SacEdgeError(f"{path}: {what} not found; {fix}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SacEdgeError(f"{path}: {what} is not valid JSON ({err}); {fix}") from None
+    if not isinstance(data, dict):
+        raise SacEdgeError(f"{path}: {what} is not a JSON object; {fix}")
+    return data
