@@ -48,7 +48,65 @@ class RunConfig:
     spin_us: float = field(default=100.0, metadata={"help": "busy-wait this long before each slot (sleep before)"})
     mem_budget_mb: float | None = field(default=None, metadata={"help": "memory budget enforced by the governor"})
     power_budget_w: float | None = field(default=None, metadata={"help": "power budget enforced by the governor"})
-    finetune: bool = field(default=False, metadata={"help": "fine-tune on the device while running"})
+    finetune: bool = field(
+        default=False,
+        metadata={"help": "fine-tune on the device while running (SAC in a learner thread; needs torch)"},
+    )
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "start from the last good fine-tuned weights in --finetune-dir (served; with --finetune also "
+            "learned from)"
+        },
+    )
+    finetune_dir: str | None = field(
+        default=None, metadata={"help": "where the last good weights are kept (default: BUNDLE/finetune)"}
+    )
+    finetune_buffer: int = field(
+        default=200_000, metadata={"help": "replay rows wanted; --mem-budget-mb may choose fewer"}
+    )
+    finetune_batch: int = field(
+        default=256, metadata={"help": "minibatch wanted; --mem-budget-mb or the governor may choose less"}
+    )
+    finetune_utd: float = field(
+        default=1.0,
+        metadata={"help": "updates per collected step wanted; capped so updates use at most --learner-cpu of a core"},
+    )
+    learner_cpu: float = field(
+        default=0.6, metadata={"help": "fraction of one core the learner's updates may take at --rate-hz"}
+    )
+    finetune_lr: float = field(default=3e-4, metadata={"help": "actor, critic and temperature learning rate"})
+    learning_starts: int = field(default=1000, metadata={"help": "transitions collected before the first update"})
+    swap_every: int = field(default=500, metadata={"help": "updates between candidate policies (K)"})
+    promotion_window: int = field(
+        default=8,
+        metadata={"help": "episodes served by a candidate, compared with as many served by the last good weights"},
+    )
+    rollback_threshold: float = field(
+        default=0.25,
+        metadata={
+            "help": "roll back when the candidate's mean return is below the last good one's by more than this "
+            "fraction of |last good mean| (at least 1)"
+        },
+    )
+    shadow_max_diff: float = field(
+        default=0.5,
+        metadata={
+            "help": "refuse to serve a candidate whose mean action differs from the last good one's by more than "
+            "this fraction of the action range on recent states"
+        },
+    )
+    explore_std: float = field(
+        default=0.1,
+        metadata={"help": "exploration noise while fine-tuning, std as a fraction of the half action range (0: off)"},
+    )
+    shift: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "change the env's dynamics (tests, demos): NAME=VALUE,... e.g. m=1.6 (Pendulum mass; also l, g), "
+            "friction=0.5 or mass=1.2 (MuJoCo scales)"
+        },
+    )
     telemetry: str | None = field(
         default=None, metadata={"help": "JSONL file: the config, one record per second and every governor event"}
     )

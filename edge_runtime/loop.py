@@ -36,9 +36,23 @@ from .stats import Samples, latency_us
 
 
 class Experience(Protocol):
-    """Receives every transition (the fine-tuner's buffer); must return quickly."""
+    """The fine-tuner's hook: may perturb each inferred action (exploration) and sees every transition.
 
-    def observe(self, obs: np.ndarray, action: np.ndarray, reward: float, next_obs: np.ndarray, done: bool) -> None: ...
+    Both run on the control thread and must return quickly; ``explore``'s result still goes through the
+    action guard (finite, inside the bounds), and held actions (bad observation, overrun) are not explored.
+    """
+
+    def explore(self, action: np.ndarray) -> np.ndarray: ...
+
+    def observe(
+        self,
+        obs: np.ndarray,
+        action: np.ndarray,
+        reward: float,
+        next_obs: np.ndarray,
+        terminated: bool,
+        truncated: bool,
+    ) -> None: ...
 
 
 class BudgetTick(NamedTuple):
@@ -150,11 +164,11 @@ class ControlLoop:
                     overruns += 1
                     action = act_guard.hold()
                 else:
-                    action = act_guard.apply(raw)
+                    action = act_guard.apply(raw if experience is None else experience.explore(raw))
             next_obs, reward, terminated, truncated, _ = env.step(action)
             done = terminated or truncated
             if experience is not None:
-                experience.observe(obs, action, float(reward), next_obs, bool(terminated))
+                experience.observe(obs, action, float(reward), next_obs, bool(terminated), bool(truncated))
             if done:
                 episodes += 1
                 next_obs, _ = env.reset()

@@ -25,18 +25,18 @@ from sac_edge.common.spec import PolicySpec
 from .autoselect import autoselect
 from .backend import PRECISION_ORDER, Backend, BackendOptions, open_bundle
 from .config import RunConfig
+from .finetune import build_finetuner, finetune_dir, install_last_good
 from .governor import Governor, GovernorConfig, build_ladder
 from .loop import ControlLoop, LoopSettings
 from .memory import MemoryProbe
 from .monitor import BudgetMonitor
+from .promotion import LastGoodStore
 from .registry import open_backend, refusal
 from .sensors import detect_power_sensor
+from .shift import parse_shift, shifted
 from .table import format_table
 from .telemetry import StatusLine, TelemetryWriter
-
-FINETUNE_NOT_BUILT = (
-    "--finetune is not built yet (on-device fine-tuning arrives with the fine-tuning issue); run without it"
-)
+from .weight_swap import WeightSwapper
 
 
 def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:
@@ -51,7 +51,13 @@ def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:
 
 def validate(cfg: RunConfig) -> None:
     if cfg.finetune:
-        raise SacEdgeError(FINETUNE_NOT_BUILT)
+        for name in ("finetune_buffer", "finetune_batch", "swap_every", "learning_starts"):
+            if getattr(cfg, name) < 1:
+                raise SacEdgeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+        if not 0 < cfg.learner_cpu <= 1:
+            raise SacEdgeError(f"--learner-cpu is a fraction of one core in (0, 1], got {cfg.learner_cpu}")
+        if not cfg.finetune_lr > 0 or cfg.explore_std < 0:
+            raise SacEdgeError("--finetune-lr must be positive and --explore-std non-negative")
     if not cfg.rate_hz > 0:
         raise SacEdgeError(f"--rate-hz must be positive, got {cfg.rate_hz}")
     if cfg.duration < 0:
@@ -103,46 +109,99 @@ def run_command(cfg: RunConfig, log: Callable[[str], None]) -> dict[str, Any]:
     env_name = cfg.env or bundle.spec.env_id
     env = make_env(env_name)
     check_env_matches(env, bundle.spec, env_name)
+    env = shifted(env, parse_shift(cfg.shift))
+    last = LastGoodStore(finetune_dir(cfg)).load() if cfg.resume else None
     backends, figures = open_backends(cfg, bundle, log)
+    probe = MemoryProbe(Path(cfg.sensor_root))
+    with TelemetryWriter(cfg.telemetry) as telemetry:
+        emit = locked(telemetry.write)
+        tuner, resumed = None, None
+        if cfg.finetune:
+            tuner, resumed = build_finetuner(cfg, bundle, backends, probe, last, emit, log)
+        elif last is not None:
+            resumed = install_last_good(WeightSwapper(backends, bundle), last)
+        summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log)
+        summary |= {"telemetry_records": telemetry.records + 1, "resume": resumed}
+        if tuner is not None:
+            summary["finetune"] = tuner.summary()
+        telemetry.write({"type": "summary", **summary})
+    return summary
+
+
+def locked(write: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """``write`` behind a lock: the loop and the learner thread both emit telemetry records."""
+    lock = threading.Lock()
+
+    def emit(record: dict[str, Any]) -> None:
+        with lock:
+            write(record)
+
+    return emit
+
+
+def _drive(
+    cfg: RunConfig,
+    bundle: Any,
+    env: Any,
+    env_name: str,
+    backends: dict[str, Backend],
+    figures: list[Any],
+    probe: MemoryProbe,
+    tuner: Any,
+    emit: Callable[[dict[str, Any]], None],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """The governor, the monitor and the loop (with the fine-tuner's thread around it when there is one)."""
     first = next(iter(backends))
     governor = None
     if cfg.mem_budget_mb is not None or cfg.power_budget_w is not None:
-        ladder = build_ladder(cfg.rate_hz, first, list(backends))
+        batch = tuner.sizing["batch_size"] if tuner is not None else None
+        ladder = build_ladder(
+            cfg.rate_hz, first, list(backends), finetune_batch=batch, min_finetune_batch=min(32, batch or 32)
+        )
         governor = Governor(GovernorConfig(cfg.mem_budget_mb, cfg.power_budget_w), ladder)
+    if tuner is not None:
+        tuner.governor = governor
     root = Path(cfg.sensor_root)
     sensor = detect_power_sensor(root) if cfg.telemetry or cfg.power_budget_w is not None else None
-    monitor = BudgetMonitor(MemoryProbe(root), sensor, governor)
+    monitor = BudgetMonitor(probe, sensor, governor)
     status = StatusLine() if sys.stderr.isatty() else None
     settings = LoopSettings(cfg.rate_hz, cfg.duration, cfg.obs_fault, cfg.inference_budget, cfg.spin_us, cfg.seed)
-    with TelemetryWriter(cfg.telemetry) as telemetry:
-        telemetry.write(
-            {
-                "type": "config",
-                "config": config_dict(cfg),
-                "env": env_name,
-                "backend": backends[first].describe(),
-                "auto": [m._asdict() for m in figures],
-                "power_source": sensor.source if sensor else None,
-                "loaded_precisions": list(backends),
-            }
-        )
-        loop = ControlLoop(env, backends, first, settings, monitor, telemetry.write, status)
-        try:
-            with stop_on_signals(loop.stop):
-                summary = loop.run()
-        finally:
-            if status is not None:
-                status.finish()
-            monitor.close()
-            env.close()
-        summary |= {
+    emit(
+        {
+            "type": "config",
+            "config": config_dict(cfg),
             "env": env_name,
-            "auto": [m._asdict() for m in figures if m.refusal is None or "unavailable" not in m.refusal],
-            "torch_imported": "torch" in sys.modules,
-            "telemetry_records": telemetry.records + 1,
+            "shift": getattr(env, "shift", None),
+            "backend": backends[first].describe(),
+            "auto": [m._asdict() for m in figures],
+            "power_source": sensor.source if sensor else None,
+            "loaded_precisions": list(backends),
         }
-        telemetry.write({"type": "summary", **summary})
-    return summary
+    )
+    loop = ControlLoop(env, backends, first, settings, monitor, emit, status, experience=tuner)
+    try:
+        with stop_on_signals(loop.stop):
+            if tuner is not None:
+                tuner.start()
+            try:
+                summary = loop.run()
+            finally:
+                if tuner is not None:
+                    tuner.stop()
+    finally:
+        if status is not None:
+            status.finish()
+        monitor.close()
+        env.close()
+    if tuner is not None and tuner.error:
+        log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
+    return summary | {
+        "env": env_name,
+        "shift": getattr(env, "shift", None),
+        "auto": [m._asdict() for m in figures if m.refusal is None or "unavailable" not in m.refusal],
+        "torch_imported": "torch" in sys.modules,
+    }
 
 
 def summary_table(summary: dict[str, Any]) -> str:
@@ -170,6 +229,29 @@ def summary_table(summary: dict[str, Any]) -> str:
         ),
         ("peak RSS", "unknown" if np.isnan(summary["peak_rss_mb"]) else f"{summary['peak_rss_mb']:.1f} MB"),
         ("budget events", str(summary["budget_events"])),
+        *_finetune_rows(summary.get("finetune")),
         ("stopped by", str(summary["stopped_by"])),
     ]
     return format_table(rows, ("sac-edge run", summary["env"]))
+
+
+def _finetune_rows(ft: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not ft:
+        return []
+    sizing = ft["sizing"]
+    swap = ", ".join(f"{p} p50 {v['p50'] * 1e3:.2f} ms max {v['max'] * 1e3:.2f} ms" for p, v in ft["swap_s"].items())
+    return [
+        (
+            "fine-tune sizing",
+            f"{sizing['buffer_rows']} rows, batch {sizing['batch_size']}, checkpointing {sizing['grad_checkpoint']}, "
+            f"utd {sizing['utd']:g} (est. {sizing['estimate_mb']['total']:.1f} MiB)",
+        ),
+        ("fine-tune updates", f"{ft['updates']} on {ft['steps_collected']} steps (utd {ft['achieved_utd']:.2f})"),
+        (
+            "candidates",
+            f"{ft['candidates']}: promoted {ft['promotions']}, rolled back {ft['rollbacks']}, "
+            f"shadow-rejected {ft['shadow_rejections']}, int8-skipped {ft['int8_skipped']}",
+        ),
+        ("weight swaps", f"{ft['swaps']}" + (f" ({swap})" if swap else "")),
+        ("last good", f"{ft['last_good'] or 'the bundle weights'}"),
+    ]

@@ -36,7 +36,7 @@ def test_checksum_mismatch(pendulum_bundle: Path, tmp_path: Path, capsys: pytest
         (["--env", "NoSuchEnv-v0"], "unknown environment"),
         (["--env", "MountainCarContinuous-v0"], "do not match the bundle's spec"),
         (["--backend", "onnxruntime", "--precision", "fp16"], "fp16 is not in the bundle"),
-        (["--finetune"], "not built yet"),
+        (["--resume"], "no last good weights"),
         (["--rate-hz", "0"], "--rate-hz must be positive"),
         (["--backend", "tensorrt"], "tensorrt"),
     ],

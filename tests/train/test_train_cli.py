@@ -117,3 +117,17 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
     kept = load_run(run)
     assert all(bool(t.float().isfinite().all()) for k, t in kept.tensors.items() if k.startswith("actor."))
     assert json.loads((run / "trainer_state.json").read_text())["step"] == 500
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vector_envs_collect_k_transitions_per_step(tmp_path, capsys, mode):
+    run = tmp_path / "run"
+    code = main(
+        ["--env", "Pendulum-v1", "--num-envs", "2", "--vector-mode", mode, "--total-steps", "600",
+         "--learning-starts", "300", "--eval-every", "0", "--out", str(run), "--json", *TINY]
+    )  # fmt: skip
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # 300 vector steps of 2 envs; 2 updates per vector step once learning starts (utd 1 per transition).
+    assert summary["steps"] == 600 and summary["updates"] == 302
+    assert summary["episodes"] == 2  # 300 steps per env; Pendulum truncates at 200: one episode each

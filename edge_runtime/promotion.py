@@ -1,0 +1,165 @@
+"""Safety of fine-tuning: judge a candidate before and after it serves, and keep the last good weights on disk.
+
+Before serving, the shadow check runs the candidate and the last good policy on recent states: every
+action finite and inside the bounds, and the mean action difference at most ``shadow_max_diff`` of the
+action range (a candidate that suddenly acts very differently is not put on the plant). After serving,
+the mean return of ``window`` episodes served entirely by the candidate is compared with the mean of the
+last ``window`` episodes served by the last good weights: a drop of more than ``rollback_threshold`` x
+``max(|good mean|, 1)`` rolls back to the last good weights; otherwise the candidate becomes the last good.
+
+The last good weights live in ``DIR/last_good.safetensors`` (learner tensors + the recent states they were
+checked on, with the step, returns and generation in the safetensors metadata, so the one file is
+self-describing) and ``DIR/last_good.json`` (the same facts plus the file's sha256, for people and for
+``--resume``'s check). Both are written atomically (temp file, fsync, rename), the tensors first: a crash or
+power loss at any moment leaves either the old pair or the new tensors, never a torn file. This module has
+no torch import, so ``sac-edge run --resume`` without ``--finetune`` stays torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sac_edge.common.atomic import atomic_path, atomic_write_json
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import sha256_file
+
+LAST_GOOD = "last_good.safetensors"
+LAST_GOOD_INFO = "last_good.json"
+STATES_KEY = "shadow_states"
+
+
+@dataclass(frozen=True)
+class PromotionRules:
+    window: int
+    rollback_threshold: float
+    shadow_max_diff: float
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise SacEdgeError(f"--promotion-window must be >= 1 episode, got {self.window}")
+        if not self.rollback_threshold >= 0:
+            raise SacEdgeError(f"--rollback-threshold must be >= 0, got {self.rollback_threshold}")
+        if not 0 < self.shadow_max_diff <= 1:
+            raise SacEdgeError(
+                f"--shadow-max-diff is a fraction of the action range in (0, 1], got {self.shadow_max_diff}"
+            )
+
+
+class ShadowResult(NamedTuple):
+    ok: bool
+    reason: str
+    mean_diff_frac: float
+    max_diff_frac: float
+
+
+def shadow_check(
+    candidate: np.ndarray, good: np.ndarray, low: Sequence[float], high: Sequence[float], max_diff: float
+) -> ShadowResult:
+    """Candidate vs last good actions on the same states (env units)."""
+    lo, hi = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    if candidate.size == 0:
+        return ShadowResult(False, "no recent states to check on", math.nan, math.nan)
+    if not np.isfinite(candidate).all():
+        return ShadowResult(False, "non-finite actions", math.nan, math.nan)
+    if (candidate < lo - 1e-6).any() or (candidate > hi + 1e-6).any():
+        return ShadowResult(False, "actions outside the bounds", math.nan, math.nan)
+    frac = np.abs(candidate.astype(np.float64) - good.astype(np.float64)) / (hi - lo)
+    mean, worst = float(frac.mean()), float(frac.max())
+    if mean > max_diff:
+        return ShadowResult(False, f"mean action difference {mean:.1%} of the range > {max_diff:.1%}", mean, worst)
+    return ShadowResult(True, "ok", mean, worst)
+
+
+class Verdict(NamedTuple):
+    regressed: bool
+    candidate_mean: float
+    good_mean: float
+    allowed_drop: float
+
+
+def judge(candidate_returns: Sequence[float], good_returns: Sequence[float], threshold: float) -> Verdict:
+    """Did the candidate's mean return drop by more than ``threshold`` x max(|good mean|, 1)?"""
+    cand, good = float(np.mean(candidate_returns)), float(np.mean(good_returns))
+    allowed = threshold * max(abs(good), 1.0)
+    return Verdict(cand < good - allowed, cand, good, allowed)
+
+
+class LastGood(NamedTuple):
+    """Weights read back from disk: learner tensors as numpy, the shadow states, and the facts."""
+
+    tensors: dict[str, np.ndarray]
+    states: np.ndarray
+    info: dict[str, Any]
+    sha256: str
+
+    def actor(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in self.tensors.items() if k.startswith("actor.")}
+
+
+class LastGoodStore:
+    """``DIR/last_good.safetensors`` + ``DIR/last_good.json``, written atomically."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.path = directory / LAST_GOOD
+        self.info_path = directory / LAST_GOOD_INFO
+
+    def save(self, tensors: Mapping[str, np.ndarray], states: np.ndarray, info: Mapping[str, Any]) -> str:
+        """Write the pair (tensors first); returns the tensors file's sha256."""
+        from safetensors.numpy import save_file
+
+        flat = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+        flat[STATES_KEY] = np.ascontiguousarray(states, np.float32)
+        facts = {**info, "saved_unix": time.time()}
+        with atomic_path(self.path) as tmp:
+            save_file(flat, str(tmp), metadata={"sac_edge_last_good": json.dumps(facts, default=float)})
+        sha = sha256_file(self.path)
+        atomic_write_json(self.info_path, {**facts, "file": LAST_GOOD, "sha256": sha})
+        return sha
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def load(self) -> LastGood:
+        """Read the last good weights; a missing or corrupt file is a one-line error.
+
+        The JSON sidecar is advisory: if it disagrees with the tensors file (a crash between the two
+        writes), the self-describing tensors file wins and the mismatch is reported in ``info``.
+        """
+        from safetensors import SafetensorError, safe_open
+
+        if not self.path.is_file():
+            raise SacEdgeError(f"{self.path}: no last good weights to resume from (run --finetune first)")
+        try:
+            with safe_open(str(self.path), framework="numpy") as fh:
+                meta = fh.metadata() or {}
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no iterator
+        except (SafetensorError, OSError, ValueError) as err:
+            raise SacEdgeError(f"{self.path}: last good weights are corrupt ({err}); restore a copy") from None
+        try:
+            info = json.loads(meta.get("sac_edge_last_good", "{}"))
+        except json.JSONDecodeError:
+            info = {}
+        sha = sha256_file(self.path)
+        sidecar = _read_json(self.info_path)
+        info["sidecar"] = "missing" if sidecar is None else ("ok" if sidecar.get("sha256") == sha else "stale")
+        states = tensors.pop(STATES_KEY, np.zeros((0, 0), np.float32))
+        if not any(k.startswith("actor.") for k in tensors):
+            raise SacEdgeError(f"{self.path}: holds no actor weights; not a sac-edge last good file")
+        return LastGood(tensors, states, info, sha)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,62 @@
+"""Small bundles for the fine-tuning tests, with an INT8 graph made the way ``sac-export --int8`` makes it.
+
+The fp32 graph, learner tensors and manifest come from ``bundles.py``; the INT8 graph is
+``calibration.qdq.quantize_model`` with activation ranges from ``calibration.calibrators.compute_amax`` on
+observations of the env, and the manifest records those ranges under ``calibration.amax`` as sac-export
+does (the episode part of the gate is skipped: it is not what these tests are about).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import onnx
+from bundles import export_onnx, learner_tensors, spec_for
+
+from sac_edge.calibration.calibrators import compute_amax
+from sac_edge.calibration.qdq import quantizable_tensors, quantize_model
+from sac_edge.calibration.session import collect_activations
+from sac_edge.common.manifest import file_entry, write_manifest
+from sac_edge.train.checkpoint import save_tensors
+
+
+def env_states(env_id: str, n: int, seed: int = 0) -> np.ndarray:
+    """Observations of random-action episodes (real states of the env)."""
+    env = gym.make(env_id)
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    out = []
+    for _ in range(n):
+        out.append(np.asarray(obs, np.float32))
+        obs, _, term, trunc, _ = env.step(rng.uniform(env.action_space.low, env.action_space.high))  # type: ignore[attr-defined]
+        if term or trunc:
+            obs, _ = env.reset()
+    env.close()
+    return np.stack(out)
+
+
+def make_finetune_bundle(out: Path, env_id: str = "Pendulum-v1", hidden: tuple[int, ...] = (32, 32)) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    spec = spec_for(env_id, hidden)
+    tensors = learner_tensors(spec)
+    export_onnx(spec, tensors, out / "policy.onnx")
+    save_tensors(out / "learner.safetensors", tensors)
+    model = onnx.load(str(out / "policy.onnx"))
+    names = list(quantizable_tensors(model))
+    amax = compute_amax(collect_activations(model, env_states(env_id, 512), names), "minmax")
+    onnx.save(quantize_model(model, amax), str(out / "policy.int8.onnx"))
+    files = {
+        "policy.onnx": file_entry(out, "policy.onnx", kind="onnx", precision="fp32"),
+        "policy.int8.onnx": file_entry(out, "policy.int8.onnx", kind="onnx", precision="int8"),
+        "learner.safetensors": file_entry(out, "learner.safetensors", kind="learner"),
+    }
+    manifest = {
+        "spec": spec.to_dict(),
+        "files": files,
+        "gate": {"verdict": "accepted", "float_layers": []},
+        "calibration": {"method": "minmax", "amax": amax},
+    }
+    write_manifest(out, manifest)
+    return out
