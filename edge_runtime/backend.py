@@ -166,7 +166,7 @@ def check_weights(
         if name not in known:
             ignored.append(name)
             continue
-        arr = np.ascontiguousarray(value, dtype=np.float32)
+        arr = np.asarray(value, dtype=np.float32, order="C")  # ascontiguousarray would make a 0-d array 1-d
         if tuple(arr.shape) != tuple(known[name]):
             raise SacEdgeError(f"swap_weights: {name} has shape {tuple(arr.shape)}, the policy has {known[name]}")
         use[name] = arr

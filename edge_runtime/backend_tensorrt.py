@@ -8,9 +8,11 @@ and cached as ``BUNDLE/engines/policy.<precision>.<trtX-device-smNN>.plan`` (+ `
 
 Inference follows the TensorRT 8.5+/10 tensor API (``num_io_tensors``, ``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``; edge-facts.md, TensorRT Python API docs): device buffers
-and pinned host buffers are allocated once, one CUDA stream, and batch 1 runs copy in, execute, copy
-out, synchronise. CUDA memory goes through cuda-python (what TensorRT 10's samples use,
-``samples/python/common_runtime.py``) or, where only it is installed, pycuda (JetPack 5's samples).
+and pinned host buffers are allocated once, and batch 1 runs copy in, execute, copy out, synchronise on
+its own stream; ``act_batch`` uses a second stream, context and device buffers (an execution context must
+not be used from two threads at once), so it may run beside the loop's ``act``. CUDA memory goes
+through cuda-python (what TensorRT 10's samples use, ``samples/python/common_runtime.py``) or, where
+only it is installed, pycuda (JetPack 5's samples).
 A weight swap deserialises a fresh engine from the plan, refits it (the plan must be refittable), and
 publishes it with one assignment.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import re
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -261,8 +264,14 @@ class TensorRTBackend(Backend):
         self._out_dtype = trt.nptype(self._runner.engine.get_tensor_dtype(OUTPUT))
         self._host_in = self.cuda.pinned((1, dims[0]), self._in_dtype)
         self._host_out = self.cuda.pinned((1, dims[1]), self._out_dtype)
-        self._dev_in = self.cuda.device_alloc(self._host_in.nbytes * MAX_BATCH)
-        self._dev_out = self.cuda.device_alloc(self._host_out.nbytes * MAX_BATCH)
+        self._dev_in = self.cuda.device_alloc(self._host_in.nbytes)
+        self._dev_out = self.cuda.device_alloc(self._host_out.nbytes)
+        # act_batch (the gate, benchmarks, another thread while the loop calls act) has its own stream and
+        # device buffers, so it never overwrites act's; its callers share them under a lock.
+        self._batch_cuda = _cuda()
+        self._batch_in = self._batch_cuda.device_alloc(self._host_in.nbytes * MAX_BATCH)
+        self._batch_out = self._batch_cuda.device_alloc(self._host_out.nbytes * MAX_BATCH)
+        self._batch_lock = threading.Lock()
         self._action = np.zeros(dims[1], np.float32)
         self._bind(self._runner)
         self._weights: dict[str, np.ndarray] = {}
@@ -313,20 +322,23 @@ class TensorRTBackend(Backend):
         return self._action
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        out = np.empty((0, self.spec.act_dim), np.float32)
-        for start in range(0, len(obs), MAX_BATCH):  # the engine's profile stops at MAX_BATCH
-            chunk = np.ascontiguousarray(obs[start : start + MAX_BATCH], dtype=self._in_dtype)
-            result = np.empty((len(chunk), self.spec.act_dim), self._out_dtype)
-            ctx = self._runner.batch_context
-            ctx.set_input_shape(INPUT, chunk.shape)
-            ctx.set_tensor_address(INPUT, self._dev_in)
-            ctx.set_tensor_address(OUTPUT, self._dev_out)
-            self.cuda.htod(self._dev_in, chunk)
-            ctx.execute_async_v3(self.cuda.stream)
-            self.cuda.dtoh(result, self._dev_out)
-            self.cuda.sync()
-            out = np.concatenate([out, result.astype(np.float32)])
-        return out
+        out = []
+        cuda = self._batch_cuda
+        with self._batch_lock:
+            runner = self._runner  # one generation for the whole call, kept alive across a concurrent swap
+            ctx = runner.batch_context
+            ctx.set_tensor_address(INPUT, self._batch_in)
+            ctx.set_tensor_address(OUTPUT, self._batch_out)
+            for start in range(0, len(obs), MAX_BATCH):  # the engine's profile stops at MAX_BATCH
+                chunk = np.ascontiguousarray(obs[start : start + MAX_BATCH], dtype=self._in_dtype)
+                result = np.empty((len(chunk), self.spec.act_dim), self._out_dtype)
+                ctx.set_input_shape(INPUT, chunk.shape)
+                cuda.htod(self._batch_in, chunk)
+                ctx.execute_async_v3(cuda.stream)
+                cuda.dtoh(result, self._batch_out)
+                cuda.sync()
+                out.append(result.astype(np.float32))
+        return np.concatenate(out) if out else np.empty((0, self.spec.act_dim), np.float32)
 
     def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
         start = time.perf_counter()
@@ -334,7 +346,7 @@ class TensorRTBackend(Backend):
             raise SacEdgeError(f"{self.plan.name}: engine is not refittable ({self.precision}); rebuild to swap")
         refitter = self.trt.Refitter(self._runner.engine, self.logger)
         known = set(refitter.get_all_weights())
-        use = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items() if k in known}
+        use = {k: np.asarray(v, dtype=np.float32, order="C") for k, v in weights.items() if k in known}
         ignored = tuple(sorted(set(weights) - known))
         merged = {**self._weights, **use}
         runner = self._load(merged)
@@ -354,7 +366,9 @@ class TensorRTBackend(Backend):
         }
 
     def close(self) -> None:
-        self._runner = self._retired = None  # type: ignore[assignment]
+        with self._batch_lock:
+            self._runner = self._retired = None  # type: ignore[assignment]
+            self._batch_cuda.close()
         self.cuda.close()
 
 

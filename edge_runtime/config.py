@@ -89,6 +89,13 @@ class RunConfig:
             "fraction of |last good mean| (at least 1)"
         },
     )
+    rollback_noise_z: float = field(
+        default=2.0,
+        metadata={
+            "help": "...and by more than this many standard errors of the difference of the two windows' means, "
+            "so that episode-to-episode noise is not mistaken for a regression (0: the threshold alone)"
+        },
+    )
     shadow_max_diff: float = field(
         default=0.5,
         metadata={

@@ -8,7 +8,8 @@ sees a half-written row and no lock sits on the control path. When the learner f
 new transitions are dropped and counted rather than overwriting unread rows.
 
 Each finished episode (terminated or truncated) is recorded with the weight *generation* that was serving
-when it started, so the promotion logic compares returns of episodes served entirely by one weight set.
+when it started and whether that generation served it to the end, so the promotion logic compares returns
+of episodes served entirely by one weight set (an episode a swap cut in two belongs to neither).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class EpisodeRecord(NamedTuple):
     generation: int
     total_return: float
     steps: int
+    whole: bool = True
+    """False when a weight swap happened during the episode."""
 
 
 class StagingRing:
@@ -97,7 +100,8 @@ class EpisodeLog:
         self._return += reward
         self._steps += 1
         if done:
-            self.finished.append(EpisodeRecord(self._gen, self._return, self._steps))
+            whole = self.generation == self._gen
+            self.finished.append(EpisodeRecord(self._gen, self._return, self._steps, whole))
             self._return, self._steps = 0.0, 0
 
 

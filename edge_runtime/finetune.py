@@ -277,6 +277,8 @@ class FineTuner:
         while finished:
             rec = finished.popleft()
             self.episode_returns.append((rec.generation, rec.total_return))
+            if not rec.whole:
+                continue
             if rec.generation == self.good_generation:
                 self.good_returns.append(rec.total_return)
             elif self.candidate is not None and rec.generation == self.candidate.generation:
@@ -285,17 +287,19 @@ class FineTuner:
         if cand is None or len(cand.returns) < self.rules.window:
             return
         self.candidate = None
-        verdict = judge(cand.returns, list(self.good_returns), self.rules.rollback_threshold)
+        verdict = judge(cand.returns, list(self.good_returns), self.rules.rollback_threshold, self.rules.noise_z)
         figures = {
             "candidate_mean": verdict.candidate_mean,
             "good_mean": verdict.good_mean,
             "allowed_drop": verdict.allowed_drop,
+            "noise_se": verdict.noise_se,
         }
         if verdict.regressed:
             outcome = self.swapper.push(self.good_weights, self.good_states, check=False)
             self._published(outcome.seconds)
             self.good_generation = self.generation
             self.learner.load_actor(self.good_weights)
+            self._since = 0  # the next candidate gets a full swap_every updates from the last good weights
             self.counts["rollbacks"] += 1
             self.event("rollback", generation=cand.generation, step=cand.step, **figures, swap_s=outcome.seconds)
             return
@@ -376,7 +380,7 @@ def build_finetuner(
         if not names:
             raise SacEdgeError(f"{bundle.path}: --finetune needs learner.safetensors, which the bundle lacks")
         tensors = load_tensors(bundle.path / names[0], "learner tensors")
-    rules = PromotionRules(cfg.promotion_window, cfg.rollback_threshold, cfg.shadow_max_diff)
+    rules = PromotionRules(cfg.promotion_window, cfg.rollback_threshold, cfg.shadow_max_diff, cfg.rollback_noise_z)
     torch.set_num_threads(1)
     warm_up_math(spec)
     baseline = probe.read().budget_mb

@@ -4,8 +4,13 @@ Before serving, the shadow check runs the candidate and the last good policy on 
 action finite and inside the bounds, and the mean action difference at most ``shadow_max_diff`` of the
 action range (a candidate that suddenly acts very differently is not put on the plant). After serving,
 the mean return of ``window`` episodes served entirely by the candidate is compared with the mean of the
-last ``window`` episodes served by the last good weights: a drop of more than ``rollback_threshold`` x
-``max(|good mean|, 1)`` rolls back to the last good weights; otherwise the candidate becomes the last good.
+last ``window`` episodes served by the last good weights, on the same (possibly shifted) plant. It rolls
+back when the drop is both *large* (more than ``rollback_threshold`` x ``max(|good mean|, 1)``) and *real*
+(more than ``noise_z`` standard errors of the difference of the two means): episode returns of one policy
+spread widely with the start state (Pendulum: a standard deviation of ~100 around a mean of ~-170), so on
+8-episode windows a threshold alone rolls back about one equally good candidate in five, and each such
+rollback throws away the learning since the last promotion. A planted or real regression (a drop of
+several hundred) clears both bars; otherwise the candidate becomes the last good.
 
 The last good weights live in ``DIR/last_good.safetensors`` (learner tensors + the recent states they were
 checked on, with the step, returns and generation in the safetensors metadata, so the one file is
@@ -41,12 +46,15 @@ class PromotionRules:
     window: int
     rollback_threshold: float
     shadow_max_diff: float
+    noise_z: float
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise SacEdgeError(f"--promotion-window must be >= 1 episode, got {self.window}")
         if not self.rollback_threshold >= 0:
             raise SacEdgeError(f"--rollback-threshold must be >= 0, got {self.rollback_threshold}")
+        if not self.noise_z >= 0:
+            raise SacEdgeError(f"--rollback-noise-z must be >= 0, got {self.noise_z}")
         if not 0 < self.shadow_max_diff <= 1:
             raise SacEdgeError(
                 f"--shadow-max-diff is a fraction of the action range in (0, 1], got {self.shadow_max_diff}"
@@ -83,13 +91,20 @@ class Verdict(NamedTuple):
     candidate_mean: float
     good_mean: float
     allowed_drop: float
+    """The larger of the threshold drop and ``noise_z`` standard errors: a drop beyond it rolls back."""
+    noise_se: float
 
 
-def judge(candidate_returns: Sequence[float], good_returns: Sequence[float], threshold: float) -> Verdict:
-    """Did the candidate's mean return drop by more than ``threshold`` x max(|good mean|, 1)?"""
-    cand, good = float(np.mean(candidate_returns)), float(np.mean(good_returns))
-    allowed = threshold * max(abs(good), 1.0)
-    return Verdict(cand < good - allowed, cand, good, allowed)
+def judge(
+    candidate_returns: Sequence[float], good_returns: Sequence[float], threshold: float, noise_z: float = 0.0
+) -> Verdict:
+    """Did the candidate's mean return drop by more than ``threshold`` x max(|good mean|, 1) *and* by more than
+    ``noise_z`` standard errors of the difference of the means (Welch's; 0 with a single episode per side)?"""
+    cand_r, good_r = np.asarray(candidate_returns, np.float64), np.asarray(good_returns, np.float64)
+    cand, good = float(cand_r.mean()), float(good_r.mean())
+    se = math.sqrt(sum(float(r.var(ddof=1)) / len(r) for r in (cand_r, good_r) if len(r) > 1))
+    allowed = max(threshold * max(abs(good), 1.0), noise_z * se)
+    return Verdict(cand < good - allowed, cand, good, allowed, se)
 
 
 class LastGood(NamedTuple):
@@ -116,8 +131,8 @@ class LastGoodStore:
         """Write the pair (tensors first); returns the tensors file's sha256."""
         from safetensors.numpy import save_file
 
-        flat = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-        flat[STATES_KEY] = np.ascontiguousarray(states, np.float32)
+        flat = {k: np.asarray(v, order="C") for k, v in tensors.items()}  # keeps 0-d (obs_norm.count)
+        flat[STATES_KEY] = np.asarray(states, np.float32, order="C")
         facts = {**info, "saved_unix": time.time()}
         with atomic_path(self.path) as tmp:
             save_file(flat, str(tmp), metadata={"sac_edge_last_good": json.dumps(facts, default=float)})

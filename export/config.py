@@ -25,7 +25,7 @@ class ExportConfig:
     )
     calib_samples: int = field(default=2048, metadata={"help": "calibration states (replay sample + fresh rollouts)"})
     calib_method: str = field(
-        default="entropy",
+        default="percentile",
         metadata={
             "help": "activation calibrator for every tensor (see --calib-overrides)",
             "choices": list(CALIB_METHODS),

@@ -78,3 +78,16 @@ def test_json_summary_is_last_line_and_json_safe(capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last) == {"x": 1.5, "bad": None, "rows": [3]}
     assert json_safe({"a": (math.inf,)}) == {"a": [None]}
+
+
+def test_common_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sac_edge.common.atomic, sac_edge.common.config, sac_edge.common.envs, sac_edge.common.errors,"
+        " sac_edge.common.jsonfile, sac_edge.common.manifest, sac_edge.common.spec, sac_edge.common.summary;"
+        " print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -136,3 +137,32 @@ def test_tensorrt_refit_swap(tmp_path: Path, pendulum_bundle: Path) -> None:
     obs = np.array([0.1, 0.2, 0.3], np.float32)
     np.testing.assert_allclose(trt_backend.act(obs), ort.act(obs), atol=1e-4)
     trt_backend.close()
+
+
+@pytest.mark.tensorrt
+def test_tensorrt_act_batch_beside_act_in_another_thread(tmp_path: Path, pendulum_bundle: Path) -> None:
+    root = tmp_path / "bundle"
+    shutil.copytree(pendulum_bundle, root)
+    bundle = open_bundle(root)
+    trt_backend, ort = open_backend(bundle, "tensorrt", "fp32"), open_backend(bundle, "onnxruntime", "fp32")
+    rng = np.random.default_rng(1)
+    single, batch = rng.standard_normal(3).astype(np.float32), rng.standard_normal((64, 3)).astype(np.float32)
+    want_single, want_batch = ort.act(single).copy(), ort.act_batch(batch)
+    stop, bad = threading.Event(), []
+
+    def batches() -> None:
+        while not stop.is_set():
+            if not np.allclose(trt_backend.act_batch(batch), want_batch, atol=1e-4):
+                bad.append("act_batch")
+
+    worker = threading.Thread(target=batches)
+    worker.start()
+    try:
+        for _ in range(2000):  # act's buffers and stream are its own: the batch never lands in them
+            if not np.allclose(trt_backend.act(single), want_single, atol=1e-4):
+                bad.append("act")
+    finally:
+        stop.set()
+        worker.join()
+    trt_backend.close()
+    assert not bad, bad[:5]

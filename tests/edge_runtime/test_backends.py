@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.edge_runtime.backend import Backend, open_bundle
+from sac_edge.edge_runtime.backend import Backend, check_weights, open_bundle
 from sac_edge.edge_runtime.registry import candidates, open_backend, refusal
 
 BACKENDS = ("onnxruntime", "torch")
@@ -85,6 +85,14 @@ def test_swap_weights_rejects_a_wrong_shape_and_reports_unused_names(backend: Ba
         backend.swap_weights({"actor.mu.weight": np.zeros((2, 2), np.float32)})
     report = backend.swap_weights({"actor.mu.bias": np.zeros(1, np.float32), "nonexistent": np.zeros(1)})
     assert report.applied == 1 and report.ignored == ("nonexistent",)
+
+
+def test_check_weights_keeps_scalar_shapes() -> None:
+    use, ignored = check_weights({"scale": np.float64(0.5), "w": [[1, 2]], "x": 1}, {"scale": (), "w": (1, 2)})
+    assert use["scale"].shape == () and use["scale"].dtype == np.float32 and use["w"].flags.c_contiguous
+    assert ignored == ("x",)
+    with pytest.raises(SacEdgeError, match="shape"):
+        check_weights({"scale": np.zeros(1)}, {"scale": ()})
 
 
 def test_describe(backend: Backend) -> None:

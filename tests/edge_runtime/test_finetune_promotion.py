@@ -12,7 +12,7 @@ import pytest
 from sac_edge.common.manifest import sha256_file
 from sac_edge.edge_runtime.backend import open_bundle
 from sac_edge.edge_runtime.config import RunConfig
-from sac_edge.edge_runtime.experience import EpisodeRecord
+from sac_edge.edge_runtime.experience import EpisodeLog, EpisodeRecord
 from sac_edge.edge_runtime.finetune import FineTuner, build_finetuner
 from sac_edge.edge_runtime.memory import MemoryProbe
 from sac_edge.edge_runtime.promotion import LastGoodStore, judge, shadow_check
@@ -89,6 +89,7 @@ def test_promotion_saves_last_good_and_a_later_rollback_keeps_it(finetune_bundle
     saved = store.load()
     np.testing.assert_allclose(saved.actor()["actor.mu.weight"], better["actor.mu.weight"])
     assert saved.states.shape[1] == 3 and saved.info["sidecar"] == "ok"
+    assert {k: v.shape for k, v in saved.tensors.items()} == {k: v.shape for k, v in tuner.good_state.items()}
     _plant(tuner, {k: -v for k, v in better.items()})
     assert tuner.candidate is not None
     _episodes(tuner, tuner.candidate.generation, -2000.0)
@@ -114,6 +115,26 @@ def test_shadow_check_and_judge_rules() -> None:
     assert judge([-400.0], [-300.0], 0.25).regressed  # dropped 100 > 75
     assert not judge([-350.0], [-300.0], 0.25).regressed
     assert judge([0.5], [10.0], 0.5).regressed and not judge([9.0], [10.0], 0.5).regressed
+    # noise: a 100-point drop between windows that spread by ~150 is not a regression at 2 standard errors...
+    good, noisy = [-300.0, -100.0, -450.0, -150.0], [-400.0, -200.0, -550.0, -250.0]
+    verdict = judge(noisy, good, 0.25, noise_z=2.0)
+    assert not verdict.regressed and verdict.allowed_drop == pytest.approx(2 * verdict.noise_se)
+    assert judge(noisy, good, 0.25).regressed  # ...though it is beyond the threshold alone
+    # ...while a real regression clears both bars, and identical returns leave the threshold in charge
+    assert judge([-900.0, -950.0, -850.0, -1000.0], good, 0.25, noise_z=2.0).regressed
+    assert judge([-400.0] * 3, [-300.0] * 3, 0.25, noise_z=2.0).regressed
+
+
+def test_only_episodes_served_by_one_generation_are_judged() -> None:
+    log = EpisodeLog()
+    for t in range(10):
+        log.step(-1.0, t == 9)
+    log.step(-1.0, False)
+    log.generation = 1  # a swap in the middle of the second episode
+    for t in range(9):
+        log.step(-1.0, t == 8)
+    log.step(-2.0, True)
+    assert [(r.generation, r.whole, r.steps) for r in log.finished] == [(0, True, 10), (0, False, 10), (1, True, 1)]
 
 
 def test_missing_last_good_is_a_one_line_error(tmp_path: Path) -> None:
