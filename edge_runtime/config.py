@@ -46,6 +46,11 @@ class RunConfig:
         default=0.5, metadata={"help": "fraction of the period an inference may take; slower ones hold the action"}
     )
     spin_us: float = field(default=100.0, metadata={"help": "busy-wait this long before each slot (sleep before)"})
+    realtime_priority: int = field(
+        default=0,
+        metadata={"help": "SCHED_FIFO priority 1..99 for the control thread, memory locked (needs root); 0: off"},
+    )
+    cpus: tuple[int, ...] = field(default=(), metadata={"help": "pin the control loop to these CPUs, e.g. 3 or 2,3"})
     mem_budget_mb: float | None = field(default=None, metadata={"help": "memory budget enforced by the governor"})
     power_budget_w: float | None = field(default=None, metadata={"help": "power budget enforced by the governor"})
     finetune: bool = field(
@@ -110,7 +115,7 @@ class RunConfig:
     shift: tuple[str, ...] = field(
         default=(),
         metadata={
-            "help": "change the env's dynamics (tests, demos): NAME=VALUE,... e.g. m=1.6 (Pendulum mass; also l, g), "
+            "help": "change the env's dynamics (tests, demos): NAME=VALUE,... e.g. g=13 (Pendulum gravity; also m, l), "
             "friction=0.5 or mass=1.2 (MuJoCo scales)"
         },
     )

@@ -31,6 +31,7 @@ from .loop import ControlLoop, LoopSettings
 from .memory import MemoryProbe
 from .monitor import BudgetMonitor
 from .promotion import LastGoodStore
+from .realtime import enter_realtime
 from .registry import open_backend, refusal
 from .sensors import detect_power_sensor
 from .shift import parse_shift, shifted
@@ -185,6 +186,8 @@ def _drive(
             if tuner is not None:
                 tuner.start()
             try:
+                for line in enter_realtime(cfg.realtime_priority, cfg.cpus):  # after the learner starts
+                    log(f"sac-edge run: {line}")
                 summary = loop.run()
             finally:
                 if tuner is not None:

@@ -177,3 +177,14 @@ def test_onnxruntime_run_never_imports_torch(pendulum_bundle: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert _json_line(proc.stdout)["torch_imported"] is False
+
+
+def test_cyclic_gc_is_paused_during_the_loop_and_restored() -> None:
+    import gc
+
+    from sac_edge.edge_runtime.loop import _paused_gc
+
+    assert gc.isenabled()
+    with _paused_gc():
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
