@@ -2,8 +2,9 @@
 
 For Pendulum-v1 and HalfCheetah-v5 it writes a run dir from freshly initialised networks (latency does
 not depend on training; 256x256 actor as sac-train makes), exports it with ``sac-export``, then runs
-``sac-edge run --rate-hz 1000`` pinned to one core (``os.sched_setaffinity``), once with the onnxruntime
-backend and once with the torch backend (the same loop driving the PyTorch policy eagerly). Goals:
+``sac-edge run --rate-hz 1000`` pinned to one core (``--cpus``; ``--realtime-priority`` for SCHED_FIFO),
+once with the onnxruntime backend and once with the torch backend (the same loop driving the PyTorch
+policy eagerly). Goals:
 deadline misses < 0.1 %, and with onnxruntime a peak RSS < 200 MB with torch never imported.
 
 Default run is short (10 s per case); the full figure from the issue is
@@ -70,7 +71,9 @@ def export(run: Path, bundle: Path) -> None:
     )
 
 
-def run_loop(bundle: Path, env_id: str, backend: str, seconds: float, rate_hz: float, core: int) -> dict[str, Any]:
+def run_loop(
+    bundle: Path, env_id: str, backend: str, seconds: float, rate_hz: float, core: int, priority: int
+) -> dict[str, Any]:
     cmd = [
         str(BIN / "sac-edge"),
         "run",
@@ -85,9 +88,13 @@ def run_loop(bundle: Path, env_id: str, backend: str, seconds: float, rate_hz: f
         str(rate_hz),
         "--duration",
         str(seconds),
+        "--cpus",
+        str(core),
+        "--realtime-priority",
+        str(priority),
         "--json",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"edge_loop: {' '.join(cmd)} failed: {proc.stderr.strip()}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -99,6 +106,9 @@ def main() -> None:
     parser.add_argument("--rate-hz", type=float, default=1000.0)
     parser.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)), help="CPU core to pin to")
     parser.add_argument("--envs", default=",".join(ENVS))
+    parser.add_argument(
+        "--realtime-priority", type=int, default=0, help="SCHED_FIFO priority for the loop (needs root; 0: off)"
+    )
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="edge_loop.") as tmp:
@@ -106,7 +116,7 @@ def main() -> None:
             bundle = Path(tmp) / f"{env_id}.bundle"
             export(write_run_dir(env_id, Path(tmp) / f"{env_id}.run"), bundle)
             for backend in ("onnxruntime", "torch"):
-                s = run_loop(bundle, env_id, backend, args.seconds, args.rate_hz, args.core)
+                s = run_loop(bundle, env_id, backend, args.seconds, args.rate_hz, args.core, args.realtime_priority)
                 results.append(
                     {
                         "env": env_id,
@@ -148,6 +158,7 @@ def main() -> None:
         "seconds": args.seconds,
         "rate_hz": args.rate_hz,
         "core": args.core,
+        "realtime_priority": args.realtime_priority,
         "rows": results,
         "p99_ratio_torch_over_ort": {
             r["env"]: round(ref[r["env"]]["latency_p99_us"] / r["latency_p99_us"], 2) for r in ort
