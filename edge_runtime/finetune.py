@@ -382,8 +382,18 @@ def build_finetuner(
         tensors = load_tensors(bundle.path / names[0], "learner tensors")
     rules = PromotionRules(cfg.promotion_window, cfg.rollback_threshold, cfg.shadow_max_diff, cfg.rollback_noise_z)
     torch.set_num_threads(1)
+    swapper = WeightSwapper(backends, bundle)
+    states = last.states if last is not None else np.zeros((0, spec.obs_dim), np.float32)
+    if last is not None:
+        resumed: dict[str, Any] | None = install_last_good(swapper, last)
+        start_weights = last.actor()
+    else:  # the bundle's own weights: checks the graph names them like the learner
+        resumed = None
+        start_weights = {k: v.detach().numpy().copy() for k, v in tensors.items() if k.startswith("actor.")}
+        swapper.push(start_weights, states, check=False)
+    swapper.warm_up(start_weights, SHADOW_STATES)
     warm_up_math(spec)
-    baseline = probe.read().budget_mb
+    baseline = probe.read().budget_mb  # everything but the learner: torch, backends, env, the swap path
     sizing = choose_sizing(
         net_shape(spec, tensors),
         rows=cfg.finetune_buffer,
@@ -395,14 +405,7 @@ def build_finetuner(
     )
     learner = DeviceLearner(spec, tensors, sizing, cfg.finetune_lr, cfg.seed)
     utd, utd_reason = choose_utd(cfg.finetune_utd, learner.update_seconds, cfg.rate_hz, cfg.learner_cpu)
-    swapper = WeightSwapper(backends, bundle)
     state = _numpy(learner.state())
-    states = last.states if last is not None else np.zeros((0, spec.obs_dim), np.float32)
-    if last is not None:
-        resumed: dict[str, Any] | None = install_last_good(swapper, last)
-    else:  # the bundle's own weights: warms the swap path up and checks the graph names them like the learner
-        resumed = None
-        swapper.push({k: v for k, v in state.items() if k.startswith("actor.")}, states, check=False)
     tuner = FineTuner(
         spec,
         learner,

@@ -7,10 +7,11 @@ the mean return of ``window`` episodes served entirely by the candidate is compa
 last ``window`` episodes served by the last good weights, on the same (possibly shifted) plant. It rolls
 back when the drop is both *large* (more than ``rollback_threshold`` x ``max(|good mean|, 1)``) and *real*
 (more than ``noise_z`` standard errors of the difference of the two means): episode returns of one policy
-spread widely with the start state (Pendulum: a standard deviation of ~100 around a mean of ~-170), so on
-8-episode windows a threshold alone rolls back about one equally good candidate in five, and each such
-rollback throws away the learning since the last promotion. A planted or real regression (a drop of
-several hundred) clears both bars; otherwise the candidate becomes the last good.
+spread widely with the start state (Pendulum, g=13, fine-tuned: a standard deviation of ~110 around ~-170,
+so two 8-episode means differ with a standard error of ~55), so a 25% threshold (~42) alone would roll back
+about one equally good candidate in five, each time throwing away the learning since the last promotion.
+A planted or real regression (a drop of several hundred) clears both bars; otherwise the candidate becomes
+the last good.
 
 The last good weights live in ``DIR/last_good.safetensors`` (learner tensors + the recent states they were
 checked on, with the step, returns and generation in the safetensors metadata, so the one file is

@@ -1,12 +1,13 @@
 """Domain shift for tests and demos: change an environment's dynamics so fine-tuning has something to recover.
 
-``ShiftedDynamics(env, m=1.6)`` (or ``sac-edge run --shift m=1.6``) changes the physics of the wrapped env once,
+``ShiftedDynamics(env, g=13)`` (or ``sac-edge run --shift g=13``) changes the physics of the wrapped env once,
 at construction; observation and action spaces stay the same, so a policy trained on the nominal env runs
-unchanged and simply does worse.
+unchanged and simply does worse (bench/finetune.py measures how much for several shifts).
 
 - Classic-control envs (Pendulum-v1): a name is a numeric attribute of ``env.unwrapped`` and the value is
   set as given, e.g. ``m`` (pole mass, 1.0), ``l`` (length, 1.0), ``g`` (gravity, 10.0); Pendulum's ``step``
-  reads them on every call (gymnasium ``envs/classic_control/pendulum.py``).
+  reads them on every call (gymnasium ``envs/classic_control/pendulum.py``: ``3g/(2l) sin(th)`` for gravity,
+  ``3/(m l^2) u`` for the torque, so ``m`` only scales how much the motor can do).
 - MuJoCo envs (HalfCheetah-v5, ...): ``friction``, ``mass`` and ``gravity`` are *scales* of the compiled
   model's ``geom_friction[:, 0]`` (sliding friction of every geom), ``body_mass`` and ``opt.gravity``
   (MuJoCo ``mjModel`` fields, which ``mj_step`` reads each step).

@@ -11,7 +11,10 @@ Estimate (float32 everywhere, bytes):
   layer and recomputes the others in the backward pass (``CriticEnsemble(grad_checkpoint=True)``).
 
 The room for all of it is the budget less the process's resident memory measured just before the learner
-is built (torch, the backends and the env already loaded) less a 10% headroom for allocator slack.
+is built (torch, the backends, the env and the swap path already resident: ``WeightSwapper.warm_up``) less
+a 10% headroom for allocator slack. That slack is real: each later swap (session rebuilds, the int8
+re-check) leaves ~1-3 MiB more resident at first, shrinking as the allocator's free lists fill (measured
+on x86 onnxruntime fp32 + int8: +17 MiB over 12 candidates, against a 42 MiB headroom at a 416 MB budget).
 Choices, in order, until the estimate fits: the requested sizes; fewer replay rows (down to
 ``min_rows``); gradient checkpointing (critics with >= 2 hidden layers); halving the batch (down to 32).
 If even that does not fit it is a one-line error with the figures. The update-to-data ratio is a compute

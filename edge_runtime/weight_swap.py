@@ -105,6 +105,21 @@ class WeightSwapper:
         self.requantizer = Int8Requantizer(bundle) if "int8" in backends else None
         self.expected: dict[str, int] = {}
 
+    def warm_up(self, weights: Mapping[str, np.ndarray], n_states: int) -> None:
+        """Make the swap path's memory resident before the learner's sizing reads the baseline.
+
+        A backend keeps the serving and the retired weight set (two onnxruntime sessions or TensorRT engines),
+        and the int8 re-check opens two sessions of its own. Measured on x86 onnxruntime with fp32 + int8
+        loaded, those came to ~20 MiB that the first candidates would otherwise add after the sizing had
+        been chosen (a tight --mem-budget-mb then ended over budget). So: one more push of the weights
+        already serving (a second generation), and one re-check on ``n_states`` placeholder states, whose
+        verdict is not used.
+        """
+        self.push(weights, np.zeros((0, 0), np.float32), check=False)
+        if self.requantizer is not None:
+            obs_dim = self.requantizer.spec.obs_dim
+            self.requantizer.requantize(weights, np.zeros((n_states, obs_dim), np.float32))
+
     def push(self, weights: Mapping[str, np.ndarray], states: np.ndarray, check: bool = True) -> SwapOutcome:
         """Install ``weights`` everywhere, or nowhere when the int8 re-check fails.
 

@@ -90,3 +90,17 @@ def test_int8_candidate_failing_the_gate_is_installed_nowhere(finetune_bundle: P
     outcome = swapper.push(huge, states)
     assert not outcome.live and outcome.int8 is not None and not outcome.int8["passed"]
     assert (fp32.swaps, int8.swaps) == before
+
+
+def test_warm_up_keeps_serving_the_same_weights(finetune_bundle: Path) -> None:
+    bundle = open_bundle(finetune_bundle)
+    fp32, int8 = open_backend(bundle, "onnxruntime", "fp32"), open_backend(bundle, "onnxruntime", "int8")
+    swapper = WeightSwapper({"fp32": fp32, "int8": int8}, bundle)
+    a = _actor(finetune_bundle)
+    swapper.push(a, np.zeros((0, bundle.spec.obs_dim), np.float32), check=False)
+    obs = np.array([0.3, -0.2, 0.5], np.float32)
+    before = fp32.act(obs).copy(), int8.act(obs).copy()
+    swapper.warm_up(a, 64)  # a second generation of the same weights, and an int8 re-check that installs nothing
+    assert (fp32.swaps, int8.swaps) == (2, 2)
+    np.testing.assert_allclose(fp32.act(obs), before[0], atol=1e-6)
+    np.testing.assert_allclose(int8.act(obs), before[1], atol=1e-6)
