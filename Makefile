@@ -28,12 +28,14 @@ unit: venv
 
 test: lint typecheck unit
 
-# Train Pendulum-v1 briefly, export with the INT8 gate, run 10 s on the device path with budgets, bench.
+# Train Pendulum-v1 briefly, export with the INT8 gate, run 10 s on the device path with budgets, bench,
+# then fine-tune on a shifted Pendulum (stronger gravity) while the loop keeps running.
 demo: venv
 	$(BIN)/sac-train --env Pendulum-v1 --total-steps 12000 --learning-starts 2000 --eval-every 4000 --out $(DEMO) --force
 	$(BIN)/sac-export $(DEMO) --out bundles/demo --int8 --force
 	$(BIN)/sac-edge run bundles/demo --rate-hz 200 --duration 10 --mem-budget-mb 400 --power-budget-w 15 --telemetry runs/demo-telemetry.jsonl
 	$(BIN)/sac-edge bench bundles/demo --batch 1,8,64 --out runs/demo-bench.json --plot runs/demo-bench.png
+	$(BIN)/sac-edge run bundles/demo --finetune --shift g=13 --rate-hz 100 --duration 45 --telemetry runs/demo-finetune.jsonl
 
 bench: venv
 	$(BIN)/python bench/train_speed.py

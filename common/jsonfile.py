@@ -21,3 +21,13 @@ def read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SacEdgeError(f"{path}: {what} is not a JSON object; {fix}")
     return data
+
+
+def read_json_or_none(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is missing, unreadable or not an object (for records,
+    such as a plan's sidecar, whose absence only means "rebuild" or "not trusted")."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

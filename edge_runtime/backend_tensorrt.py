@@ -32,6 +32,7 @@ import numpy as np
 
 from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.jsonfile import read_json_or_none
 from sac_edge.common.manifest import sha256_file
 
 from .backend import Backend, BackendKind, BackendOptions, Bundle, SwapReport, missing_package
@@ -84,17 +85,6 @@ def cached_plan_paths(engine_dir: Path, key: PlanKey) -> tuple[Path, Path]:
     return plan, plan.with_suffix(".json")
 
 
-def read_sidecar(sidecar: Path) -> dict[str, Any] | None:
-    """A sidecar's record, or None when it is missing or unreadable (the plan is then rebuilt)."""
-    import json
-
-    try:
-        data = json.loads(sidecar.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def find_plan(bundle: Bundle, key: PlanKey, engine_dir: Path) -> tuple[Path | None, list[str]]:
     """A loadable plan for ``key`` (shipped in the bundle or cached), and why others were passed over."""
     skipped: list[str] = []
@@ -107,7 +97,7 @@ def find_plan(bundle: Bundle, key: PlanKey, engine_dir: Path) -> tuple[Path | No
         skipped.append(f"{name}: {reason}")
     plan, sidecar = cached_plan_paths(engine_dir, key)
     if plan.is_file():
-        recorded = read_sidecar(sidecar)
+        recorded = read_json_or_none(sidecar)  # unreadable: the plan is rebuilt
         if recorded is None:
             skipped.append(f"{plan.name}: no readable sidecar")
         elif recorded.get("plan_sha256") != sha256_file(plan):

@@ -48,7 +48,10 @@ class RunConfig:
     spin_us: float = field(default=100.0, metadata={"help": "busy-wait this long before each slot (sleep before)"})
     realtime_priority: int = field(
         default=0,
-        metadata={"help": "SCHED_FIFO priority 1..99 for the control thread, memory locked (needs root); 0: off"},
+        metadata={"help": "SCHED_FIFO priority 1..99 for the control thread (needs root or CAP_SYS_NICE); 0: off"},
+    )
+    lock_memory: bool = field(
+        default=False, metadata={"help": "mlockall: no page faults in the loop, but reserved memory counts as RSS"}
     )
     cpus: tuple[int, ...] = field(default=(), metadata={"help": "pin the control loop to these CPUs, e.g. 3 or 2,3"})
     mem_budget_mb: float | None = field(default=None, metadata={"help": "memory budget enforced by the governor"})

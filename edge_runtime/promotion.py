@@ -35,6 +35,7 @@ import numpy as np
 
 from sac_edge.common.atomic import atomic_path, atomic_write_json
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.jsonfile import read_json_or_none
 from sac_edge.common.manifest import sha256_file
 
 LAST_GOOD = "last_good.safetensors"
@@ -165,17 +166,9 @@ class LastGoodStore:
         except json.JSONDecodeError:
             info = {}
         sha = sha256_file(self.path)
-        sidecar = _read_json(self.info_path)
+        sidecar = read_json_or_none(self.info_path)
         info["sidecar"] = "missing" if sidecar is None else ("ok" if sidecar.get("sha256") == sha else "stale")
         states = tensors.pop(STATES_KEY, np.zeros((0, 0), np.float32))
         if not any(k.startswith("actor.") for k in tensors):
             raise SacEdgeError(f"{self.path}: holds no actor weights; not a sac-edge last good file")
         return LastGood(tensors, states, info, sha)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

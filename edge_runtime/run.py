@@ -186,7 +186,9 @@ def _drive(
             if tuner is not None:
                 tuner.start()
             try:
-                for line in enter_realtime(cfg.realtime_priority, cfg.cpus):  # after the learner starts
+                for line in enter_realtime(
+                    cfg.realtime_priority, cfg.cpus, cfg.lock_memory
+                ):  # after the learner starts
                     log(f"sac-edge run: {line}")
                 summary = loop.run()
             finally:
