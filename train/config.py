@@ -51,7 +51,7 @@ class TrainConfig:
     out: str = field(default="runs/latest", metadata={"help": "run directory"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its checkpoint"})
     force: bool = field(default=False, metadata={"help": "overwrite an existing run in --out"})
-    progress: bool = field(default=True, metadata={"help": "tqdm progress bar on stderr"})
+    progress: bool = field(default=True, metadata={"help": "tqdm progress bar on stderr (on a terminal)"})
     json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})
 
     @property

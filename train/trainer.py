@@ -222,7 +222,15 @@ class Trainer:
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         metrics = None
         fast_ready = False
-        bar = tqdm(total=cfg.total_steps, initial=self.step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+        # Only on a terminal: a redirected log gets metrics.csv and the summary, not carriage-return noise.
+        bar = tqdm(
+            total=cfg.total_steps,
+            initial=self.step,
+            disable=not (cfg.progress and sys.stderr.isatty()),
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
         try:
             while self.step < cfg.total_steps:
                 before = self.step
