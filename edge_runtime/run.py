@@ -258,5 +258,14 @@ def _finetune_rows(ft: dict[str, Any] | None) -> list[tuple[str, str]]:
             f"shadow-rejected {ft['shadow_rejections']}, int8-skipped {ft['int8_skipped']}",
         ),
         ("weight swaps", f"{ft['swaps']}" + (f" ({swap})" if swap else "")),
+        (
+            "served return",
+            f"first window {_mean(ft['initial_mean_return'])}, last good {_mean(ft['last_good_mean_return'])}",
+        ),
         ("last good", f"{ft['last_good'] or 'the bundle weights'}"),
     ]
+
+
+def _mean(value: float | None) -> str:
+    """A window's mean episode return (with exploration noise) for the table; n/a before one completes."""
+    return "n/a" if value is None else f"{value:.1f}"
