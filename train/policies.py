@@ -26,7 +26,7 @@ def mlp(in_dim: int, hidden: Sequence[int]) -> nn.Sequential:
     """ReLU MLP trunk ``in_dim -> hidden[0] -> ... -> hidden[-1]``."""
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        layers += [nn.Linear(in_dim, width), nn.ReLU(inplace=True)]
         in_dim = width
     return nn.Sequential(*layers)
 
@@ -139,7 +139,7 @@ class CriticEnsemble(nn.Module):
         ws = [w.detach() if detach_params else w for w in self.weights]
         bs = [b.detach() if detach_params else b for b in self.biases]
         x = torch.cat([obs, act], dim=-1)
-        h = torch.baddbmm(bs[0], x.unsqueeze(0).expand(self.n_critics, -1, -1), ws[0]).relu()
+        h = torch.baddbmm(bs[0], x.unsqueeze(0).expand(self.n_critics, -1, -1), ws[0]).relu_()
         for w, b in zip(ws[1:-1], bs[1:-1], strict=True):
             if self.grad_checkpoint and torch.is_grad_enabled():
                 h = checkpoint(_hidden_layer, h, w, b, use_reentrant=False)
@@ -149,7 +149,7 @@ class CriticEnsemble(nn.Module):
 
 
 def _hidden_layer(h: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    return torch.baddbmm(b, h, w).relu()
+    return torch.baddbmm(b, h, w).relu_()
 
 
 class InferencePolicy(nn.Module):
