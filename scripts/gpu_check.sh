@@ -19,23 +19,23 @@ if [ -d .whl ]; then
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" . || exit 1
 export PYTHONPATH="$SITE"
+SRC=$(pwd)
 cd /tmp  # import sac_edge from the install, not the source folders
-SRC=$(cd - >/dev/null && pwd)
 
 {
     echo "# gpu_check $(date -u +%F) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
     python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } | tee "$OUT/gpu_check.txt"
 
-timeout 330 python3 "$SRC/bench/train_speed.py" --device cuda --envs HalfCheetah-v5 --batch 256,1024 \
+timeout 240 python3 "$SRC/bench/train_speed.py" --device cuda --envs HalfCheetah-v5 --batch 256,1024 \
     --variants eager,bf16,compile,graphs,compile+graphs,bf16+compile+graphs --updates 300 --repeats 3 \
     2>&1 | tee -a "$OUT/gpu_check.txt" | tail -n 1 >> "$OUT/gpu_check.jsonl"
 
-for variant in "eager:" "fast:--compile --cuda-graphs"; do
+for variant in "eager:" "fast:--amp bf16 --compile --cuda-graphs"; do
     name=${variant%%:*}
     flags=${variant#*:}
     # shellcheck disable=SC2086
-    timeout 120 python3 -m sac_edge.train.cli --env Pendulum-v1 --total-steps 12000 --learning-starts 2000 \
+    timeout 100 python3 -m sac_edge.train.cli --env Pendulum-v1 --total-steps 12000 --learning-starts 2000 \
         --eval-every 2000 --eval-episodes 5 --seed 0 --device cuda $flags --out "/tmp/gpu_learn_$name" --force \
         --no-progress --json 2>>"$OUT/gpu_check.txt" | tail -n 1 | sed "s/^{/{\"curve\": \"$name\", /" >> "$OUT/gpu_check.jsonl"
     echo "learning curve ($name: $flags)" >> "$OUT/gpu_check.txt"
