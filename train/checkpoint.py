@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from sac_edge.common.atomic import atomic_path
 from sac_edge.common.errors import SacEdgeError
@@ -26,11 +26,11 @@ from .policies import Actor, CriticEnsemble, InferencePolicy, ObsNormalizer
 CONFIG = "config.json"
 CHECKPOINT = "checkpoint.safetensors"
 TRAINER_STATE = "trainer_state.json"
-REPLAY = "replay.safetensors"
 CALIB_STATES = "calib_states.npy"
 METRICS = "metrics.csv"
 
 LEARNER_PREFIXES = ("actor.", "critic.", "log_alpha", "obs_norm.")
+RESUME_ONLY_PREFIXES = ("replay.", "optim.", "rng.")
 
 
 class Run(NamedTuple):
@@ -50,14 +50,24 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
         save_file(flat, str(tmp), metadata=metadata)
 
 
-def load_tensors(path: Path, what: str = "checkpoint") -> dict[str, torch.Tensor]:
-    """Read a safetensors file; a missing, truncated or corrupt file is a one-line SacEdgeError."""
+def read_checkpoint(
+    path: Path, what: str = "checkpoint", skip: tuple[str, ...] = ()
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A safetensors file's tensors (except keys starting with one of ``skip``, never read from disk) and its
+    metadata, in one pass; a missing, truncated or corrupt file is a one-line SacEdgeError."""
     if not path.is_file():
         raise SacEdgeError(f"{path}: {what} not found (train with sac-train first)")
     try:
-        return load_file(str(path))
+        with safe_open(str(path), framework="pt") as fh:
+            tensors = {k: fh.get_tensor(k) for k in fh.keys() if not k.startswith(skip)}  # noqa: SIM118 (not a dict)
+            return tensors, fh.metadata() or {}
     except (SafetensorError, OSError, ValueError) as err:
         raise SacEdgeError(f"{path}: {what} is corrupt or truncated ({err}); use an intact copy") from None
+
+
+def load_tensors(path: Path, what: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file (see ``read_checkpoint``)."""
+    return read_checkpoint(path, what)[0]
 
 
 def prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -73,7 +83,8 @@ def load_run(run_dir: str | Path) -> Run:
         raise SacEdgeError(f"{path}: run dir not found")
     config = read_json(path / CONFIG, "run config", "train the run with sac-train first")
     spec = PolicySpec.from_dict(config.get("spec", {}), source=str(path / CONFIG))
-    tensors = load_tensors(path / CHECKPOINT)
+    # The policy and learner only: the replay rows and optimiser slots (most of the file) stay on disk.
+    tensors, _ = read_checkpoint(path / CHECKPOINT, skip=RESUME_ONLY_PREFIXES)
     missing = [k for k in ("log_alpha", "obs_norm.mean", "actor.mu.weight") if k not in tensors]
     if missing:
         raise SacEdgeError(f"{path / CHECKPOINT}: not a sac-edge checkpoint (missing {', '.join(missing)})")

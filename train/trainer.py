@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 import torch
-from safetensors import safe_open
 from tqdm import tqdm
 
 import sac_edge
@@ -157,10 +156,8 @@ class Trainer:
 
     def _load(self) -> int:
         path = self.run / ckpt.CHECKPOINT
-        tensors = ckpt.load_tensors(path)
+        tensors, meta = ckpt.read_checkpoint(path)
         try:
-            with safe_open(str(path), framework="pt") as fh:
-                meta = fh.metadata() or {}
             state = json.loads(meta["trainer_state"])
             extra = json.loads(meta["learner_extra"])
             self.sac.load_state_tensors(tensors, extra)
