@@ -261,7 +261,7 @@ class Trainer:
             bar.close()
             self.metrics.close()
             self.envs.close()
-        ups = (self.updates - updates_at_start) / update_time if update_time > 0 else 0.0
+        ups = _rate(self.updates - updates_at_start, update_time)
         return TrainSummary(
             str(self.run), self.step, self.updates, self.episodes, ups, self.last_eval, time.perf_counter() - start
         )
@@ -274,7 +274,7 @@ class Trainer:
             "episodes": self.episodes,
             "train_return": round(float(np.mean(self.recent)), 2) if self.recent else "",
             "steps_per_s": round(self.step / max(elapsed, 1e-9), 1),
-            "updates_per_s": (self.updates - updates_at_start) / update_time if update_time > 0 else 0.0,
+            "updates_per_s": _rate(self.updates - updates_at_start, update_time),
         }
         if metrics is not None:
             row.update(
@@ -291,6 +291,11 @@ class Trainer:
                 f"non-finite loss before step {self.step}: training stopped; last good checkpoint in {self.run} "
                 f"({kept}) kept; lower the learning rates or use --amp off"
             )
+
+
+def _rate(count: int, seconds: float) -> float:
+    """Updates per second of update time (0 before the first update)."""
+    return count / seconds if seconds > 0 else 0.0
 
 
 def _crossed(before: int, after: int, every: int) -> bool:
