@@ -34,6 +34,7 @@ FILL = 20_000
 # Named fast paths: TrainConfig overrides on top of the eager fp32 baseline.
 VARIANTS: dict[str, dict[str, Any]] = {
     "eager": {},
+    "autograd": {"backward": "autograd"},
     "bf16": {"amp": "bf16"},
     "compile": {"compile": True},
     "graphs": {"cuda_graphs": True},
@@ -120,10 +121,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default="Pendulum-v1,HalfCheetah-v5")
     parser.add_argument("--batch", default="256")
-    parser.add_argument("--updates", type=int, default=150, help="timed updates per repeat")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=50, help="timed updates per repeat")
+    parser.add_argument("--repeats", type=int, default=11, help="interleaved repeats; the median is reported")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--variants", default="eager", help=f"comma list of {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants",
+        default="eager,autograd",
+        help=f"comma list of {', '.join(VARIANTS)} (eager: the default path, which is --backward manual on a CPU)",
+    )
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 reference")
     args = parser.parse_args()
 
@@ -132,9 +137,10 @@ def main() -> None:
     for env_id in args.envs.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
             base = TrainConfig(env=env_id, device=args.device, batch_size=batch, buffer_size=FILL)
-            variants = {
-                f"sac-edge {v}": _filled_sac(env_id, replace(base, **VARIANTS[v])) for v in args.variants.split(",")
-            }
+            variants = {}
+            for v in args.variants.split(","):
+                sac = _filled_sac(env_id, replace(base, **VARIANTS[v]))
+                variants[f"sac-edge {v} ({sac.backward})"] = sac
             flops = update_flops(_filled_sac(env_id, base))
             sb3 = None if args.no_sb3 else make_sb3(env_id, batch, args.device)
             times: dict[str, list[float]] = {name: [] for name in variants}
@@ -156,6 +162,7 @@ def main() -> None:
                     times["sb3"].append(time_sb3(sb3, args.updates))
             med = {name: statistics.median(t) for name, t in times.items()}
             floor_ms = flops / (rate * 1e9) * 1e3
+            eager = next((name for name in med if name.startswith("sac-edge eager")), None)
             for name, sec in med.items():
                 rows.append(
                     {
@@ -169,21 +176,21 @@ def main() -> None:
                         "floor_fraction": round(floor_ms / (sec * 1e3), 2),
                         "gflop_per_update": round(flops / 1e9, 3),
                         "peak_gpu_mb": None if peak_mb.get(name) is None else round(peak_mb[name] or 0.0, 1),
-                        "vs_eager": round(med["sac-edge eager"] / sec, 2) if "sac-edge eager" in med else None,
+                        "vs_eager": round(med[eager] / sec, 2) if eager else None,
                     }
                 )
 
-    header = (
-        f"{'env':<16}{'batch':>6}  {'impl':<18}{'ms/upd':>8}{'upd/s':>9}{'x SB3':>7}{'floor ms':>10}{'of floor':>9}"
-    )
     print(f"matmul rate here now: {rate:.1f} GFLOP/s (fp32, 256^3, {torch.get_num_threads()} threads)")
-    print(header)
+    print(
+        f"{'env':<16}{'batch':>6}  {'impl':<32}{'ms/upd':>8}{'upd/s':>9}{'x SB3':>7}{'x eager':>8}"
+        f"{'floor ms':>10}{'of floor':>9}{'peak MB':>9}"
+    )
     for r in rows:
         ratio = "" if r["vs_sb3"] is None else f"{r['vs_sb3']:.2f}"
         eager = "" if r["vs_eager"] is None else f"{r['vs_eager']:.2f}"
         peak = "" if r["peak_gpu_mb"] is None else f"{r['peak_gpu_mb']:.0f}"
         print(
-            f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<30}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
+            f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<32}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
             f"{ratio:>7}{eager:>8}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}{peak:>9}"
         )
     print(json.dumps({"bench": "train_speed", "device": args.device, "matmul_gflops": round(rate, 1), "rows": rows}))

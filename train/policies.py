@@ -77,6 +77,23 @@ class ObsNormalizer(nn.Module):
         return torch.clamp((obs - mean.to(obs.dtype)) * inv_std.to(obs.dtype), -clip, clip)
 
 
+LOG_STD_HALF_RANGE = 0.5 * (LOG_STD_MAX - LOG_STD_MIN)
+
+
+def squash_log_std(raw: Tensor) -> Tensor:
+    """The log-std head's output mapped smoothly into [LOG_STD_MIN, LOG_STD_MAX] (a tanh, not a clamp)."""
+    return LOG_STD_MIN + LOG_STD_HALF_RANGE * (torch.tanh(raw) + 1.0)
+
+
+def squashed_gaussian(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    """``tanh(mean + std * noise)`` and its log-probability under the tanh-squashed Gaussian."""
+    u = mean + log_std.exp() * noise
+    # log N(u; mean, std) - sum log(1 - tanh(u)^2), the latter in its stable softplus form.
+    log_prob = (-0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+    return torch.tanh(u), log_prob
+
+
 class Actor(nn.Module):
     """Tanh-squashed diagonal Gaussian policy on normalised observations; actions in [-1, 1]."""
 
@@ -89,9 +106,7 @@ class Actor(nn.Module):
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """Pre-tanh mean and log-std (squashed smoothly into [LOG_STD_MIN, LOG_STD_MAX])."""
         h = self.trunk(obs)
-        log_std = torch.tanh(self.log_std(h))
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1.0)
-        return self.mu(h), log_std
+        return self.mu(h), squash_log_std(self.log_std(h))
 
     def sample(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Reparameterised action in [-1, 1] and its log-probability, from standard normal ``noise``.
@@ -99,12 +114,7 @@ class Actor(nn.Module):
         The log-prob is computed in float32 even under autocast: it feeds the entropy term and alpha.
         """
         mean, log_std = self(obs)
-        mean, log_std = mean.float(), log_std.float()
-        u = mean + log_std.exp() * noise
-        # log N(u; mean, std) - sum log(1 - tanh(u)^2), the latter in its stable softplus form.
-        log_prob = (-0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
-        return torch.tanh(u), log_prob
+        return squashed_gaussian(mean.float(), log_std.float(), noise)
 
     def deterministic(self, obs: Tensor) -> Tensor:
         """The mode of the squashed policy: tanh(mean)."""
@@ -145,7 +155,13 @@ class CriticEnsemble(nn.Module):
                 h = checkpoint(_hidden_layer, h, w, b, use_reentrant=False)
             else:
                 h = _hidden_layer(h, w, b)
-        return torch.baddbmm(bs[-1], h, ws[-1]).squeeze(-1)
+        return q_head(h, ws[-1], bs[-1])
+
+
+def q_head(h: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    """The critics' last layer ``[n, B, H] -> [n, B]``, as ``w^T h^T``: BLAS runs a GEMM with one output
+    column about 2x slower than the same GEMM with one output row."""
+    return torch.baddbmm(b, w.transpose(1, 2), h.transpose(1, 2)).squeeze(1)
 
 
 def _hidden_layer(h: Tensor, w: Tensor, b: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ from sac_edge.common.spec import PolicySpec
 
 from .buffer import ReplayBatch, ReplayBuffer
 from .config import TrainConfig
+from .manual_update import ManualUpdate
 from .policies import OBS_CLIP, Actor, CriticEnsemble, ObsNormalizer
 
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,6 +36,25 @@ class UpdateMetrics(NamedTuple):
     alpha_loss: Tensor
     alpha: Tensor
     finite: Tensor
+
+
+def use_manual_backward(cfg: TrainConfig, device: torch.device) -> bool:
+    """Resolve ``--backward``: the hand-written update covers the fp32 eager path only."""
+    needs_autograd = [
+        flag
+        for flag, on in (
+            ("--amp", cfg.amp != "off"),
+            ("--compile", cfg.compile),
+            ("--cuda-graphs", cfg.cuda_graphs),
+            ("--grad-checkpoint", cfg.grad_checkpoint),
+        )
+        if on
+    ]
+    if cfg.backward == "manual" and needs_autograd:
+        raise SacEdgeError(f"--backward manual cannot be combined with {', '.join(needs_autograd)}; use --backward auto")
+    if cfg.backward == "auto":
+        return device.type == "cpu" and not needs_autograd
+    return cfg.backward == "manual"
 
 
 def _adam(params: Any, lr: float, capturable: bool) -> torch.optim.Adam:
@@ -82,6 +102,7 @@ class SAC:
         self.buffer = ReplayBuffer(cfg.buffer_size, spec.obs_dim, spec.act_dim, device)
         self._critic_params: list[Tensor] = list(self.critic.parameters())
         self._target_params: list[Tensor] = list(self.critic_target.parameters())
+        self._manual = ManualUpdate(self) if use_manual_backward(cfg, device) else None
         self._step_fn: Callable[[], UpdateMetrics] = self.train_step
         self._graph: torch.cuda.CUDAGraph | None = None
         self._graph_out: UpdateMetrics | None = None
@@ -103,8 +124,22 @@ class SAC:
         return action.cpu().numpy()
 
     # -- learning ---------------------------------------------------------------------------------
+    @property
+    def backward(self) -> str:
+        """The gradient path in use: ``manual`` or ``autograd``."""
+        return "autograd" if self._manual is None else "manual"
+
     def update(self, batch: ReplayBatch) -> UpdateMetrics:
-        """One SAC update on ``batch``: critics, actor, temperature, targets. No host syncs."""
+        """One SAC update on ``batch`` through the configured gradient path (``--backward``)."""
+        if self._manual is not None:
+            return self._manual(batch)
+        return self.autograd_update(batch)
+
+    def autograd_update(self, batch: ReplayBatch) -> UpdateMetrics:
+        """One SAC update on ``batch``: critics, actor, temperature, targets. No host syncs.
+
+        The reference: ``manual_update.ManualUpdate`` computes the same step with hand-written gradients.
+        """
         cfg = self.cfg
         obs, next_obs = self.obs_norm(batch.obs), self.obs_norm(batch.next_obs)
         alpha = self.log_alpha.detach().exp()
