@@ -30,9 +30,9 @@ class TrainConfig:
     backward: str = field(
         default="auto",
         metadata={
-            "help": "how gradients are computed: manual (hand-written, about 2x faster on a CPU) or autograd "
-            "(the reference; needed by --amp, --compile, --cuda-graphs, --grad-checkpoint); auto: manual on "
-            "a CPU when none of those is asked for",
+            "help": "how gradients are computed: manual (hand-written, faster on a CPU) or autograd (the "
+            "reference; needed by --amp, --cuda-graphs, --grad-checkpoint); auto: manual on a CPU unless one "
+            "of those is asked for, autograd on CUDA",
             "choices": ["auto", "manual", "autograd"],
         },
     )

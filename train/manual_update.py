@@ -19,6 +19,7 @@ textbook ones for ReLU MLPs and the reparameterised tanh-Gaussian), the update:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .buffer import ReplayBatch
-from .policies import LOG_STD_HALF_RANGE, q_head, squash_log_std, squashed_gaussian
+from .policies import LOG_STD_HALF_RANGE, Actor, q_head, squash_log_std, squashed_gaussian
 
 if TYPE_CHECKING:
     from .sac import SAC, UpdateMetrics
@@ -34,29 +35,35 @@ if TYPE_CHECKING:
 _relu_backward = torch.ops.aten.threshold_backward
 
 
-def _linears(actor: nn.Module) -> list[nn.Linear]:
+def _linears(actor: Actor) -> list[nn.Linear]:
     return [m for m in actor.trunk if isinstance(m, nn.Linear)]
 
 
-def _adam_step(opt: torch.optim.Optimizer, grads: list[list[Tensor]]) -> None:
-    """What ``Adam(fused=True).step()`` does with ``grads`` (one list per param group), minus its overhead.
-
-    The moments and step counts live in ``opt.state`` (created here exactly as Adam creates them), so the
-    checkpoint holds the same tensors whichever path ran.
-    """
-    for group, group_grads in zip(opt.param_groups, grads, strict=True):
-        params: list[Tensor] = group["params"]
-        states = [opt.state[p] for p in params]
-        for p, state in zip(params, states, strict=True):
+def _init_adam_state(opt: torch.optim.Optimizer) -> None:
+    """Create Adam's per-parameter state (step, exp_avg, exp_avg_sq) as ``Adam(fused=True)`` does lazily."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state[p]
             if not state:
                 state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+@torch.compiler.disable  # inductor cannot functionalise the fused kernel's in-place update: a graph break
+def _adam_step(opt: torch.optim.Optimizer, grads: list[list[Tensor]]) -> None:
+    """What ``Adam(fused=True).step()`` does with ``grads`` (one list per param group), minus its overhead.
+
+    The moments and step counts are the optimiser's own state (``_init_adam_state``), so the checkpoint
+    holds the same tensors whichever path ran.
+    """
+    for group, group_grads in zip(opt.param_groups, grads, strict=True):
+        states = [opt.state[p] for p in group["params"]]
         steps = [s["step"] for s in states]
         torch._foreach_add_(steps, 1)
         beta1, beta2 = group["betas"]
         torch._fused_adam_(
-            params,
+            group["params"],
             group_grads,
             [s["exp_avg"] for s in states],
             [s["exp_avg_sq"] for s in states],
@@ -128,15 +135,28 @@ class ManualUpdate:
         ]:
             raise AssertionError("critic optimiser parameter order differs from the manual gradients")
 
-    @torch.no_grad()
+        self._core: Callable[[ReplayBatch, Tensor, Tensor], UpdateMetrics] = self.core
+
+    def compile(self) -> None:
+        """``--compile``: inductor graphs between the optimiser steps; the noise is drawn outside."""
+        self._core = torch.compile(self.core)
+
     def __call__(self, batch: ReplayBatch) -> UpdateMetrics:
+        n = batch.obs.shape[0]
+        next_noise, noise = self.sac._noise(n), self.sac._noise(n)  # the autograd path's draw order
+        _init_adam_state(self.sac.critic_opt)  # no-ops after the first update (or a checkpoint load)
+        _init_adam_state(self.sac.actor_opt)
+        return self._core(batch, next_noise, noise)
+
+    @torch.no_grad()
+    def core(self, batch: ReplayBatch, next_noise: Tensor, noise: Tensor) -> UpdateMetrics:
+        """The update from a minibatch and its two noise draws (standard normal, ``[B, act_dim]``)."""
         from .sac import UpdateMetrics
 
         sac, cfg = self.sac, self.sac.cfg
         actor = sac.actor
         n = batch.obs.shape[0]
         alpha = sac.log_alpha.detach().exp()
-        next_noise, noise = sac._noise(n), sac._noise(n)  # the autograd path's draw order
 
         # Actor forward once for both halves: rows [:n] are next_obs (target), rows [n:] are obs (actor loss).
         trunk_in = [sac.obs_norm(torch.cat([batch.next_obs, batch.obs]))]

@@ -39,19 +39,20 @@ class UpdateMetrics(NamedTuple):
 
 
 def use_manual_backward(cfg: TrainConfig, device: torch.device) -> bool:
-    """Resolve ``--backward``: the hand-written update covers the fp32 eager path only."""
+    """Resolve ``--backward``: the hand-written update is fp32 and not capturable in a CUDA graph."""
     needs_autograd = [
         flag
         for flag, on in (
             ("--amp", cfg.amp != "off"),
-            ("--compile", cfg.compile),
             ("--cuda-graphs", cfg.cuda_graphs),
             ("--grad-checkpoint", cfg.grad_checkpoint),
         )
         if on
     ]
     if cfg.backward == "manual" and needs_autograd:
-        raise SacEdgeError(f"--backward manual cannot be combined with {', '.join(needs_autograd)}; use --backward auto")
+        raise SacEdgeError(
+            f"--backward manual cannot be combined with {', '.join(needs_autograd)}; use --backward auto"
+        )
     if cfg.backward == "auto":
         return device.type == "cpu" and not needs_autograd
     return cfg.backward == "manual"
@@ -181,7 +182,9 @@ class SAC:
 
     def prepare_fast_path(self) -> None:
         """Apply ``--compile`` and/or ``--cuda-graphs``; call once the buffer holds data."""
-        if self.cfg.compile:
+        if self.cfg.compile and self._manual is not None:
+            self._manual.compile()
+        elif self.cfg.compile:
             self._step_fn = torch.compile(self.train_step)
         if self.cfg.cuda_graphs:
             side = torch.cuda.Stream(self.device)

@@ -57,8 +57,11 @@ def test_cuda_graphs_need_cuda():
 
 
 @pytest.mark.slow
-def test_compile_matches_eager_on_cpu():
-    eager, compiled = _filled(BASE), _filled(replace(BASE, compile=True))
+@pytest.mark.parametrize("backward", ["manual", "autograd"])
+def test_compile_matches_eager_on_cpu(backward):
+    cfg = replace(BASE, backward=backward)
+    eager, compiled = _filled(cfg), _filled(replace(cfg, compile=True))
+    assert compiled.backward == backward
     np.testing.assert_allclose(_run(eager, 5), _run(compiled, 5), rtol=1e-3, atol=1e-4)
     assert torch.allclose(_params(eager), _params(compiled), atol=1e-4)
 

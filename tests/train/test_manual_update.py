@@ -83,6 +83,7 @@ def test_checkpoint_state_moves_between_paths():
 
 def test_auto_picks_manual_only_for_the_fp32_eager_path():
     assert _filled(BASE).backward == "manual"
+    assert _filled(replace(BASE, compile=True)).backward == "manual"
     assert _filled(replace(BASE, amp="bf16")).backward == "autograd"
     assert _filled(replace(BASE, critic_layers=3, grad_checkpoint=True)).backward == "autograd"
     with pytest.raises(SacEdgeError, match="--backward manual cannot be combined with --amp"):
