@@ -35,6 +35,7 @@ FILL = 20_000
 VARIANTS: dict[str, dict[str, Any]] = {
     "eager": {},
     "autograd": {"backward": "autograd"},
+    "manual": {"backward": "manual"},
     "bf16": {"amp": "bf16"},
     "compile": {"compile": True},
     "graphs": {"cuda_graphs": True},

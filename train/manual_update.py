@@ -115,15 +115,12 @@ def _critic_backward(
 
 
 class ManualUpdate:
-    """``SAC.update`` for the fp32 eager path, gradients written out; call with a ``ReplayBatch``."""
+    """``SAC.update`` with its gradients written out (fp32, eager or compiled); call with a ``ReplayBatch``."""
 
     def __init__(self, sac: SAC) -> None:
         self.sac = sac
-        critic = sac.critic
-        self.critic_weights: list[Tensor] = list(critic.weights)
-        self.critic_biases: list[Tensor] = list(critic.biases)
-        self.target_weights: list[Tensor] = list(sac.critic_target.weights)
-        self.target_biases: list[Tensor] = list(sac.critic_target.biases)
+        self.critic_weights: list[Tensor] = list(sac.critic.weights)
+        self.critic_biases: list[Tensor] = list(sac.critic.biases)
         self.trunk = _linears(sac.actor)
         # The optimisers' parameter order is the order their gradients are handed over in.
         actor_params = [p for lin in self.trunk for p in (lin.weight, lin.bias)]
