@@ -7,6 +7,7 @@ same 10 seeded episodes. A faster SAC that learns worse is a regression, so this
 
     python bench/learning.py                        # 3 seeds, 15k steps, both implementations (~10 min)
     python bench/learning.py --seeds 0 --no-sb3     # one quick sac-edge curve
+    python bench/learning.py --no-sb3 --train-args="--amp bf16 --compile"   # a fast path's curve
 
 Prints a table (median over seeds of the evaluation return at each point) and one JSON line.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shlex
 import statistics
 import tempfile
 from pathlib import Path
@@ -30,12 +32,14 @@ from sac_edge.train.cli import main as sac_train
 EVAL_SEED = 10_000
 
 
-def sac_edge_curve(env_id: str, steps: int, every: int, episodes: int, seed: int, workdir: Path) -> dict[int, float]:
-    """Evaluation return at each ``every`` steps of one sac-train run."""
+def sac_edge_curve(
+    env_id: str, steps: int, every: int, episodes: int, seed: int, workdir: Path, extra: list[str]
+) -> dict[int, float]:
+    """Evaluation return at each ``every`` steps of one sac-train run (``extra``: more sac-train flags)."""
     out = workdir / f"sac_edge_{seed}"
     code = sac_train(
         ["--env", env_id, "--total-steps", str(steps), "--eval-every", str(every), "--eval-episodes", str(episodes),
-         "--seed", str(seed), "--out", str(out), "--force", "--no-progress"]
+         "--seed", str(seed), "--out", str(out), "--force", "--no-progress", *extra]
     )  # fmt: skip
     if code != 0:
         raise SystemExit(f"sac-train failed with exit code {code}")
@@ -83,6 +87,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--no-sb3", action="store_true")
+    parser.add_argument("--train-args", default="", help="more sac-train flags, e.g. '--amp bf16 --compile'")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     torch.set_num_threads(2)
@@ -91,7 +96,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
             curves["sac-edge"].append(
-                sac_edge_curve(args.env, args.steps, args.eval_every, args.episodes, seed, Path(tmp))
+                sac_edge_curve(
+                    args.env, args.steps, args.eval_every, args.episodes, seed, Path(tmp), shlex.split(args.train_args)
+                )
             )
             if not args.no_sb3:
                 curves["sb3"].append(sb3_curve(args.env, args.steps, args.eval_every, args.episodes, seed))

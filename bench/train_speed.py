@@ -37,6 +37,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "autograd": {"backward": "autograd"},
     "manual": {"backward": "manual"},
     "bf16": {"amp": "bf16"},
+    "bf16+compile": {"amp": "bf16", "compile": True},
     "compile": {"compile": True},
     "graphs": {"cuda_graphs": True},
     "compile+graphs": {"compile": True, "cuda_graphs": True},

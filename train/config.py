@@ -23,7 +23,8 @@ class TrainConfig:
     amp: str = field(
         default="off",
         metadata={
-            "help": "autocast precision for the networks (fp16 uses a GradScaler)",
+            "help": "precision of the networks' matmuls (fp16 uses a GradScaler; bf16 on a CPU needs AVX512-BF16 "
+            "or AMX to be faster)",
             "choices": ["off", "bf16", "fp16"],
         },
     )
@@ -31,7 +32,7 @@ class TrainConfig:
         default="auto",
         metadata={
             "help": "how gradients are computed: manual (hand-written, faster on a CPU) or autograd (the "
-            "reference; needed by --amp, --cuda-graphs, --grad-checkpoint); auto: manual on a CPU unless one "
+            "reference; needed by --amp fp16, --cuda-graphs, --grad-checkpoint); auto: manual on a CPU unless one "
             "of those is asked for, autograd on CUDA",
             "choices": ["auto", "manual", "autograd"],
         },

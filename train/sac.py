@@ -39,11 +39,12 @@ class UpdateMetrics(NamedTuple):
 
 
 def use_manual_backward(cfg: TrainConfig, device: torch.device) -> bool:
-    """Resolve ``--backward``: the hand-written update is fp32 and not capturable in a CUDA graph."""
+    """Resolve ``--backward``: the hand-written update runs fp32 or bf16 GEMMs (no fp16 GradScaler) and is
+    not capturable in a CUDA graph."""
     needs_autograd = [
         flag
         for flag, on in (
-            ("--amp", cfg.amp != "off"),
+            ("--amp fp16", cfg.amp == "fp16"),
             ("--cuda-graphs", cfg.cuda_graphs),
             ("--grad-checkpoint", cfg.grad_checkpoint),
         )
@@ -258,3 +259,5 @@ class SAC:
         if extra.get("scaler"):
             self.scaler.load_state_dict(extra["scaler"])
         self.buffer.load_state_tensors(tensors)
+        if self._manual is not None:
+            self._manual.recheck_guards()

@@ -81,13 +81,33 @@ def test_checkpoint_state_moves_between_paths():
     _assert_same_state(ref, manual, 1e-3, 1e-4)
 
 
-def test_auto_picks_manual_only_for_the_fp32_eager_path():
+def test_bf16_manual_update_matches_bf16_autograd():
+    """``--amp bf16``: the same gradients as autocast's to bf16 rounding (Adam's first moment after one
+    step is 0.1 x the gradient); fp32 and bf16 differ by about 6% here, so a wrong cast would show."""
+    cfg = replace(BASE, amp="bf16")
+    manual, ref = _filled(replace(cfg, backward="manual"), 5, 2), _filled(replace(cfg, backward="autograd"), 5, 2)
+    m, r = manual.step(), ref.step()
+    for name in ("critic_loss", "actor_loss", "alpha_loss"):
+        torch.testing.assert_close(getattr(m, name), getattr(r, name), rtol=1e-2, atol=1e-3)
+    sm, sr = _state(manual), _state(ref)
+    moments = [k for k in sr if k.endswith(".exp_avg")]
+    assert len(moments) == len(list(ref.actor.parameters())) + len(list(ref.critic.parameters())) + 1
+    for key in moments:
+        scale = float(sr[key].abs().max())
+        torch.testing.assert_close(sm[key], sr[key], rtol=0, atol=0.02 * scale, msg=lambda m, k=key: f"{k}: {m}")
+    for _ in range(20):
+        assert bool(manual.step().finite)
+    assert all(p.dtype == torch.float32 for p in manual.actor.parameters())
+
+
+def test_auto_picks_manual_only_for_the_cpu_non_fp16_eager_path():
     assert _filled(BASE).backward == "manual"
     assert _filled(replace(BASE, compile=True)).backward == "manual"
-    assert _filled(replace(BASE, amp="bf16")).backward == "autograd"
+    assert _filled(replace(BASE, amp="bf16")).backward == "manual"
+    assert _filled(replace(BASE, amp="fp16")).backward == "autograd"
     assert _filled(replace(BASE, critic_layers=3, grad_checkpoint=True)).backward == "autograd"
-    with pytest.raises(SacEdgeError, match="--backward manual cannot be combined with --amp"):
-        _filled(replace(BASE, backward="manual", amp="bf16"))
+    with pytest.raises(SacEdgeError, match="--backward manual cannot be combined with --amp fp16"):
+        _filled(replace(BASE, backward="manual", amp="fp16"))
 
 
 def test_manual_update_records_no_autograd_graph():
