@@ -25,11 +25,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .buffer import ReplayBatch
-from .policies import LOG_STD_HALF_RANGE, Actor, q_head, squash_log_std, squashed_gaussian
+from .policies import LOG_STD_HALF_RANGE, Actor, squash_log_std, squashed_gaussian
 
 if TYPE_CHECKING:
     from .sac import SAC, UpdateMetrics
@@ -96,14 +95,36 @@ def _adam_step(opt: torch.optim.Optimizer, grads: list[list[Tensor]]) -> None:
         )
 
 
+_THIN = 8
+
+
+def _matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``a @ b (+ bias)``, 2-D or batched, in the operands' dtype.
+
+    Eagerly the GEMM, with the bias fused as ``addmm``/``baddbmm`` do. Under inductor the bias is left to
+    the pointwise kernel that follows (ReLU, cast), instead of being copied into the GEMM's output first
+    (11% of a bf16 update), and a product over a thin inner dimension (at most ``_THIN``: a first layer on
+    a few observations) becomes a float32 multiply-sum fused into that kernel too: a GEMM at that shape
+    is bound by writing its output (5 to 9% on Pendulum's 3 to 4 inputs; no gain at 12 to 23).
+    """
+    if torch.compiler.is_compiling():
+        thin = a.shape[-1] <= _THIN
+        out = (a.unsqueeze(-1).float() * b.unsqueeze(-3).float()).sum(-2) if thin else a @ b
+        return (out if bias is None else out + bias).to(a.dtype)
+    if bias is None:
+        return a @ b
+    return torch.baddbmm(bias, a, b) if a.dim() == 3 else torch.addmm(bias, a, b)
+
+
 def _critic_forward(weights: list[Tensor], biases: list[Tensor], x: Tensor) -> tuple[list[Tensor], Tensor]:
     """Every critic layer's input ``[n, B, .]`` and the Q-values ``[n, B]`` in float32 (the ensemble's
     own math, in the dtype of ``weights`` and ``x``)."""
     n = weights[0].shape[0]
     acts = [x.unsqueeze(0).expand(n, -1, -1)]
     for w, b in zip(weights[:-1], biases[:-1], strict=True):
-        acts.append(torch.baddbmm(b, acts[-1], w).relu_())
-    return acts, q_head(acts[-1], weights[-1], biases[-1]).float()
+        acts.append(_matmul(acts[-1], w, b).relu_())
+    # The head as ``w^T h^T``, as in ``q_head``: one output row, not one column.
+    return acts, _matmul(weights[-1].transpose(1, 2), acts[-1].transpose(1, 2), biases[-1]).squeeze(1).float()
 
 
 def _critic_backward(
@@ -122,14 +143,14 @@ def _critic_backward(
         dbs.append(dq.sum(1).view(-1, 1, 1))
     dq = dq.to(weights[last].dtype)
     if weight_grads:
-        dws.append(torch.bmm(dq.unsqueeze(1), acts[last]).transpose(1, 2).float())
+        dws.append(_matmul(dq.unsqueeze(1), acts[last]).transpose(1, 2).float())
     dz = _relu_backward(dq.unsqueeze(-1) * weights[last].transpose(1, 2), acts[last], 0.0)
     for i in range(last - 1, -1, -1):
         if weight_grads:
-            dws.append(torch.bmm(acts[i].transpose(1, 2), dz).float())
+            dws.append(_matmul(acts[i].transpose(1, 2), dz).float())
             dbs.append(dz.sum(1, keepdim=True, dtype=torch.float32))
         if i > 0:
-            dz = _relu_backward(torch.bmm(dz, weights[i].transpose(1, 2)), acts[i], 0.0)
+            dz = _relu_backward(_matmul(dz, weights[i].transpose(1, 2)), acts[i], 0.0)
     return dws[::-1], dbs[::-1], dz
 
 
@@ -202,12 +223,12 @@ class ManualUpdate:
         trunk_w = low([lin.weight for lin in self.trunk])
         trunk_in = [obs_all.to(dt)]
         for w, lin in zip(trunk_w, self.trunk, strict=True):
-            trunk_in.append(F.linear(trunk_in[-1], w, lin.bias.to(dt)).relu_())
+            trunk_in.append(_matmul(trunk_in[-1], w.t(), lin.bias.to(dt)).relu_())
         feat = trunk_in[-1]
         act_dim = actor.mu.out_features
         head_w = torch.cat([actor.mu.weight, actor.log_std.weight]).to(dt)
         head_b = torch.cat([actor.mu.bias, actor.log_std.bias]).to(dt)
-        heads = torch.addmm(head_b.unsqueeze(1), head_w, feat.t()).t().float()
+        heads = _matmul(head_w, feat.t(), head_b.unsqueeze(1)).t().float()
         raw = heads[:, act_dim:]
         action_all, log_prob_all = squashed_gaussian(
             heads[:, :act_dim], squash_log_std(raw), torch.cat([next_noise, noise])
@@ -235,7 +256,7 @@ class ManualUpdate:
         dq = torch.zeros_like(q_pi).scatter_(0, which.unsqueeze(0), -1.0 / n)
         _, _, dz = _critic_backward(critic_w, acts, dq, weight_grads=False)
         obs_dim = obs.shape[1]
-        d_action = torch.bmm(critic_w[0][:, obs_dim:], dz.transpose(1, 2)).float().sum(0).t()
+        d_action = _matmul(critic_w[0][:, obs_dim:], dz.transpose(1, 2)).float().sum(0).t()
 
         # Through a = tanh(u), u = mean + exp(log_std) * noise; d log_prob / du = 2a, d log_prob / d log_std = -1.
         d_log_prob = alpha / n
@@ -243,15 +264,15 @@ class ManualUpdate:
         d_u = d_action * (1.0 - action.square()) + (2.0 * d_log_prob) * action
         d_raw = (d_u * std * noise - d_log_prob) * (LOG_STD_HALF_RANGE * (1.0 - torch.tanh(raw[n:]).square()))
         d_heads = torch.cat([d_u, d_raw], 1)
-        d_head_w = d_heads.t().to(dt).mm(feat[n:]).float()
+        d_head_w = _matmul(d_heads.t().to(dt), feat[n:]).float()
         d_head_b = d_heads.sum(0)
         grads = [d_head_w[:act_dim], d_head_b[:act_dim], d_head_w[act_dim:], d_head_b[act_dim:]]
-        dh = _relu_backward(d_heads.to(dt).mm(head_w), feat[n:], 0.0)
+        dh = _relu_backward(_matmul(d_heads.to(dt), head_w), feat[n:], 0.0)
         for i in range(len(self.trunk) - 1, -1, -1):
             inp = trunk_in[i][n:]
-            grads[:0] = [dh.t().mm(inp).float(), dh.sum(0, dtype=torch.float32)]
+            grads[:0] = [_matmul(dh.t(), inp).float(), dh.sum(0, dtype=torch.float32)]
             if i > 0:
-                dh = _relu_backward(dh.mm(trunk_w[i]), inp, 0.0)
+                dh = _relu_backward(_matmul(dh, trunk_w[i]), inp, 0.0)
         # Temperature: d/d log_alpha of -(log_alpha * (log_prob + target_entropy)).mean().
         alpha_loss = -(sac.log_alpha * (log_prob + sac.target_entropy)).mean()
         groups = [grads]
