@@ -7,6 +7,7 @@ divided by the matmul rate measured here now, which gives the floor the brief as
 
     python bench/train_speed.py                     # Pendulum-v1 and HalfCheetah-v5 shapes, CPU
     python bench/train_speed.py --variants eager,compile   # also torch.compile (slow to build on CPU)
+    python bench/train_speed.py --variants eager,autograd,compile,bf16,bf16+compile   # every CPU path
     python bench/train_speed.py --device cuda --batch 256,1024 --variants eager,bf16,compile,graphs,compile+graphs
 
 Prints a table, then one JSON line.
@@ -103,9 +104,9 @@ def update_flops(sac: SAC) -> int:
     return int(counter.get_total_flops())
 
 
-def matmul_rate(device: str, size: int = 256, reps: int = 400) -> float:
-    """GFLOP/s of a square fp32 matmul of the update's size, measured now (the floor's denominator)."""
-    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+def matmul_rate(device: str, dtype: torch.dtype = torch.float32, size: int = 256, reps: int = 400) -> float:
+    """GFLOP/s of a square matmul of the update's size in ``dtype``, measured now (the floor's denominator)."""
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
     for _ in range(20):
         a @ b
     best = float("inf")
@@ -134,7 +135,7 @@ def main() -> None:
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 reference")
     args = parser.parse_args()
 
-    rate = matmul_rate(args.device)
+    rates = {"off": matmul_rate(args.device), "bf16": matmul_rate(args.device, torch.bfloat16)}
     rows = []
     for env_id in args.envs.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
@@ -143,6 +144,8 @@ def main() -> None:
             for v in args.variants.split(","):
                 sac = _filled_sac(env_id, replace(base, **VARIANTS[v]))
                 variants[f"sac-edge {v} ({sac.backward})"] = sac
+            # The floor of each row at the matmul rate of its precision (fp16 rows at the fp32 one).
+            precision = {name: rates.get(sac.cfg.amp, rates["off"]) for name, sac in variants.items()}
             flops = update_flops(_filled_sac(env_id, base))
             sb3 = None if args.no_sb3 else make_sb3(env_id, batch, args.device)
             times: dict[str, list[float]] = {name: [] for name in variants}
@@ -163,9 +166,9 @@ def main() -> None:
                 if sb3 is not None:
                     times["sb3"].append(time_sb3(sb3, args.updates))
             med = {name: statistics.median(t) for name, t in times.items()}
-            floor_ms = flops / (rate * 1e9) * 1e3
             eager = next((name for name in med if name.startswith("sac-edge eager")), None)
             for name, sec in med.items():
+                floor_ms = flops / (precision.get(name, rates["off"]) * 1e9) * 1e3
                 rows.append(
                     {
                         "env": env_id,
@@ -182,7 +185,10 @@ def main() -> None:
                     }
                 )
 
-    print(f"matmul rate here now: {rate:.1f} GFLOP/s (fp32, 256^3, {torch.get_num_threads()} threads)")
+    print(
+        f"matmul rate here now (256^3, {torch.get_num_threads()} threads): fp32 {rates['off']:.1f} GFLOP/s, "
+        f"bf16 {rates['bf16']:.1f} GFLOP/s; each row's floor is at its own precision's rate"
+    )
     print(
         f"{'env':<16}{'batch':>6}  {'impl':<32}{'ms/upd':>8}{'upd/s':>9}{'x SB3':>7}{'x eager':>8}"
         f"{'floor ms':>10}{'of floor':>9}{'peak MB':>9}"
@@ -195,7 +201,17 @@ def main() -> None:
             f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<32}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
             f"{ratio:>7}{eager:>8}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}{peak:>9}"
         )
-    print(json.dumps({"bench": "train_speed", "device": args.device, "matmul_gflops": round(rate, 1), "rows": rows}))
+    print(
+        json.dumps(
+            {
+                "bench": "train_speed",
+                "device": args.device,
+                "matmul_gflops": round(rates["off"], 1),
+                "matmul_gflops_bf16": round(rates["bf16"], 1),
+                "rows": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
