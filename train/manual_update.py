@@ -103,9 +103,9 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
 
     Eagerly the GEMM, with the bias fused as ``addmm``/``baddbmm`` do. Under inductor the bias is left to
     the pointwise kernel that follows (ReLU, cast), instead of being copied into the GEMM's output first
-    (11% of a bf16 update), and a product over a thin inner dimension (at most ``_THIN``: a first layer on
+    (7% of a bf16 update), and a product over a thin inner dimension (at most ``_THIN``: a first layer on
     a few observations) becomes a float32 multiply-sum fused into that kernel too: a GEMM at that shape
-    is bound by writing its output (5 to 9% on Pendulum's 3 to 4 inputs; no gain at 12 to 23).
+    is bound by writing its output (6% on Pendulum's 3 to 4 inputs; no gain at 12 to 23).
     """
     if torch.compiler.is_compiling():
         thin = a.shape[-1] <= _THIN
@@ -198,7 +198,7 @@ class ManualUpdate:
             self._guards_checked = self._compiled
             return self._core(batch, next_noise, noise)
         # Every later call passes the same guards: shapes and dtypes are fixed by the frozen config and the
-        # hyperparameters never change within a run, so dynamo's per-call guard tree (about 0.3 ms on a
+        # hyperparameters never change within a run, so dynamo's per-call guard tree (about 0.4 ms on a
         # 2-core CPU, 7% of a bf16 update) is skipped, as set_stance documents for warmed-up graphs.
         with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
             return self._core(batch, next_noise, noise)
