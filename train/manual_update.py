@@ -110,7 +110,9 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
     if torch.compiler.is_compiling():
         thin = a.shape[-1] <= _THIN
         out = (a.unsqueeze(-1).float() * b.unsqueeze(-3).float()).sum(-2) if thin else a @ b
-        return (out if bias is None else out + bias).to(a.dtype)
+        # The bias joins in float32 before the one rounding, as inside addmm (and inductor then keeps it out
+        # of the GEMM: it folds only a same-dtype bias back into addmm).
+        return (out if bias is None else out + bias.float()).to(a.dtype)
     if bias is None:
         return a @ b
     return torch.baddbmm(bias, a, b) if a.dim() == 3 else torch.addmm(bias, a, b)
