@@ -9,7 +9,8 @@ same 10 seeded episodes. A faster SAC that learns worse is a regression, so this
     python bench/learning.py --seeds 0 --no-sb3     # one quick sac-edge curve
     python bench/learning.py --no-sb3 --train-args="--amp bf16 --compile"   # a fast path's curve
 
-Prints a table (median over seeds of the evaluation return at each point) and one JSON line.
+Prints a table (median over seeds of the evaluation return at each point, and of each run's wall time)
+and one JSON line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import shlex
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +95,21 @@ def main() -> None:
     torch.set_num_threads(2)
 
     curves: dict[str, list[dict[int, float]]] = {"sac-edge": [], "sb3": []}
+    # Wall time of each whole run (training, evaluations and, for --compile, compiling), seconds.
+    walls: dict[str, list[float]] = {"sac-edge": [], "sb3": []}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
+            t0 = time.perf_counter()
             curves["sac-edge"].append(
                 sac_edge_curve(
                     args.env, args.steps, args.eval_every, args.episodes, seed, Path(tmp), shlex.split(args.train_args)
                 )
             )
+            walls["sac-edge"].append(time.perf_counter() - t0)
             if not args.no_sb3:
+                t0 = time.perf_counter()
                 curves["sb3"].append(sb3_curve(args.env, args.steps, args.eval_every, args.episodes, seed))
+                walls["sb3"].append(time.perf_counter() - t0)
 
     points = list(range(args.eval_every, args.steps + 1, args.eval_every))
     table: dict[str, dict[int, float | None]] = {}
@@ -115,12 +123,15 @@ def main() -> None:
     for p in points:
         cells = "".join(f"{'' if table[i][p] is None else round(table[i][p] or 0.0, 1):>12}" for i in table)
         print(f"{p:>8}{cells}")
+    print(f"{'wall s':>8}" + "".join(f"{statistics.median(walls[i]):>12.1f}" for i in table))
     summary = {
         "bench": "learning",
         "env": args.env,
         "seeds": seeds,
         "median_eval_return": {impl: {str(p): v for p, v in t.items()} for impl, t in table.items()},
         "per_seed_final": {impl: [r[max(r)] for r in runs] for impl, runs in curves.items() if runs},
+        "median_wall_s": {impl: round(statistics.median(w), 1) for impl, w in walls.items() if w},
+        "train_args": args.train_args,
     }
     print(json.dumps(summary))
 
