@@ -55,10 +55,17 @@ class ReplayBuffer:
         self.size = min(self.size + k, self.capacity)
         self._size_t.fill_(self.size)
 
+    def sample_rows(self, batch_size: int, generator: torch.Generator) -> Tensor:
+        """Uniform row indices with replacement; no host synchronisation."""
+        return (torch.rand(batch_size, device=self.device, generator=generator) * self._size_t).long()
+
+    def gather(self, rows: Tensor) -> ReplayBatch:
+        """The transitions at ``rows`` (a compiled update gathers inside its graph, fused with what reads them)."""
+        return ReplayBatch(*(getattr(self, name)[rows] for name in self.FIELDS))
+
     def sample(self, batch_size: int, generator: torch.Generator) -> ReplayBatch:
         """Uniform minibatch with replacement; no host synchronisation."""
-        idx = (torch.rand(batch_size, device=self.device, generator=generator) * self._size_t).long()
-        return ReplayBatch(self.obs[idx], self.actions[idx], self.rewards[idx], self.next_obs[idx], self.dones[idx])
+        return self.gather(self.sample_rows(batch_size, generator))
 
     def state_tensors(self) -> dict[str, Tensor]:
         """The filled rows as laid out in the ring, plus (pos, size), for the checkpoint."""

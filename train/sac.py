@@ -179,7 +179,10 @@ class SAC:
 
     def train_step(self) -> UpdateMetrics:
         """Sample a minibatch on the device and update (the compiled / captured unit)."""
-        return self.update(self.buffer.sample(self.cfg.batch_size, self.generator))
+        rows = self.buffer.sample_rows(self.cfg.batch_size, self.generator)
+        if self._manual is not None:
+            return self._manual.step(rows)  # gathers the minibatch inside its compiled graph
+        return self.autograd_update(self.buffer.gather(rows))
 
     def prepare_fast_path(self) -> None:
         """Apply ``--compile`` and/or ``--cuda-graphs``; call once the buffer holds data."""
