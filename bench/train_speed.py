@@ -145,7 +145,7 @@ def main() -> None:
                 sac = _filled_sac(env_id, replace(base, **VARIANTS[v]))
                 variants[f"sac-edge {v} ({sac.backward})"] = sac
             # The floor of each row at the matmul rate of its precision (fp16 rows at the fp32 one).
-            precision = {name: rates.get(sac.cfg.amp, rates["off"]) for name, sac in variants.items()}
+            row_rate = {name: rates.get(sac.cfg.amp, rates["off"]) for name, sac in variants.items()}
             flops = update_flops(_filled_sac(env_id, base))
             sb3 = None if args.no_sb3 else make_sb3(env_id, batch, args.device)
             times: dict[str, list[float]] = {name: [] for name in variants}
@@ -168,7 +168,7 @@ def main() -> None:
             med = {name: statistics.median(t) for name, t in times.items()}
             eager = next((name for name in med if name.startswith("sac-edge eager")), None)
             for name, sec in med.items():
-                floor_ms = flops / (precision.get(name, rates["off"]) * 1e9) * 1e3
+                floor_ms = flops / (row_rate.get(name, rates["off"]) * 1e9) * 1e3
                 rows.append(
                     {
                         "env": env_id,

@@ -231,10 +231,9 @@ class ManualUpdate:
             return [t.to(dt) for t in tensors]
 
         # Actor forward once for both halves: rows [:n] are next_obs (target), rows [n:] are obs (actor loss).
-        obs_all = sac.obs_norm(torch.cat([batch.next_obs, batch.obs]))
-        next_obs, obs = obs_all[:n].to(dt), obs_all[n:].to(dt)
+        trunk_in = [sac.obs_norm(torch.cat([batch.next_obs, batch.obs])).to(dt)]
+        next_obs, obs = trunk_in[0][:n], trunk_in[0][n:]
         trunk_w = low([lin.weight for lin in self.trunk])
-        trunk_in = [obs_all.to(dt)]
         for w, lin in zip(trunk_w, self.trunk, strict=True):
             trunk_in.append(_matmul(trunk_in[-1], w.t(), lin.bias.to(dt)).relu_())
         feat = trunk_in[-1]
