@@ -7,8 +7,8 @@
 #   3. the gpu/tensorrt-marked tests.
 # Writes $OUT/gpu_check.txt (tables) and $OUT/gpu_check.jsonl (one JSON line per part). Budget: < 8 minutes.
 #
-# The device image has torch but not gymnasium/mujoco: carry them as wheels in .whl/ (see the device
-# tool's README: pip download --python-version 3.12 ... -d .whl gymnasium mujoco mujoco-core ...).
+# The device image has torch but not gymnasium/mujoco/SB3: run scripts/gpu_wheels.sh here first, which
+# fetches them into .whl/; then name .whl in the device call's carry and run `scripts/gpu_check.sh` there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
