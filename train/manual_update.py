@@ -199,7 +199,7 @@ class ManualUpdate:
 
         Worked out on the host for the compiled update: inside its graph inductor would inline both float64
         ``pow`` calls into every vector iteration of every parameter's Adam loop (0.2 ms per 131k
-        parameters; 3 to 5% of a bf16 update). The step counts are mirrored on the host, read from the
+        parameters; 7 to 11% of a bf16 update). The step counts are mirrored on the host, read from the
         optimiser state once after a (re)start (no host sync per update).
         """
         groups = self.sac.critic_opt.param_groups + self.sac.actor_opt.param_groups
