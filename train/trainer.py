@@ -65,6 +65,11 @@ def _versions() -> dict[str, str]:
     }
 
 
+def _cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 natively; without it oneDNN emulates bf16 GEMMs in fp32, slower."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
     """Validate the run dir against the flags; on --resume take the saved hyperparameters.
 
@@ -108,6 +113,12 @@ class Trainer:
         self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode)
         self.spec: PolicySpec = policy_spec(cfg.env, self.envs, cfg.hidden)
         self.device = torch.device(cfg.device)
+        if cfg.device == "cpu" and cfg.amp == "bf16" and not _cpu_has_bf16_matmul():
+            print(
+                "sac-train: warning: this CPU has no bf16 matmul units (AVX512-BF16 or AMX), so --amp bf16 "
+                "trains slower here than --amp off",
+                file=sys.stderr,
+            )
         self.sac = SAC(self.spec, cfg, self.device)
         self.np_rng = np.random.default_rng(cfg.seed)
         self.step = self.updates = self.episodes = 0

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from sac_edge.common.manifest import sha256_file
 from sac_edge.train.checkpoint import load_run
@@ -131,3 +132,11 @@ def test_vector_envs_collect_k_transitions_per_step(tmp_path, capsys, mode):
     # 300 vector steps of 2 envs; 2 updates per vector step once learning starts (utd 1 per transition).
     assert summary["steps"] == 600 and summary["updates"] == 302
     assert summary["episodes"] == 2  # 300 steps per env; Pendulum truncates at 200: one episode each
+
+
+def test_bf16_on_a_cpu_without_bf16_units_warns(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert _train(tmp_path / "run", "--amp", "bf16", "--total-steps", "210") == 0
+    err = capsys.readouterr().err
+    assert "no bf16 matmul units" in err and "--amp off" in err
