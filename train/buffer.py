@@ -46,11 +46,14 @@ class ReplayBuffer:
     ) -> None:
         """Append a batch of K transitions (one per vector env), wrapping around at capacity."""
         k = obs.shape[0]
-        idx = torch.arange(self.pos, self.pos + k) % self.capacity
-        idx = idx.to(self.device)
+        skip = max(0, k - self.capacity)  # more rows than fit: only the newest survive, as one by one
+        pos = (self.pos + skip) % self.capacity
+        head = min(k - skip, self.capacity - pos)  # rows before the wrap; the rest go to the start
         for name, value in zip(self.FIELDS, (obs, actions, rewards, next_obs, dones), strict=True):
-            src = torch.as_tensor(np.asarray(value, dtype=np.float32)).to(self.device, non_blocking=True)
-            getattr(self, name).index_copy_(0, idx, src)
+            src, dst = torch.as_tensor(np.asarray(value, dtype=np.float32)[skip:]), getattr(self, name)
+            dst[pos : pos + head].copy_(src[:head], non_blocking=True)
+            if head < len(src):
+                dst[: len(src) - head].copy_(src[head:], non_blocking=True)
         self.pos = (self.pos + k) % self.capacity
         self.size = min(self.size + k, self.capacity)
         self._size_t.fill_(self.size)

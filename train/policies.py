@@ -55,16 +55,15 @@ class ObsNormalizer(nn.Module):
     @torch.no_grad()
     def update(self, batch: Tensor) -> None:
         """Fold a batch ``[n, obs_dim]`` of raw observations into the running statistics."""
-        batch = batch.to(torch.float64)
         n = batch.shape[0]
-        b_mean = batch.mean(0)
-        b_var = batch.var(0, unbiased=False)
+        b_var, b_mean = torch.var_mean(batch.to(torch.float64), 0, correction=0)
+        # Chan et al.'s merge with w = n / (count + n): mean += w * delta and
+        # var = (1 - w) * var + w * b_var + w * (1 - w) * delta^2, i.e. a lerp (fewer small ops per env step).
+        w = n / (self.count + n)
         delta = b_mean - self.mean
-        total = self.count + n
-        self.mean += delta * (n / total)
-        m2 = self.var * self.count + b_var * n + delta.square() * (self.count * n / total)
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
+        self.mean.add_(delta * w)
+        self.var.lerp_(b_var + delta.square() * (1.0 - w), w)
+        self.count.add_(n)
 
     def scale(self) -> tuple[Tensor, Tensor]:
         """(mean, 1/std) as float32, the two constants the exported graph uses."""

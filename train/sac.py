@@ -118,12 +118,16 @@ class SAC:
     def _noise(self, n: int) -> Tensor:
         return torch.randn((n, self.spec.act_dim), device=self.device, generator=self.generator)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def explore(self, obs: np.ndarray) -> np.ndarray:
-        """Stochastic actions in [-1, 1] for a batch of raw observations (data collection)."""
+        """Stochastic actions in [-1, 1] for a batch of raw observations (data collection).
+
+        The action of ``Actor.sample`` from the same noise draw, without the log-probability nobody reads
+        here (a third of the policy's time at one env).
+        """
         x = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
-        action, _ = self.actor.sample(x, self._noise(x.shape[0]))
-        return action.cpu().numpy()
+        mean, log_std = self.actor(x)
+        return torch.tanh(mean + log_std.exp() * self._noise(x.shape[0])).cpu().numpy()
 
     # -- learning ---------------------------------------------------------------------------------
     @property

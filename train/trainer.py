@@ -186,7 +186,8 @@ class Trainer:
         return int(self.step)
 
     # -- the loop ---------------------------------------------------------------------------------
-    def _collect(self) -> None:
+    def collect(self) -> None:
+        """One vector step of every env: act (random before learning_starts), store, normalise, count."""
         cfg, spec = self.cfg, self.spec
         if self.step < cfg.learning_starts:
             action = self.np_rng.uniform(-1.0, 1.0, size=(cfg.num_envs, spec.act_dim)).astype(np.float32)
@@ -242,7 +243,7 @@ class Trainer:
         try:
             while self.step < cfg.total_steps:
                 before = self.step
-                self._collect()
+                self.collect()
                 if self.step >= cfg.learning_starts:
                     if not fast_ready:
                         self.sac.prepare_fast_path()

@@ -14,7 +14,7 @@ def test_add_wraps_around_and_keeps_capacity():
     buf.add(*_rows(0, 3))
     buf.add(*_rows(3, 4))
     assert buf.size == 5 and buf.pos == 2
-    assert sorted(buf.obs[:, 0].tolist()) == [2, 3, 4, 5, 6]
+    assert buf.obs[:, 0].tolist() == [5, 6, 2, 3, 4]  # rows 5 and 6 wrapped to the start
     assert torch.equal(buf.next_obs, buf.obs + 1)
 
 
@@ -31,7 +31,8 @@ def test_sample_only_filled_rows_and_is_seeded():
 
 def test_state_round_trip():
     buf = ReplayBuffer(8, 3, 1, "cpu")
-    buf.add(*_rows(0, 11))
+    buf.add(*_rows(0, 11))  # more than fit: the newest 8, where adding them one by one puts them
+    assert buf.pos == 3 and buf.obs[:, 0].tolist() == [8, 9, 10, 3, 4, 5, 6, 7]
     other = ReplayBuffer(8, 3, 1, "cpu")
     other.load_state_tensors(buf.state_tensors())
     assert (other.pos, other.size) == (buf.pos, buf.size)
