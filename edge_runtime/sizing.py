@@ -7,8 +7,12 @@ Estimate (float32 everywhere, bytes):
 - learner state: actor + critic parameters x 4 (value, gradient, Adam's two moments) + target critic x 1;
 - activations per update: ``4 * batch * 3 * (sum(actor widths) + 2 * n_critics * sum(kept critic widths))``:
   forward values, ReLU outputs and their gradients of the actor pass and of the two critic passes (critic
-  step and actor step) that autograd keeps at once. Gradient checkpointing keeps only the first critic
-  layer and recomputes the others in the backward pass (``CriticEnsemble(grad_checkpoint=True)``).
+  step and actor step) that autograd keeps at once. Gradient checkpointing (``CriticEnsemble(grad_checkpoint=
+  True)``) splits the hidden layers after the first into about sqrt(n) segments (``checkpoint_segments``):
+  it keeps the first layer and each segment's output, plus one segment's layers while that segment is
+  recomputed in the backward pass. With two hidden layers that is more, not less, so it is offered only
+  where the model says it saves memory (measured: 0.54x the activation peak of a 12-layer critic,
+  ``tests/train/test_policies.py``).
 
 The room for all of it is the budget less the process's resident memory measured just before the learner
 is built (torch, the backends, the env and the swap path already resident: ``WeightSwapper.warm_up``) less
@@ -16,7 +20,7 @@ a 10% headroom for allocator slack. That slack is real: each later swap (session
 re-check) leaves ~1-3 MiB more resident at first, shrinking as the allocator's free lists fill (measured
 on x86 onnxruntime fp32 + int8: +17 MiB over 12 candidates, against a 42 MiB headroom at a 416 MB budget).
 Choices, in order, until the estimate fits: the requested sizes; fewer replay rows (down to
-``min_rows``); gradient checkpointing (critics with >= 2 hidden layers); halving the batch (down to 32).
+``min_rows``); gradient checkpointing (where it saves memory); halving the batch (down to 32).
 If even that does not fit it is a one-line error with the figures. The update-to-data ratio is a compute
 choice, not a memory one: :func:`choose_utd` caps it so the learner thread uses at most ``learner_cpu``
 of one core at the control rate, from a timed update at the chosen batch.
@@ -30,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sac_edge.common.checkpointing import checkpoint_segments
 from sac_edge.common.errors import SacEdgeError
 
 F32 = 4
@@ -83,8 +88,12 @@ def learner_state_bytes(net: NetShape) -> int:
 
 
 def activation_bytes(net: NetShape, batch: int, grad_checkpoint: bool) -> int:
-    kept = net.critic_hidden[:1] if grad_checkpoint and len(net.critic_hidden) > 1 else net.critic_hidden
-    recompute = max(net.critic_hidden[1:], default=0) if grad_checkpoint else 0
+    kept, recompute = list(net.critic_hidden), 0
+    if grad_checkpoint:  # as CriticEnsemble: the first layer, each segment's output, one segment recomputed
+        rest = net.critic_hidden[1:]
+        segments = checkpoint_segments(len(rest))
+        kept = [*net.critic_hidden[:1], *(rest[seg.stop - 1] for seg in segments)]
+        recompute = max((sum(rest[i] for i in seg) for seg in segments), default=0)
     per_sample = sum(net.actor_hidden) + 2 * net.n_critics * (sum(kept) + recompute)
     return F32 * batch * ACTIVATION_FACTOR * per_sample
 
@@ -127,13 +136,14 @@ def choose_sizing(
     def rows_that_fit(b: int, gc: bool) -> int:
         return max(0, math.floor((room_mb - fixed_mb(b, gc)) * MB / row_bytes(net)))
 
+    helps = activation_bytes(net, batch, True) < activation_bytes(net, batch, False)
     options = [(batch, False)]
-    if len(net.critic_hidden) > 1:
+    if helps:
         options.append((batch, True))
     b = batch
     while b // 2 >= min(MIN_BATCH, batch) and b > MIN_BATCH:
         b //= 2
-        options.append((b, len(net.critic_hidden) > 1))
+        options.append((b, helps))
     for b, gc in options:
         fit = rows_that_fit(b, gc)
         if fit >= min_rows:

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from sac_edge.common.checkpointing import checkpoint_segments
+
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
 OBS_CLIP = 10.0
@@ -149,11 +151,12 @@ class CriticEnsemble(nn.Module):
         bs = [b.detach() if detach_params else b for b in self.biases]
         x = torch.cat([obs, act], dim=-1)
         h = torch.baddbmm(bs[0], x.unsqueeze(0).expand(self.n_critics, -1, -1), ws[0]).relu_()
-        for w, b in zip(ws[1:-1], bs[1:-1], strict=True):
-            if self.grad_checkpoint and torch.is_grad_enabled():
-                h = checkpoint(_hidden_layer, h, w, b, use_reentrant=False)
-            else:
-                h = _hidden_layer(h, w, b)
+        hidden = [t for pair in zip(ws[1:-1], bs[1:-1], strict=True) for t in pair]  # w1, b1, w2, b2, ...
+        if self.grad_checkpoint and torch.is_grad_enabled():
+            for seg in checkpoint_segments(len(hidden) // 2):
+                h = checkpoint(_hidden_layers, h, *hidden[2 * seg.start : 2 * seg.stop], use_reentrant=False)
+        else:
+            h = _hidden_layers(h, *hidden)
         return q_head(h, ws[-1], bs[-1])
 
 
@@ -163,8 +166,11 @@ def q_head(h: Tensor, w: Tensor, b: Tensor) -> Tensor:
     return torch.baddbmm(b, w.transpose(1, 2), h.transpose(1, 2)).squeeze(1)
 
 
-def _hidden_layer(h: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    return torch.baddbmm(b, h, w).relu_()
+def _hidden_layers(h: Tensor, *weights_and_biases: Tensor) -> Tensor:
+    """ReLU layers ``h @ w + b`` for each (w, b) pair in turn (one checkpoint segment)."""
+    for i in range(0, len(weights_and_biases), 2):
+        h = torch.baddbmm(weights_and_biases[i + 1], h, weights_and_biases[i]).relu_()
+    return h
 
 
 class InferencePolicy(nn.Module):

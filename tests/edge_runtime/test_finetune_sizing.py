@@ -31,8 +31,26 @@ def test_small_budget_shrinks_the_replay_first_then_checkpoints_then_the_batch()
     assert fewer.estimate_mb["total"] <= 400 * 0.9 - 300 + 1e-6
     full = estimate(CHEETAH, 1000, 8192, 256, False)["total"]
     tight = _size((300.0 + full - 0.5) / 0.9)  # a little less than the smallest replay at batch 256 needs
-    assert tight.buffer_rows >= 1000 and (tight.grad_checkpoint or tight.batch_size < 256)
-    smaller_batch = _size((300.0 + estimate(CHEETAH, 1000, 8192, 64, True)["total"] + 0.2) / 0.9)
+    # Two hidden critic layers: checkpointing would keep more than it frees, so the batch shrinks instead.
+    assert tight.buffer_rows >= 1000 and tight.batch_size < 256 and not tight.grad_checkpoint
+
+
+def test_deep_critics_checkpoint_before_the_batch_shrinks() -> None:
+    deep = NetShape(17, 6, (256, 256), (256,) * 10)
+    assert (
+        estimate(deep, 1000, 8192, 256, True)["activations"]
+        < 0.75 * estimate(deep, 1000, 8192, 256, False)["activations"]
+    )
+
+    def size(budget: float):
+        return choose_sizing(
+            deep, rows=1000, batch=256, staging=8192, min_rows=1000, budget_mb=budget, baseline_mb=300.0
+        )
+
+    full = estimate(deep, 1000, 8192, 256, False)["total"]
+    checkpointed = size((300.0 + full - 0.5) / 0.9)
+    assert checkpointed.batch_size == 256 and checkpointed.grad_checkpoint
+    smaller_batch = size((300.0 + estimate(deep, 1000, 8192, 64, True)["total"] + 0.2) / 0.9)
     assert smaller_batch.batch_size < 256 and smaller_batch.grad_checkpoint
 
 
