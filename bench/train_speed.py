@@ -4,11 +4,15 @@ Same hyperparameters (batch 256, 256x256 MLPs, twin critics, Adam 3e-4, autotune
 contents size, same threads. Runs are interleaved (A B A B ...) and the median is reported, so load from
 other processes hits both alike. The FLOPs of one update are counted with torch's FlopCounterMode and
 divided by the matmul rate measured here now, which gives the floor the brief asks us to compare with.
+"upd MB" is the working memory of one update above the allocated state (``train.memory.peak_bytes``: the
+allocator's peak on CUDA, a profiled update on a CPU); ``deep`` and ``deep+ckpt`` (8-layer critics) show
+what gradient checkpointing saves and costs.
 
     python bench/train_speed.py                     # Pendulum-v1 and HalfCheetah-v5 shapes, CPU
     python bench/train_speed.py --variants eager,compile   # also torch.compile (slow to build on CPU)
     python bench/train_speed.py --variants eager,autograd,compile,bf16,bf16+compile   # every CPU path
     python bench/train_speed.py --device cuda --batch 256,1024 --variants eager,bf16,compile,graphs,compile+graphs
+    python bench/train_speed.py --envs Pendulum-v1 --batch 1024 --variants eager,deep,deep+ckpt
 
 Prints a table, then one JSON line.
 """
@@ -20,6 +24,7 @@ import json
 import statistics
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,6 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from sac_edge.common.envs import make_env
 from sac_edge.train.config import TrainConfig
 from sac_edge.train.envs import policy_spec
+from sac_edge.train.memory import peak_bytes
 from sac_edge.train.sac import SAC
 
 FILL = 20_000
@@ -43,6 +49,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "graphs": {"cuda_graphs": True},
     "compile+graphs": {"compile": True, "cuda_graphs": True},
     "bf16+compile+graphs": {"amp": "bf16", "compile": True, "cuda_graphs": True},
+    # Deep critics (8 hidden layers), with and without gradient checkpointing (which needs autograd): the
+    # time it costs here; the activation memory it saves shows in the peak-memory column on a GPU.
+    "deep": {"critic_layers": 8, "backward": "autograd"},
+    "deep+ckpt": {"critic_layers": 8, "grad_checkpoint": True},
 }
 
 
@@ -146,7 +156,10 @@ def main() -> None:
                 variants[f"sac-edge {v} ({sac.backward})"] = sac
             # The floor of each row at the matmul rate of its precision (fp16 rows at the fp32 one).
             row_rate = {name: rates.get(sac.cfg.amp, rates["off"]) for name, sac in variants.items()}
-            flops = update_flops(_filled_sac(env_id, base))
+            # FLOPs per critic depth: deep rows have their own floor and no ratio against the 2-layer SB3.
+            depth = {name: sac.cfg.critic_layers for name, sac in variants.items()}
+            flops = {d: update_flops(_filled_sac(env_id, replace(base, critic_layers=d))) for d in set(depth.values())}
+            flops.setdefault(base.critic_layers, update_flops(_filled_sac(env_id, base)))
             sb3 = None if args.no_sb3 else make_sb3(env_id, batch, args.device)
             times: dict[str, list[float]] = {name: [] for name in variants}
             if sb3 is not None:
@@ -155,20 +168,24 @@ def main() -> None:
                 time_sac_edge(sac, 10)  # warm-up (and compilation)
             if sb3 is not None:
                 time_sb3(sb3, 10)
-            peak_mb: dict[str, float | None] = dict.fromkeys(times)
+            # Working memory of one update above the allocated state (a profiled update on a CPU).
+            peak_mb = {name: peak_bytes(sac.step, args.device) / 2**20 for name, sac in variants.items()}
+            if sb3 is not None:
+                peak_mb["sb3"] = peak_bytes(partial(time_sb3, sb3, 1), args.device) / 2**20
             for _ in range(args.repeats):
                 for name, sac in variants.items():
-                    if args.device == "cuda":
-                        torch.cuda.reset_peak_memory_stats()
                     times[name].append(time_sac_edge(sac, args.updates))
-                    if args.device == "cuda":
-                        peak_mb[name] = torch.cuda.max_memory_allocated() / 2**20
                 if sb3 is not None:
                     times["sb3"].append(time_sb3(sb3, args.updates))
             med = {name: statistics.median(t) for name, t in times.items()}
             eager = next((name for name in med if name.startswith("sac-edge eager")), None)
+            # Each row's "x eager" is against the first row of its critic depth (the eager one at 2 layers).
+            depth["sb3"] = base.critic_layers
+            ref = {d: eager if d == base.critic_layers else next(n for n in med if depth[n] == d) for d in flops}
             for name, sec in med.items():
-                floor_ms = flops / (row_rate.get(name, rates["off"]) * 1e9) * 1e3
+                floor_ms = flops[depth[name]] / (row_rate.get(name, rates["off"]) * 1e9) * 1e3
+                same_as_sb3 = "sb3" in med and depth[name] == base.critic_layers
+                reference = ref[depth[name]]
                 rows.append(
                     {
                         "env": env_id,
@@ -176,12 +193,13 @@ def main() -> None:
                         "impl": name,
                         "ms_per_update": round(sec * 1e3, 3),
                         "updates_per_s": round(1.0 / sec, 1),
-                        "vs_sb3": round(med["sb3"] / sec, 2) if "sb3" in med else None,
+                        "critic_layers": depth[name],
+                        "vs_sb3": round(med["sb3"] / sec, 2) if same_as_sb3 else None,
                         "floor_ms": round(floor_ms, 3),
                         "floor_fraction": round(floor_ms / (sec * 1e3), 2),
-                        "gflop_per_update": round(flops / 1e9, 3),
-                        "peak_gpu_mb": None if peak_mb.get(name) is None else round(peak_mb[name] or 0.0, 1),
-                        "vs_eager": round(med[eager] / sec, 2) if eager else None,
+                        "gflop_per_update": round(flops[depth[name]] / 1e9, 3),
+                        "update_peak_mb": round(peak_mb[name], 1),
+                        "vs_eager": None if reference is None else round(med[reference] / sec, 2),
                     }
                 )
 
@@ -191,15 +209,14 @@ def main() -> None:
     )
     print(
         f"{'env':<16}{'batch':>6}  {'impl':<32}{'ms/upd':>8}{'upd/s':>9}{'x SB3':>7}{'x eager':>8}"
-        f"{'floor ms':>10}{'of floor':>9}{'peak MB':>9}"
+        f"{'floor ms':>10}{'of floor':>9}{'upd MB':>8}"
     )
     for r in rows:
         ratio = "" if r["vs_sb3"] is None else f"{r['vs_sb3']:.2f}"
         eager = "" if r["vs_eager"] is None else f"{r['vs_eager']:.2f}"
-        peak = "" if r["peak_gpu_mb"] is None else f"{r['peak_gpu_mb']:.0f}"
         print(
             f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<32}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
-            f"{ratio:>7}{eager:>8}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}{peak:>9}"
+            f"{ratio:>7}{eager:>8}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}{r['update_peak_mb']:>8.1f}"
         )
     print(
         json.dumps(

@@ -2,7 +2,8 @@
 # The one script run on a lent GPU machine (see BENCHMARKS.md). It checks and times the CUDA paths:
 #   1. update throughput on HalfCheetah-v5 shapes, batch 256 and 1024: eager fp32 (autograd and the
 #      hand-written --backward manual), --amp bf16, --compile,
-#      --cuda-graphs and their combination, with peak GPU memory (bench/train_speed.py, GPU replay buffer);
+#      --cuda-graphs and their combination, 8-layer critics with and without --grad-checkpoint, with each
+#      update's peak GPU memory (bench/train_speed.py, GPU replay buffer);
 #   2. the same learning curve: a short seeded Pendulum-v1 run eager vs the fastest path;
 #   3. the gpu/tensorrt-marked tests.
 # Writes $OUT/gpu_check.txt (tables) and $OUT/gpu_check.jsonl (one JSON line per part). Budget: < 8 minutes.
@@ -29,7 +30,7 @@ cd /tmp  # import sac_edge from the install, not the source folders
 } | tee "$OUT/gpu_check.txt"
 
 timeout 240 python3 "$SRC/bench/train_speed.py" --device cuda --envs HalfCheetah-v5 --batch 256,1024 \
-    --variants eager,manual,bf16,compile,graphs,compile+graphs,bf16+compile+graphs --updates 300 --repeats 3 \
+    --variants eager,manual,bf16,compile,graphs,compile+graphs,bf16+compile+graphs,deep,deep+ckpt --updates 300 --repeats 3 \
     2>&1 | tee -a "$OUT/gpu_check.txt" | tail -n 1 >> "$OUT/gpu_check.jsonl"
 
 for variant in "eager:" "fast:--amp bf16 --compile --cuda-graphs"; do
