@@ -5,8 +5,8 @@ contents size, same threads. Runs are interleaved (A B A B ...) and the median i
 other processes hits both alike. The FLOPs of one update are counted with torch's FlopCounterMode and
 divided by the matmul rate measured here now, which gives the floor the brief asks us to compare with.
 "upd MB" is the working memory of one update above the allocated state (``train.memory.peak_bytes``: the
-allocator's peak on CUDA, a profiled update on a CPU); ``deep`` and ``deep+ckpt`` (8-layer critics) show
-what gradient checkpointing saves and costs.
+allocator's peak on CUDA, a profiled update on a CPU, none for compiled CPU rows); ``deep`` and
+``deep+ckpt`` (8-layer critics) show what gradient checkpointing saves and costs.
 
     python bench/train_speed.py                     # Pendulum-v1 and HalfCheetah-v5 shapes, CPU
     python bench/train_speed.py --variants eager,compile   # also torch.compile (slow to build on CPU)
@@ -168,8 +168,12 @@ def main() -> None:
                 time_sac_edge(sac, 10)  # warm-up (and compilation)
             if sb3 is not None:
                 time_sb3(sb3, 10)
-            # Working memory of one update above the allocated state (a profiled update on a CPU).
-            peak_mb = {name: peak_bytes(sac.step, args.device) / 2**20 for name, sac in variants.items()}
+            # Working memory of one update above the allocated state (a profiled update on a CPU, where the
+            # profiler cannot see inside a compiled graph: no figure for those rows).
+            peak_mb: dict[str, float | None] = {
+                name: None if args.device == "cpu" and sac.cfg.compile else peak_bytes(sac.step, args.device) / 2**20
+                for name, sac in variants.items()
+            }
             if sb3 is not None:
                 peak_mb["sb3"] = peak_bytes(partial(time_sb3, sb3, 1), args.device) / 2**20
             for _ in range(args.repeats):
@@ -198,7 +202,7 @@ def main() -> None:
                         "floor_ms": round(floor_ms, 3),
                         "floor_fraction": round(floor_ms / (sec * 1e3), 2),
                         "gflop_per_update": round(flops[depth[name]] / 1e9, 3),
-                        "update_peak_mb": round(peak_mb[name], 1),
+                        "update_peak_mb": None if (mb := peak_mb[name]) is None else round(mb, 1),
                         "vs_eager": None if reference is None else round(med[reference] / sec, 2),
                     }
                 )
@@ -214,9 +218,10 @@ def main() -> None:
     for r in rows:
         ratio = "" if r["vs_sb3"] is None else f"{r['vs_sb3']:.2f}"
         eager = "" if r["vs_eager"] is None else f"{r['vs_eager']:.2f}"
+        mem = "" if r["update_peak_mb"] is None else f"{r['update_peak_mb']:.1f}"
         print(
             f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<32}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
-            f"{ratio:>7}{eager:>8}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}{r['update_peak_mb']:>8.1f}"
+            f"{ratio:>7}{eager:>8}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}{mem:>8}"
         )
     print(
         json.dumps(

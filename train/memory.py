@@ -3,7 +3,8 @@
 CUDA has the caching allocator's peak counter. CPU has no such counter, so the call runs once under
 ``torch.profiler`` with ``profile_memory=True`` and the allocations and frees it records are replayed in
 time order: what the benchmarks report as a CPU update's working memory, and what checks that gradient
-checkpointing saves any.
+checkpointing saves any. The profiler books each op's net allocation, so a peak inside one opaque call
+(a whole inductor graph) is invisible to it: measure eager code on a CPU.
 """
 
 from __future__ import annotations
