@@ -202,17 +202,13 @@ class ManualUpdate:
         parameters; 7 to 11% of a bf16 update). The step counts are mirrored on the host, read from the
         optimiser state once after a (re)start (no host sync per update).
         """
-        groups = self.sac.critic_opt.param_groups + self.sac.actor_opt.param_groups
+        groups = [(opt, g) for opt in (self.sac.critic_opt, self.sac.actor_opt) for g in opt.param_groups]
         if self._adam_steps is None:
-            self._adam_steps = [
-                float(opt.state[g["params"][0]]["step"])
-                for opt in (self.sac.critic_opt, self.sac.actor_opt)
-                for g in opt.param_groups
-            ]
+            self._adam_steps = [float(opt.state[g["params"][0]]["step"]) for opt, g in groups]
         self._adam_steps = [t + 1.0 for t in self._adam_steps]
         rows = [
             (g["lr"] / (1.0 - g["betas"][0] ** t), math.sqrt(1.0 - g["betas"][1] ** t))
-            for g, t in zip(groups, self._adam_steps, strict=True)
+            for (_, g), t in zip(groups, self._adam_steps, strict=True)
         ]
         host = torch.tensor(rows, dtype=torch.float32)
         if self.sac.device.type == "cuda":

@@ -120,14 +120,9 @@ class SAC:
 
     @torch.inference_mode()
     def explore(self, obs: np.ndarray) -> np.ndarray:
-        """Stochastic actions in [-1, 1] for a batch of raw observations (data collection).
-
-        The action of ``Actor.sample`` from the same noise draw, without the log-probability nobody reads
-        here (a third of the policy's time at one env).
-        """
+        """Stochastic actions in [-1, 1] for a batch of raw observations (data collection)."""
         x = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
-        mean, log_std = self.actor(x)
-        return torch.tanh(mean + log_std.exp() * self._noise(x.shape[0])).cpu().numpy()
+        return self.actor.sample_action(x, self._noise(x.shape[0])).cpu().numpy()
 
     # -- learning ---------------------------------------------------------------------------------
     @property

@@ -100,3 +100,10 @@ def test_grad_checkpoint_saves_activation_memory():
     one_activation = 2 * 1024 * 256 * 4  # both critics' output of one layer, float32
     assert peaks[False] > 12 * one_activation  # the measurement sees the activations at all
     assert peaks[True] < 0.7 * peaks[False], peaks
+
+
+def test_sample_action_is_the_action_of_sample():
+    torch.manual_seed(4)
+    actor = Actor(3, 2, (16, 16))
+    obs, noise = torch.randn(9, 3), torch.randn(9, 2)
+    assert torch.equal(actor.sample_action(obs, noise), actor.sample(obs, noise)[0])
