@@ -27,7 +27,7 @@ import torch
 
 from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.spec import PolicySpec
-from sac_edge.edge_runtime.table import format_table
+from sac_edge.common.table import format_table
 from sac_edge.train.checkpoint import save_tensors
 from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
 

@@ -52,10 +52,10 @@ import numpy as np
 from sac_edge.calibration.rollout import run_episode
 from sac_edge.common.envs import make_env
 from sac_edge.common.summary import emit_json
-from sac_edge.edge_runtime.backend import open_bundle
-from sac_edge.edge_runtime.promotion import LastGoodStore
-from sac_edge.edge_runtime.registry import open_backend
-from sac_edge.edge_runtime.shift import parse_shift, shifted
+from sac_edge.edge_runtime.backends.base import open_bundle
+from sac_edge.edge_runtime.backends.registry import open_backend
+from sac_edge.edge_runtime.finetune.promotion import LastGoodStore
+from sac_edge.edge_runtime.finetune.shift import parse_shift, shifted
 
 BIN = Path(sys.executable).parent
 EVAL_SEED = 50_000

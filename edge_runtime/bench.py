@@ -18,15 +18,15 @@ import numpy as np
 from sac_edge.common.atomic import atomic_path, atomic_write_json
 from sac_edge.common.config import config_dict
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.latency import latency_us, time_calls
+from sac_edge.common.table import format_table
 
-from .autoselect import probe_observations
-from .backend import Backend, BackendOptions, open_bundle
+from .backends.autoselect import probe_observations
+from .backends.base import Backend, BackendOptions, open_bundle
+from .backends.registry import candidates, check_precision, kind
+from .budget.memory import MemoryProbe
+from .budget.sensors import EnergyMeter, detect_power_sensor
 from .config import BenchConfig
-from .memory import MemoryProbe
-from .registry import candidates, check_precision, kind
-from .sensors import EnergyMeter, detect_power_sensor
-from .stats import latency_us, time_calls
-from .table import format_table
 
 
 def _validate(cfg: BenchConfig) -> None:

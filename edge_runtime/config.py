@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .backend import PRECISIONS
-from .registry import BACKEND_CHOICES, KINDS
-from .safety import OBS_FAULT_POLICIES
+from .backends.base import PRECISIONS
+from .backends.registry import BACKEND_CHOICES, KINDS
+from .control.safety import OBS_FAULT_POLICIES
 
 
 @dataclass(frozen=True)

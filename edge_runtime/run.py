@@ -21,23 +21,23 @@ from sac_edge.common.config import config_dict
 from sac_edge.common.envs import make_env
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.spec import PolicySpec
+from sac_edge.common.table import format_table
 
-from .autoselect import autoselect
-from .backend import PRECISION_ORDER, Backend, BackendOptions, open_bundle
+from .backends.autoselect import autoselect
+from .backends.base import PRECISION_ORDER, Backend, BackendOptions, open_bundle
+from .backends.registry import open_backend, refusal
+from .budget.governor import Governor, GovernorConfig, build_ladder
+from .budget.memory import MemoryProbe
+from .budget.monitor import BudgetMonitor
+from .budget.sensors import detect_power_sensor
 from .config import RunConfig
-from .finetune import build_finetuner, finetune_dir, install_last_good
-from .governor import Governor, GovernorConfig, build_ladder
-from .loop import ControlLoop, LoopSettings
-from .memory import MemoryProbe
-from .monitor import BudgetMonitor
-from .promotion import LastGoodStore
-from .realtime import enter_realtime
-from .registry import open_backend, refusal
-from .sensors import detect_power_sensor
-from .shift import parse_shift, shifted
-from .table import format_table
-from .telemetry import StatusLine, TelemetryWriter
-from .weight_swap import WeightSwapper
+from .control.loop import ControlLoop, LoopSettings
+from .control.realtime import enter_realtime
+from .control.telemetry import StatusLine, TelemetryWriter
+from .finetune.finetuner import build_finetuner, finetune_dir, install_last_good
+from .finetune.promotion import LastGoodStore
+from .finetune.shift import parse_shift, shifted
+from .finetune.weight_swap import WeightSwapper
 
 
 def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:

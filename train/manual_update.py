@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from .buffer import ReplayBatch
 from .policies import LOG_STD_HALF_RANGE, Actor, squash_log_std, squashed_gaussian
-
-if TYPE_CHECKING:
-    from .sac import SAC, UpdateMetrics
+from .update_types import LearnerState, UpdateMetrics
 
 _relu_backward = torch.ops.aten.threshold_backward
 
@@ -160,7 +157,7 @@ def _critic_backward(
 class ManualUpdate:
     """``SAC.update`` with its gradients written out (fp32 or bf16 GEMMs; eager, or compiled through ``step``)."""
 
-    def __init__(self, sac: SAC) -> None:
+    def __init__(self, sac: LearnerState) -> None:
         self.sac = sac
         self.critic_weights: list[Tensor] = list(sac.critic.weights)
         self.critic_biases: list[Tensor] = list(sac.critic.biases)
@@ -218,7 +215,7 @@ class ManualUpdate:
     def _draw_noise(self, n: int) -> tuple[Tensor, Tensor]:
         _init_adam_state(self.sac.critic_opt)  # no-ops after the first update (or a checkpoint load)
         _init_adam_state(self.sac.actor_opt)
-        return self.sac._noise(n), self.sac._noise(n)  # the autograd path's draw order
+        return self.sac.noise(n), self.sac.noise(n)  # the autograd path's draw order
 
     def __call__(self, batch: ReplayBatch) -> UpdateMetrics:
         """The update on a given minibatch, eagerly (``SAC.update``)."""
@@ -255,7 +252,6 @@ class ManualUpdate:
         critic_groups = len(self.sac.critic_opt.param_groups)
         critic_corr = None if corrections is None else corrections[:critic_groups]
         actor_corr = None if corrections is None else corrections[critic_groups:]
-        from .sac import UpdateMetrics
 
         sac, cfg, dt = self.sac, self.sac.cfg, self.dtype
         actor = sac.actor
@@ -328,6 +324,6 @@ class ManualUpdate:
             groups.append([-(log_prob + sac.target_entropy).mean().reshape(1)])
         _adam_step(sac.actor_opt, groups, actor_corr)
 
-        torch._foreach_lerp_(sac._target_params, sac._critic_params, cfg.tau)
+        torch._foreach_lerp_(sac.target_params, sac.critic_params, cfg.tau)
         finite = torch.isfinite(critic_loss) & torch.isfinite(actor_loss)
         return UpdateMetrics(critic_loss, actor_loss, alpha_loss, alpha, finite)

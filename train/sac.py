@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,18 +24,9 @@ from .buffer import ReplayBatch, ReplayBuffer
 from .config import TrainConfig
 from .manual_update import ManualUpdate
 from .policies import OBS_CLIP, Actor, CriticEnsemble, ObsNormalizer
+from .update_types import UpdateMetrics
 
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class UpdateMetrics(NamedTuple):
-    """Device scalars from one update; ``finite`` is False if any loss was NaN/inf."""
-
-    critic_loss: Tensor
-    actor_loss: Tensor
-    alpha_loss: Tensor
-    alpha: Tensor
-    finite: Tensor
 
 
 def use_manual_backward(cfg: TrainConfig, device: torch.device) -> bool:
@@ -102,8 +93,8 @@ class SAC:
             self.generator = torch.Generator(device)
         self.generator.manual_seed(cfg.seed)
         self.buffer = ReplayBuffer(cfg.buffer_size, spec.obs_dim, spec.act_dim, device)
-        self._critic_params: list[Tensor] = list(self.critic.parameters())
-        self._target_params: list[Tensor] = list(self.critic_target.parameters())
+        self.critic_params: list[Tensor] = list(self.critic.parameters())
+        self.target_params: list[Tensor] = list(self.critic_target.parameters())
         self._manual = ManualUpdate(self) if use_manual_backward(cfg, device) else None
         self._step_fn: Callable[[], UpdateMetrics] = self.train_step
         self._graph: torch.cuda.CUDAGraph | None = None
@@ -115,14 +106,14 @@ class SAC:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=_AMP_DTYPES[self.cfg.amp])
 
-    def _noise(self, n: int) -> Tensor:
+    def noise(self, n: int) -> Tensor:
         return torch.randn((n, self.spec.act_dim), device=self.device, generator=self.generator)
 
     @torch.inference_mode()
     def explore(self, obs: np.ndarray) -> np.ndarray:
         """Stochastic actions in [-1, 1] for a batch of raw observations (data collection)."""
         x = self.obs_norm(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
-        return self.actor.sample_action(x, self._noise(x.shape[0])).cpu().numpy()
+        return self.actor.sample_action(x, self.noise(x.shape[0])).cpu().numpy()
 
     # -- learning ---------------------------------------------------------------------------------
     @property
@@ -147,7 +138,7 @@ class SAC:
 
         # Critic: soft Bellman target from the target critics (min of the twins), entropy bonus included.
         with torch.no_grad(), self._autocast():
-            next_action, next_log_prob = self.actor.sample(next_obs, self._noise(obs.shape[0]))
+            next_action, next_log_prob = self.actor.sample(next_obs, self.noise(obs.shape[0]))
             next_q = self.critic_target(next_obs, next_action).float().min(0).values - alpha * next_log_prob
             target_q = batch.rewards + cfg.gamma * (1.0 - batch.dones) * next_q
         with self._autocast():
@@ -159,7 +150,7 @@ class SAC:
 
         # Actor: maximise min-Q minus alpha * log-prob; critic weights detached (no weight-grad GEMMs).
         with self._autocast():
-            action, log_prob = self.actor.sample(obs, self._noise(obs.shape[0]))
+            action, log_prob = self.actor.sample(obs, self.noise(obs.shape[0]))
             q_pi = self.critic(obs, action, detach_params=True).float().min(0).values
         actor_loss = (alpha * log_prob - q_pi).mean()
         # Temperature: drive the policy entropy towards -act_dim (fp32), stepped with the actor.
@@ -171,7 +162,7 @@ class SAC:
 
         # Targets: Polyak averaging in one fused foreach kernel.
         with torch.no_grad():
-            torch._foreach_lerp_(self._target_params, self._critic_params, cfg.tau)
+            torch._foreach_lerp_(self.target_params, self.critic_params, cfg.tau)
 
         finite = torch.isfinite(critic_loss) & torch.isfinite(actor_loss)
         return UpdateMetrics(critic_loss.detach(), actor_loss.detach(), alpha_loss.detach(), alpha, finite)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sac_edge.edge_runtime.autoselect import autoselect
-from sac_edge.edge_runtime.backend import BackendOptions, open_bundle
+from sac_edge.edge_runtime.backends.autoselect import autoselect
+from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
 from sac_edge.edge_runtime.cli import main
 
 

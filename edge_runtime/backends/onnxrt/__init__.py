@@ -1,0 +1,1 @@
+"""onnxruntime: the CPU, CUDA and TensorRT execution providers over the bundle's ONNX graphs."""

@@ -1,0 +1,199 @@
+"""onnxruntime backends: CPU, and the CUDA / TensorRT execution providers where the installed build has them.
+
+The session is built once (graph optimisation level ALL, sequential execution, one intra-op thread by
+default) and batch-1 runs go through an IOBinding bound to two OrtValues that wrap preallocated numpy
+arrays, so the hot path copies the observation in and reads the action out of the same memory every
+call. A weight swap builds a second session whose initializers are overridden with
+``SessionOptions.add_initializer`` (the graph file is unchanged) and publishes it with one assignment.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sac_edge.common.errors import SacEdgeError
+
+from ..base import Backend, BackendKind, BackendOptions, Bundle, SwapReport, check_weights
+
+INPUT, OUTPUT = "obs", "action"
+
+
+class _Runner(NamedTuple):
+    """One immutable generation of the session, its binding and the OrtValues it must keep alive."""
+
+    session: Any
+    binding: Any
+    keep_alive: tuple[Any, ...]
+
+
+def _ort() -> Any:
+    import onnxruntime
+
+    return onnxruntime
+
+
+class OrtBackend(Backend):
+    """One precision of the bundle on one onnxruntime execution-provider list."""
+
+    def __init__(
+        self, name: str, bundle: Bundle, precision: str, model: Path, providers: list[Any], options: BackendOptions
+    ) -> None:
+        super().__init__(bundle.spec)
+        self.name, self.precision, self.model = name, precision, model
+        self._providers, self._threads = providers, options.threads
+        ort = _ort()
+        self._obs = np.zeros((1, bundle.spec.obs_dim), np.float32)
+        self._action = np.zeros((1, bundle.spec.act_dim), np.float32)
+        self._obs_row, self._action_row = self._obs[0], self._action[0]
+        self._obs_value = ort.OrtValue.ortvalue_from_numpy(self._obs)
+        self._action_value = ort.OrtValue.ortvalue_from_numpy(self._action)
+        self._run_options = ort.RunOptions()
+        self._runner = self._build({})
+        self._retired: _Runner | None = None
+        self._shapes: dict[str, tuple[int, ...]] | None = None
+        wanted = self._providers[0] if isinstance(self._providers[0], str) else self._providers[0][0]
+        active = self._runner.session.get_providers()
+        if active[0] != wanted:
+            raise SacEdgeError(
+                f"backend {name!r}: onnxruntime fell back to {active[0]} (is {wanted} usable here?); "
+                "use --backend onnxruntime"
+            )
+
+    def _build(self, initializers: Mapping[str, np.ndarray]) -> _Runner:
+        ort = _ort()
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = self._threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        values = []
+        for key, arr in initializers.items():
+            value = ort.OrtValue.ortvalue_from_numpy(arr)
+            so.add_initializer(key, value)
+            values.append(value)
+        try:
+            session = ort.InferenceSession(str(self.model), so, providers=self._providers)
+        except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise SacEdgeError(f"{self.model}: onnxruntime cannot load it ({str(err).splitlines()[0]})") from None
+        binding = session.io_binding()
+        binding.bind_ortvalue_input(INPUT, self._obs_value)
+        binding.bind_ortvalue_output(OUTPUT, self._action_value)
+        return _Runner(session, binding, (*values, *initializers.values()))
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        np.copyto(self._obs_row, obs.reshape(-1), casting="unsafe")
+        runner = self._runner
+        runner.session.run_with_iobinding(runner.binding, self._run_options)
+        return self._action_row
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        feed = {INPUT: np.ascontiguousarray(obs, dtype=np.float32)}
+        return self._runner.session.run([OUTPUT], feed)[0]
+
+    def initializer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Float initializer names and shapes of the graph (onnx is imported only here, for swaps)."""
+        if self._shapes is None:
+            try:
+                import onnx
+                from onnx import numpy_helper
+            except ImportError:
+                raise SacEdgeError("swap_weights with onnxruntime needs the Python package 'onnx'") from None
+            graph = onnx.load(str(self.model), load_external_data=False).graph
+            self._shapes = {
+                init.name: tuple(numpy_helper.to_array(init).shape)
+                for init in graph.initializer
+                if init.data_type == onnx.TensorProto.FLOAT
+            }
+        return self._shapes
+
+    def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
+        start = time.perf_counter()
+        use, ignored = check_weights(weights, self.initializer_shapes())
+        runner = self._build(use)
+        self._retired, self._runner = self._runner, runner  # the old one is freed on the next swap, here
+        self.swaps += 1
+        return SwapReport(len(use), ignored, time.perf_counter() - start)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "file": self.model.name,
+            "providers": self._runner.session.get_providers(),
+            "threads": self._threads,
+            "onnxruntime": _ort().__version__,
+        }
+
+
+def _unavailable(provider: str) -> str | None:
+    try:
+        ort = _ort()
+    except ImportError:
+        return "the Python package 'onnxruntime' is not installed (pip install onnxruntime)"
+    if provider not in ort.get_available_providers():
+        return f"this onnxruntime build has no {provider} (install onnxruntime-gpu built with it)"
+    return None
+
+
+def _onnx_precisions(bundle: Bundle) -> tuple[str, ...]:
+    return tuple(p for p in ("fp32", "fp16", "int8") if bundle.onnx(p) is not None)
+
+
+def _trt_ep_precisions(bundle: Bundle) -> tuple[str, ...]:
+    """TensorRT builds fp16 from the fp32 graph; int8 from the explicit Q/DQ graph."""
+    have = _onnx_precisions(bundle)
+    return tuple(p for p in ("fp32", "fp16", "int8") if p in have or (p == "fp16" and "fp32" in have))
+
+
+def _model(bundle: Bundle, precision: str, backend: str) -> Path:
+    path = bundle.onnx(precision) or (bundle.onnx("fp32") if backend == "onnxruntime-tensorrt" else None)
+    if path is None:
+        raise SacEdgeError(f"{bundle.path}: no {precision} ONNX graph in the bundle for backend {backend!r}")
+    return path
+
+
+def _open_cpu(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
+    return OrtBackend(
+        "onnxruntime", bundle, precision, _model(bundle, precision, "onnxruntime"), ["CPUExecutionProvider"], options
+    )
+
+
+def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
+    return OrtBackend(
+        "onnxruntime-cuda",
+        bundle,
+        precision,
+        _model(bundle, precision, "onnxruntime-cuda"),
+        ["CUDAExecutionProvider", "CPUExecutionProvider"],
+        options,
+    )
+
+
+def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
+    cache = options.engine_dir or bundle.path / "engines"
+    cache.mkdir(parents=True, exist_ok=True)
+    trt_options = {
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": str(cache / "ort-trt"),
+        "trt_fp16_enable": precision != "fp32",
+        "trt_int8_enable": precision == "int8",
+    }
+    return OrtBackend(
+        "onnxruntime-tensorrt",
+        bundle,
+        precision,
+        _model(bundle, precision, "onnxruntime-tensorrt"),
+        [("TensorrtExecutionProvider", trt_options), "CUDAExecutionProvider", "CPUExecutionProvider"],
+        options,
+    )
+
+
+CPU = BackendKind("onnxruntime", lambda: _unavailable("CPUExecutionProvider"), _onnx_precisions, _open_cpu)
+CUDA = BackendKind("onnxruntime-cuda", lambda: _unavailable("CUDAExecutionProvider"), _onnx_precisions, _open_cuda)
+TENSORRT_EP = BackendKind(
+    "onnxruntime-tensorrt", lambda: _unavailable("TensorrtExecutionProvider"), _trt_ep_precisions, _open_trt
+)

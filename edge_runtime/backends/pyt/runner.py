@@ -1,0 +1,99 @@
+"""PyTorch reference backend: the eager ``InferencePolicy`` from the bundle's ``learner.safetensors``.
+
+It is what the other backends are compared against (bench, parity tests) and what the fine-tuner can
+drive directly. torch is imported only when this backend is opened. Eager torch allocates its own
+intermediates; the interface still holds: ``act`` returns the same preallocated output array each call.
+A weight swap loads a copy of the module and publishes it with one assignment (copy-on-write), so the
+reader's module is never half-updated.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from sac_edge.common.errors import SacEdgeError
+
+from ..base import Backend, BackendKind, BackendOptions, Bundle, SwapReport, check_weights, missing_package
+
+LEARNER_KIND = "learner"
+
+
+class TorchBackend(Backend):
+    """fp32 eager PyTorch on the CPU."""
+
+    name = "torch"
+
+    def __init__(self, bundle: Bundle, precision: str, options: BackendOptions) -> None:
+        super().__init__(bundle.spec)
+        try:
+            import torch
+        except ImportError:
+            raise missing_package("torch", "torch", "use --backend onnxruntime") from None
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        from sac_edge.train.checkpoint import inference_policy
+
+        self.precision = precision
+        self._torch = torch
+        torch.set_num_threads(options.threads)
+        names = bundle.files(LEARNER_KIND)
+        if not names:
+            raise SacEdgeError(f"{bundle.path}: backend 'torch' needs learner.safetensors, which the bundle lacks")
+        self.file = names[0]
+        try:
+            tensors = load_file(str(bundle.path / self.file))
+            self._module = inference_policy(bundle.spec, tensors)
+        except (SafetensorError, KeyError, RuntimeError) as err:
+            raise SacEdgeError(f"{bundle.path / self.file}: cannot build the policy ({err})") from None
+        self._obs_t = torch.zeros(1, bundle.spec.obs_dim)
+        self._action_t = torch.zeros(1, bundle.spec.act_dim)
+        self._obs_np, self._action_np = self._obs_t.numpy()[0], self._action_t.numpy()[0]
+        self._shapes = {k: tuple(v.shape) for k, v in self._module.state_dict().items()}
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        np.copyto(self._obs_np, obs.reshape(-1), casting="unsafe")
+        module = self._module
+        with self._torch.inference_mode():
+            self._action_t.copy_(module(self._obs_t))
+        return self._action_np
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        with self._torch.inference_mode():
+            x = self._torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
+            return self._module(x).numpy()
+
+    def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
+        start = time.perf_counter()
+        use, ignored = check_weights(weights, self._shapes)
+        module = copy.deepcopy(self._module)
+        module.load_state_dict({k: self._torch.from_numpy(v) for k, v in use.items()}, strict=False)
+        self._module = module
+        self.swaps += 1
+        return SwapReport(len(use), ignored, time.perf_counter() - start)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "file": self.file, "device": "cpu", "torch": self._torch.__version__}
+
+
+def _unavailable() -> str | None:
+    return None if importlib.util.find_spec("torch") is not None else "the Python package 'torch' is not installed"
+
+
+def _precisions(bundle: Bundle) -> tuple[str, ...]:
+    return ("fp32",) if bundle.files(LEARNER_KIND) else ()
+
+
+def _open(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
+    if precision != "fp32":
+        raise SacEdgeError(f"backend 'torch' runs fp32 only (asked for {precision})")
+    return TorchBackend(bundle, precision, options)
+
+
+KIND = BackendKind("torch", _unavailable, _precisions, _open)

@@ -1,0 +1,385 @@
+"""TensorRT engine backend: plans built on the target from the bundle's ONNX, cached, never loaded stale.
+
+Engines are specific to the TensorRT version and the GPU, so a plan is only loaded when its record
+(a JSON sidecar beside a cached plan, or the manifest's ``tensorrt`` section for a plan shipped in the
+bundle) matches this TensorRT version, device name and compute capability, the ONNX it came from and
+the precision; anything else is rebuilt from the ONNX with ``sac_edge.export.tensorrt.build_engine``
+and cached as ``BUNDLE/engines/policy.<precision>.<trtX-device-smNN>.plan`` (+ ``.json``).
+
+Inference follows the TensorRT 8.5+/10 tensor API (``num_io_tensors``, ``set_input_shape``,
+``set_tensor_address``, ``execute_async_v3``; edge-facts.md, TensorRT Python API docs): device buffers
+and pinned host buffers are allocated once, and batch 1 runs copy in, execute, copy out, synchronise on
+its own stream; ``act_batch`` uses a second stream, context and device buffers (an execution context must
+not be used from two threads at once), so it may run beside the loop's ``act``. CUDA memory goes
+through cuda-python (what TensorRT 10's samples use, ``samples/python/common_runtime.py``) or, where
+only it is installed, pycuda (JetPack 5's samples).
+A weight swap deserialises a fresh engine from the plan, refits it (the plan must be refittable), and
+publishes it with one assignment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import re
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sac_edge.common.atomic import atomic_write_json
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.jsonfile import read_json_or_none
+from sac_edge.common.manifest import sha256_file
+
+from ..base import Backend, BackendKind, BackendOptions, Bundle, SwapReport, missing_package
+
+INPUT, OUTPUT = "obs", "action"
+PLAN_KIND = "tensorrt-engine"  # export/bundle.py FILE_KINDS
+CALIB_KIND = "calibration-cache"
+MAX_BATCH = 64
+
+
+class PlanKey(NamedTuple):
+    """What a TensorRT plan is valid for."""
+
+    tensorrt: str
+    device: str
+    compute_capability: str
+    onnx_sha256: str
+    precision: str
+
+    def tag(self) -> str:
+        """File-name key: ``trt10.8.0-nvidia-h200-sm90``."""
+        device = re.sub(r"[^a-z0-9]+", "-", self.device.lower()).strip("-")
+        return f"trt{self.tensorrt}-{device}-sm{self.compute_capability.replace('.', '')}"
+
+
+def plan_mismatch(recorded: Mapping[str, Any], key: PlanKey) -> str | None:
+    """Why a plan recorded as ``recorded`` must not be loaded here (None when it matches ``key``).
+
+    ``recorded`` uses the sidecar keys (``tensorrt``, ``device``, ``compute_capability``, ``onnx_sha256``,
+    ``precision``); the manifest's per-engine ``tensorrt_version`` (export's EngineInfo) is read as
+    ``tensorrt``. A record without the ONNX hash (a plan shipped in the bundle, built from the bundle's own
+    ONNX) is judged on the rest.
+    """
+    got = dict(recorded)
+    if "tensorrt" not in got and "tensorrt_version" in got:
+        got["tensorrt"] = got["tensorrt_version"]
+    for field in PlanKey._fields:
+        want = getattr(key, field)
+        have = got.get(field)
+        if field == "onnx_sha256" and have is None:
+            continue
+        if have is None or str(have) != str(want):
+            return f"built for {field}={have!r}, this is {want!r}"
+    return None
+
+
+def cached_plan_paths(engine_dir: Path, key: PlanKey) -> tuple[Path, Path]:
+    """The cache's plan file and its sidecar for ``key``."""
+    plan = engine_dir / f"policy.{key.precision}.{key.tag()}.plan"
+    return plan, plan.with_suffix(".json")
+
+
+def find_plan(bundle: Bundle, key: PlanKey, engine_dir: Path) -> tuple[Path | None, list[str]]:
+    """A loadable plan for ``key`` (shipped in the bundle or cached), and why others were passed over."""
+    skipped: list[str] = []
+    engines = bundle.manifest.get("tensorrt") or {}
+    for name in bundle.files(PLAN_KIND, key.precision):
+        recorded = engines.get(key.precision) or {}
+        reason = plan_mismatch({"precision": key.precision, **recorded}, key)
+        if reason is None:
+            return bundle.path / name, skipped
+        skipped.append(f"{name}: {reason}")
+    plan, sidecar = cached_plan_paths(engine_dir, key)
+    if plan.is_file():
+        recorded = read_json_or_none(sidecar)  # unreadable: the plan is rebuilt
+        if recorded is None:
+            skipped.append(f"{plan.name}: no readable sidecar")
+        elif recorded.get("plan_sha256") != sha256_file(plan):
+            skipped.append(f"{plan.name}: plan does not match its sidecar's sha256")
+        elif (reason := plan_mismatch(recorded, key)) is not None:
+            skipped.append(f"{plan.name}: {reason}")
+        else:
+            return plan, skipped
+    return None, skipped
+
+
+def write_sidecar(plan: Path, key: PlanKey, build: Mapping[str, Any]) -> None:
+    """Record what ``plan`` was built for, after the plan itself is in place (a plan without one is rebuilt)."""
+    atomic_write_json(
+        plan.with_suffix(".json"), {**key._asdict(), "plan_sha256": sha256_file(plan), "build": dict(build)}
+    )
+
+
+class _CudaPython:
+    """CUDA runtime calls through cuda-python (``cuda.bindings.runtime``, or ``cuda.cudart`` before 12.6)."""
+
+    def __init__(self) -> None:
+        try:
+            from cuda.bindings import runtime as cudart
+        except ImportError:
+            from cuda import cudart
+        self.rt = cudart
+        self.stream = int(self._check(cudart.cudaStreamCreate()))
+        self._owned: list[tuple[str, int]] = []
+
+    def _check(self, result: Any) -> Any:
+        err, *rest = result if isinstance(result, tuple) else (result,)
+        if err != self.rt.cudaError_t.cudaSuccess:
+            raise SacEdgeError(f"CUDA runtime error {err}")
+        return rest[0] if len(rest) == 1 else rest
+
+    def device_alloc(self, nbytes: int) -> int:
+        ptr = int(self._check(self.rt.cudaMalloc(nbytes)))
+        self._owned.append(("device", ptr))
+        return ptr
+
+    def pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        ptr = int(self._check(self.rt.cudaMallocHost(nbytes)))
+        self._owned.append(("host", ptr))
+        raw = (ctypes.c_byte * nbytes).from_address(ptr)
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+    def htod(self, dst: int, src: np.ndarray) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self._check(self.rt.cudaMemcpyAsync(dst, src.ctypes.data, src.nbytes, kind, self.stream))
+
+    def dtoh(self, dst: np.ndarray, src: int) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self._check(self.rt.cudaMemcpyAsync(dst.ctypes.data, src, dst.nbytes, kind, self.stream))
+
+    def sync(self) -> None:
+        self._check(self.rt.cudaStreamSynchronize(self.stream))
+
+    def close(self) -> None:
+        for where, ptr in reversed(self._owned):
+            self.rt.cudaFreeHost(ptr) if where == "host" else self.rt.cudaFree(ptr)
+        self._owned.clear()
+        self.rt.cudaStreamDestroy(self.stream)
+
+
+class _PyCuda:
+    """The same calls through pycuda (``pycuda.autoinit`` makes the context), as on JetPack 5."""
+
+    def __init__(self) -> None:
+        import pycuda.autoinit  # noqa: F401 - creates and pushes the CUDA context
+        import pycuda.driver as cuda
+
+        self.cuda = cuda
+        self._stream = cuda.Stream()
+        self.stream = int(self._stream.handle)
+        self._owned: list[Any] = []
+
+    def device_alloc(self, nbytes: int) -> int:
+        mem = self.cuda.mem_alloc(nbytes)
+        self._owned.append(mem)
+        return int(mem)
+
+    def pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return self.cuda.pagelocked_empty(shape, dtype)
+
+    def htod(self, dst: int, src: np.ndarray) -> None:
+        self.cuda.memcpy_htod_async(dst, src, self._stream)
+
+    def dtoh(self, dst: np.ndarray, src: int) -> None:
+        self.cuda.memcpy_dtoh_async(dst, src, self._stream)
+
+    def sync(self) -> None:
+        self._stream.synchronize()
+
+    def close(self) -> None:
+        for mem in self._owned:
+            mem.free()
+        self._owned.clear()
+
+
+def _cuda() -> _CudaPython | _PyCuda:
+    if importlib.util.find_spec("cuda") is not None:
+        return _CudaPython()
+    if importlib.util.find_spec("pycuda") is not None:
+        return _PyCuda()
+    raise missing_package("tensorrt", "cuda-python", "pip install cuda-python, or pycuda on JetPack 5")
+
+
+class _Engine(NamedTuple):
+    """One generation: an engine with its batch-1 and batch-n execution contexts."""
+
+    engine: Any
+    context: Any
+    batch_context: Any
+
+
+class TensorRTBackend(Backend):
+    """A TensorRT engine with preallocated pinned host and device buffers on one stream."""
+
+    name = "tensorrt"
+
+    def __init__(self, bundle: Bundle, precision: str, options: BackendOptions) -> None:
+        super().__init__(bundle.spec)
+        try:
+            import tensorrt as trt
+        except ImportError:
+            raise missing_package("tensorrt", "tensorrt", "install TensorRT's Python bindings") from None
+        self.trt, self.precision = trt, precision
+        self.cuda = _cuda()
+        self.logger = trt.Logger(trt.Logger.WARNING)
+        self.runtime = trt.Runtime(self.logger)
+        from sac_edge.export.tensorrt import cuda_device, engine_inputs
+
+        device = cuda_device()
+        if device is None:
+            raise SacEdgeError("backend 'tensorrt' needs a CUDA device (libcuda reports none)")
+        onnx, calib = engine_inputs(bundle.path, precision, int(trt.__version__.split(".")[0]))
+        if not onnx.is_file():
+            raise SacEdgeError(f"{bundle.path}: {onnx.name} is missing; cannot build a TensorRT {precision} engine")
+        key = PlanKey(trt.__version__, device.name, device.compute_capability, sha256_file(onnx), precision)
+        engine_dir = options.engine_dir or bundle.path / "engines"
+        plan, self.skipped = find_plan(bundle, key, engine_dir)
+        self.device = f"{device.name} (sm {device.compute_capability})"
+        self.built = plan is None
+        if plan is None:
+            plan = self._build(onnx, calib, key, engine_dir)
+        self.plan = plan
+        self._plan_bytes = plan.read_bytes()
+        self._runner = self._load(None)
+        self._retired: _Engine | None = None
+        dims = bundle.spec.obs_dim, bundle.spec.act_dim
+        self._in_dtype = trt.nptype(self._runner.engine.get_tensor_dtype(INPUT))
+        self._out_dtype = trt.nptype(self._runner.engine.get_tensor_dtype(OUTPUT))
+        self._host_in = self.cuda.pinned((1, dims[0]), self._in_dtype)
+        self._host_out = self.cuda.pinned((1, dims[1]), self._out_dtype)
+        self._dev_in = self.cuda.device_alloc(self._host_in.nbytes)
+        self._dev_out = self.cuda.device_alloc(self._host_out.nbytes)
+        # act_batch (the gate, benchmarks, another thread while the loop calls act) has its own stream and
+        # device buffers, so it never overwrites act's; its callers share them under a lock.
+        self._batch_cuda = _cuda()
+        self._batch_in = self._batch_cuda.device_alloc(self._host_in.nbytes * MAX_BATCH)
+        self._batch_out = self._batch_cuda.device_alloc(self._host_out.nbytes * MAX_BATCH)
+        self._batch_lock = threading.Lock()
+        self._action = np.zeros(dims[1], np.float32)
+        self._bind(self._runner)
+        self._weights: dict[str, np.ndarray] = {}
+
+    def _build(self, onnx: Path, calib: Path | None, key: PlanKey, engine_dir: Path) -> Path:
+        """Build with export's builder (refittable, batch 1..MAX_BATCH) into the cache, then the sidecar."""
+        from sac_edge.export.tensorrt import build_engine
+
+        plan, _ = cached_plan_paths(engine_dir, key)
+        engine_dir.mkdir(parents=True, exist_ok=True)
+        info = build_engine(
+            onnx,
+            plan,
+            key.precision,
+            calib_cache=calib,
+            batch=(1, 1, MAX_BATCH),
+            timing_cache=engine_dir / "timing.cache",
+        )
+        write_sidecar(plan, key, info.to_dict())
+        return plan
+
+    def _load(self, weights: Mapping[str, np.ndarray] | None) -> _Engine:
+        engine = self.runtime.deserialize_cuda_engine(self._plan_bytes)
+        if engine is None:
+            raise SacEdgeError(f"{self.plan}: TensorRT could not deserialise the plan (delete it to rebuild)")
+        if weights:
+            refitter = self.trt.Refitter(engine, self.logger)
+            for name, arr in weights.items():
+                if not refitter.set_named_weights(name, self.trt.Weights(arr)):
+                    raise SacEdgeError(f"swap_weights: TensorRT refused weights {name!r} (wrong name or size)")
+            if not refitter.refit_cuda_engine():
+                raise SacEdgeError(f"swap_weights: refit failed (missing: {refitter.get_missing_weights()})")
+        return _Engine(engine, engine.create_execution_context(), engine.create_execution_context())
+
+    def _bind(self, runner: _Engine) -> None:
+        runner.context.set_input_shape(INPUT, (1, self.spec.obs_dim))
+        runner.context.set_tensor_address(INPUT, self._dev_in)
+        runner.context.set_tensor_address(OUTPUT, self._dev_out)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        np.copyto(self._host_in[0], obs.reshape(-1), casting="unsafe")
+        runner = self._runner
+        self.cuda.htod(self._dev_in, self._host_in)
+        runner.context.execute_async_v3(self.cuda.stream)
+        self.cuda.dtoh(self._host_out, self._dev_out)
+        self.cuda.sync()
+        np.copyto(self._action, self._host_out[0], casting="unsafe")
+        return self._action
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        out = []
+        cuda = self._batch_cuda
+        with self._batch_lock:
+            runner = self._runner  # one generation for the whole call, kept alive across a concurrent swap
+            ctx = runner.batch_context
+            ctx.set_tensor_address(INPUT, self._batch_in)
+            ctx.set_tensor_address(OUTPUT, self._batch_out)
+            for start in range(0, len(obs), MAX_BATCH):  # the engine's profile stops at MAX_BATCH
+                chunk = np.ascontiguousarray(obs[start : start + MAX_BATCH], dtype=self._in_dtype)
+                result = np.empty((len(chunk), self.spec.act_dim), self._out_dtype)
+                ctx.set_input_shape(INPUT, chunk.shape)
+                cuda.htod(self._batch_in, chunk)
+                ctx.execute_async_v3(cuda.stream)
+                cuda.dtoh(result, self._batch_out)
+                cuda.sync()
+                out.append(result.astype(np.float32))
+        return np.concatenate(out) if out else np.empty((0, self.spec.act_dim), np.float32)
+
+    def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
+        start = time.perf_counter()
+        if not self._runner.engine.refittable:
+            raise SacEdgeError(f"{self.plan.name}: engine is not refittable ({self.precision}); rebuild to swap")
+        refitter = self.trt.Refitter(self._runner.engine, self.logger)
+        known = set(refitter.get_all_weights())
+        use = {k: np.asarray(v, dtype=np.float32, order="C") for k, v in weights.items() if k in known}
+        ignored = tuple(sorted(set(weights) - known))
+        merged = {**self._weights, **use}
+        runner = self._load(merged)
+        self._bind(runner)
+        self._retired, self._runner, self._weights = self._runner, runner, merged
+        self.swaps += 1
+        return SwapReport(len(use), ignored, time.perf_counter() - start)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "file": self.plan.name,
+            "built": self.built,
+            "skipped_plans": self.skipped,
+            "tensorrt": self.trt.__version__,
+            "device": self.device,
+        }
+
+    def close(self) -> None:
+        with self._batch_lock:
+            self._runner = self._retired = None  # type: ignore[assignment]
+            self._batch_cuda.close()
+        self.cuda.close()
+
+
+def _unavailable() -> str | None:
+    if importlib.util.find_spec("tensorrt") is None:
+        return "the Python package 'tensorrt' is not installed"
+    if importlib.util.find_spec("cuda") is None and importlib.util.find_spec("pycuda") is None:
+        return "neither 'cuda-python' nor 'pycuda' is installed"
+    return None
+
+
+def _precisions(bundle: Bundle) -> tuple[str, ...]:
+    have = {p for p in ("fp32", "int8") if bundle.onnx(p) is not None} | set(
+        bundle.manifest["files"][n].get("precision") for n in bundle.files(PLAN_KIND)
+    )
+    out = []
+    if "fp32" in have:
+        out += ["fp32", "fp16"]
+    if "int8" in have or ("fp32" in have and bundle.files(CALIB_KIND)):
+        out.append("int8")
+    return tuple(out)
+
+
+KIND = BackendKind("tensorrt", _unavailable, _precisions, lambda b, p, o: TensorRTBackend(b, p, o))

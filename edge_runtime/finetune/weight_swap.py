@@ -1,0 +1,151 @@
+"""Pushes an actor weight set into every loaded inference backend, re-quantising it for INT8 first.
+
+fp32 / fp16 backends take the actor tensors as they are (``Backend.swap_weights``: a rebuilt onnxruntime
+session, the torch module, or a TensorRT refit). An INT8 backend takes the *re-quantised* set: the fp32
+graph with the new weights goes through ``calibration.qdq.quantize_model`` with the bundle's activation
+ranges (manifest ``calibration.amax``) and the layers the gate kept in float (the int8 graph's metadata),
+which recomputes the per-channel weight scales from the new weights; the resulting float initializers
+(weights, biases and per-channel weight scales, same names as in ``policy.int8.onnx``) are what the
+backend installs; the per-tensor activation scales are the bundle's and never change. Before that the
+gate's action-error criterion (``calibration.gate.action_errors`` <= ``MAX_MEAN_ERROR_FRAC`` of the range)
+is re-checked on recent states, int8 vs fp32 of the same new weights; a candidate that fails is not
+installed anywhere, so every backend keeps serving the same weights. No torch here (``--resume`` alone).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.edge_runtime.backends.base import Backend, Bundle
+
+
+class Requantized(NamedTuple):
+    initializers: dict[str, np.ndarray]
+    mean_error_frac: float
+    max_error_frac: float
+    passed: bool
+    seconds: float
+
+
+class Int8Requantizer:
+    """Q/DQ for new actor weights with the bundle's calibration, and the gate's action-error check."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        import onnx
+
+        from sac_edge.calibration.qdq import float_layers_of
+
+        fp32, int8 = bundle.onnx("fp32"), bundle.onnx("int8")
+        amax = (bundle.manifest.get("calibration") or {}).get("amax")
+        if fp32 is None or int8 is None or not isinstance(amax, dict):
+            raise SacEdgeError(
+                f"{bundle.path}: swapping weights into int8 needs policy.onnx, policy.int8.onnx and the calibration "
+                "ranges (manifest calibration.amax) that sac-export --int8 writes; re-export or serve fp32"
+            )
+        self.model = onnx.load(str(fp32))
+        int8_model = onnx.load(str(int8))
+        self.float_layers = frozenset(float_layers_of(int8_model) or ())
+        self.amax = {str(k): float(v) for k, v in amax.items()}
+        self.spec = bundle.spec
+
+    def requantize(self, weights: Mapping[str, np.ndarray], states: np.ndarray | None) -> Requantized:
+        """Q/DQ initializers for ``weights``; checked on ``states`` (None: not checked, reported as passed)."""
+        import onnx
+        from onnx import numpy_helper
+
+        from sac_edge.calibration.gate import MAX_MEAN_ERROR_FRAC, action_errors
+        from sac_edge.calibration.qdq import quantize_model
+        from sac_edge.calibration.session import OnnxPolicy
+
+        start = time.perf_counter()
+        model = copy.deepcopy(self.model)
+        for init in model.graph.initializer:
+            if init.name in weights:
+                init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], np.float32), init.name))
+        int8 = quantize_model(model, self.amax, float_layers=self.float_layers)
+        initializers = {  # 0-d floats are activation scales and graph constants, fixed by the bundle
+            init.name: value
+            for init in int8.graph.initializer
+            if init.data_type == onnx.TensorProto.FLOAT and (value := numpy_helper.to_array(init)).ndim > 0
+        }
+        if states is None or len(states) == 0:
+            return Requantized(initializers, math.nan, math.nan, True, time.perf_counter() - start)
+        _, _, max_frac, mean_frac = action_errors(
+            OnnxPolicy(model), OnnxPolicy(int8), states, self.spec.action_low, self.spec.action_high
+        )
+        passed = bool(np.isfinite(mean_frac) and mean_frac <= MAX_MEAN_ERROR_FRAC)
+        return Requantized(initializers, mean_frac, max_frac, passed, time.perf_counter() - start)
+
+
+class SwapOutcome(NamedTuple):
+    """What one push did: per-precision seconds, the int8 check, and whether it went live."""
+
+    live: bool
+    seconds: dict[str, float]
+    int8: dict[str, Any] | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+class WeightSwapper:
+    """Installs actor weights into each backend of ``backends`` (the loop's precision -> backend map)."""
+
+    def __init__(self, backends: Mapping[str, Backend], bundle: Bundle) -> None:
+        self.backends = backends
+        self.requantizer = Int8Requantizer(bundle) if "int8" in backends else None
+        self.expected: dict[str, int] = {}
+
+    def warm_up(self, weights: Mapping[str, np.ndarray], n_states: int) -> None:
+        """Make the swap path's memory resident before the learner's sizing reads the baseline.
+
+        A backend keeps the serving and the retired weight set (two onnxruntime sessions or TensorRT engines),
+        and the int8 re-check opens two sessions of its own. Measured on x86 onnxruntime with fp32 + int8
+        loaded, those came to ~20 MiB that the first candidates would otherwise add after the sizing had
+        been chosen (a tight --mem-budget-mb then ended over budget). So: one more push of the weights
+        already serving (a second generation), and one re-check on ``n_states`` placeholder states, whose
+        verdict is not used.
+        """
+        self.push(weights, np.zeros((0, 0), np.float32), check=False)
+        if self.requantizer is not None:
+            obs_dim = self.requantizer.spec.obs_dim
+            self.requantizer.requantize(weights, np.zeros((n_states, obs_dim), np.float32))
+
+    def push(self, weights: Mapping[str, np.ndarray], states: np.ndarray, check: bool = True) -> SwapOutcome:
+        """Install ``weights`` everywhere, or nowhere when the int8 re-check fails.
+
+        ``check=False`` skips the int8 action-error check: for weights that already passed it when they went
+        live (a rollback to the last good weights, the bundle's own weights at start).
+        """
+        sets: dict[str, Mapping[str, np.ndarray]] = {p: weights for p in self.backends}
+        int8_facts = None
+        if self.requantizer is not None:
+            req = self.requantizer.requantize(weights, states if check else None)
+            int8_facts = {
+                "mean_action_error_frac": req.mean_error_frac,
+                "max_action_error_frac": req.max_error_frac,
+                "passed": req.passed,
+                "requantize_s": round(req.seconds, 6),
+            }
+            if not req.passed:
+                return SwapOutcome(False, {}, int8_facts, "int8 re-quantisation failed the gate's action-error check")
+            sets["int8"] = req.initializers
+        seconds = {}
+        for precision, backend in self.backends.items():
+            report = backend.swap_weights(sets[precision])
+            want = self.expected.setdefault(precision, report.applied)
+            if report.applied == 0 or report.applied != want:
+                raise SacEdgeError(
+                    f"{backend.name}/{precision}: swap installed {report.applied} tensors, expected {want}; "
+                    "the bundle's graph does not name its weights like the learner"
+                )
+            seconds[precision] = round(report.seconds, 6)
+        return SwapOutcome(True, seconds, int8_facts, "installed")

@@ -1,0 +1,168 @@
+"""TensorRT plan caching: a plan built for another TensorRT version or device is never loaded.
+
+The record comparison and the cache lookup run without TensorRT; the engine runner itself is
+tensorrt-marked (skipped here, run on a GPU machine).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
+from sac_edge.edge_runtime.backends.base import open_bundle
+from sac_edge.edge_runtime.backends.registry import open_backend
+from sac_edge.edge_runtime.backends.trt.runner import (
+    PlanKey,
+    cached_plan_paths,
+    find_plan,
+    plan_mismatch,
+    write_sidecar,
+)
+
+KEY = PlanKey("8.5.2", "Xavier", "7.2", "ab" * 32, "fp16")
+
+
+def test_plan_mismatch_names_the_field() -> None:
+    assert plan_mismatch(KEY._asdict(), KEY) is None
+    assert "tensorrt" in str(plan_mismatch({**KEY._asdict(), "tensorrt": "10.3.0"}, KEY))
+    assert "device" in str(plan_mismatch({**KEY._asdict(), "device": "Orin"}, KEY))
+    assert "compute_capability" in str(plan_mismatch({**KEY._asdict(), "compute_capability": "8.7"}, KEY))
+    assert "onnx_sha256" in str(plan_mismatch({**KEY._asdict(), "onnx_sha256": "00"}, KEY))
+    assert "precision" in str(plan_mismatch({**KEY._asdict(), "precision": "int8"}, KEY))
+    # export's manifest record: tensorrt_version, no ONNX hash
+    shipped = {"tensorrt_version": "8.5.2", "device": "Xavier", "compute_capability": "7.2", "precision": "fp16"}
+    assert plan_mismatch(shipped, KEY) is None
+    assert plan_mismatch({k: v for k, v in shipped.items() if k != "device"}, KEY) is not None
+
+
+def test_key_tag_is_a_safe_file_name() -> None:
+    assert PlanKey("10.8.0.43", "NVIDIA H200 (PCIe)", "9.0", "x", "fp32").tag() == "trt10.8.0.43-nvidia-h200-pcie-sm90"
+
+
+def _cache(tmp_path: Path, key: PlanKey) -> Path:
+    plan, _ = cached_plan_paths(tmp_path, key)
+    plan.write_bytes(b"serialized engine")
+    write_sidecar(plan, key, {"flags": ["REFIT"]})
+    return plan
+
+
+def test_cached_plan_is_used_only_for_its_own_key(tmp_path: Path, pendulum_bundle: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    plan = _cache(tmp_path, KEY)
+    assert find_plan(bundle, KEY, tmp_path) == (plan, [])
+    other_version = KEY._replace(tensorrt="10.3.0")
+    found, _ = find_plan(bundle, other_version, tmp_path)
+    assert found is None  # different file name key: never looked at, so rebuilt
+    # a plan whose sidecar says another device (copied in by hand) is skipped with the reason
+    sidecar = plan.with_suffix(".json")
+    record = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({**record, "device": "Orin"}))
+    found, skipped = find_plan(bundle, KEY, tmp_path)
+    assert found is None and "device" in skipped[0]
+
+
+def test_a_corrupt_or_unrecorded_plan_is_rebuilt(tmp_path: Path, pendulum_bundle: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    plan = _cache(tmp_path, KEY)
+    plan.write_bytes(b"truncated")
+    found, skipped = find_plan(bundle, KEY, tmp_path)
+    assert found is None and "sha256" in skipped[0]
+    plan.with_suffix(".json").unlink()
+    found, skipped = find_plan(bundle, KEY, tmp_path)
+    assert found is None and "sidecar" in skipped[0]
+
+
+def test_plan_shipped_in_the_bundle_is_checked_against_its_manifest_record(
+    tmp_path: Path, pendulum_bundle: Path
+) -> None:
+    root = tmp_path / "bundle"
+    shutil.copytree(pendulum_bundle, root)
+    (root / "policy.fp16.plan").write_bytes(b"engine from export")
+    manifest = read_manifest(root)
+    manifest["files"]["policy.fp16.plan"] = file_entry(
+        root, "policy.fp16.plan", kind="tensorrt-engine", precision="fp16"
+    )
+    manifest["tensorrt"] = {
+        "fp16": {
+            "status": "built",
+            "tensorrt_version": "8.5.2",
+            "device": "Xavier",
+            "compute_capability": "7.2",
+            "precision": "fp16",
+        }
+    }
+    write_manifest(root, manifest)
+    bundle = open_bundle(root)
+    assert find_plan(bundle, KEY, tmp_path / "engines")[0] == root / "policy.fp16.plan"
+    found, skipped = find_plan(bundle, KEY._replace(device="Orin"), tmp_path / "engines")
+    assert found is None and "policy.fp16.plan" in skipped[0]
+
+
+@pytest.mark.tensorrt
+def test_tensorrt_engine_matches_onnxruntime(tmp_path: Path, pendulum_bundle: Path) -> None:
+    root = tmp_path / "bundle"
+    shutil.copytree(pendulum_bundle, root)
+    bundle = open_bundle(root)
+    trt_backend = open_backend(bundle, "tensorrt", "fp32")
+    assert trt_backend.describe()["built"] is True
+    ort = open_backend(bundle, "onnxruntime", "fp32")
+    obs = np.random.default_rng(0).standard_normal((70, 3)).astype(np.float32)
+    np.testing.assert_allclose(trt_backend.act_batch(obs), ort.act_batch(obs), atol=1e-4)
+    out = trt_backend.act(obs[0])
+    assert trt_backend.act(obs[1]) is out
+    np.testing.assert_allclose(out, ort.act(obs[1]), atol=1e-4)
+    again = open_backend(open_bundle(root), "tensorrt", "fp32")
+    assert again.describe()["built"] is False  # the cached plan is reused on the same device
+    trt_backend.close()
+    again.close()
+
+
+@pytest.mark.tensorrt
+def test_tensorrt_refit_swap(tmp_path: Path, pendulum_bundle: Path) -> None:
+    from safetensors.numpy import load_file
+
+    root = tmp_path / "bundle"
+    shutil.copytree(pendulum_bundle, root)
+    bundle = open_bundle(root)
+    trt_backend, ort = open_backend(bundle, "tensorrt", "fp32"), open_backend(bundle, "onnxruntime", "fp32")
+    weights = {k: v * -0.5 for k, v in load_file(str(root / "learner.safetensors")).items() if k.startswith("actor.")}
+    trt_backend.swap_weights(weights)
+    ort.swap_weights(weights)
+    obs = np.array([0.1, 0.2, 0.3], np.float32)
+    np.testing.assert_allclose(trt_backend.act(obs), ort.act(obs), atol=1e-4)
+    trt_backend.close()
+
+
+@pytest.mark.tensorrt
+def test_tensorrt_act_batch_beside_act_in_another_thread(tmp_path: Path, pendulum_bundle: Path) -> None:
+    root = tmp_path / "bundle"
+    shutil.copytree(pendulum_bundle, root)
+    bundle = open_bundle(root)
+    trt_backend, ort = open_backend(bundle, "tensorrt", "fp32"), open_backend(bundle, "onnxruntime", "fp32")
+    rng = np.random.default_rng(1)
+    single, batch = rng.standard_normal(3).astype(np.float32), rng.standard_normal((64, 3)).astype(np.float32)
+    want_single, want_batch = ort.act(single).copy(), ort.act_batch(batch)
+    stop, bad = threading.Event(), []
+
+    def batches() -> None:
+        while not stop.is_set():
+            if not np.allclose(trt_backend.act_batch(batch), want_batch, atol=1e-4):
+                bad.append("act_batch")
+
+    worker = threading.Thread(target=batches)
+    worker.start()
+    try:
+        for _ in range(2000):  # act's buffers and stream are its own: the batch never lands in them
+            if not np.allclose(trt_backend.act(single), want_single, atol=1e-4):
+                bad.append("act")
+    finally:
+        stop.set()
+        worker.join()
+    trt_backend.close()
+    assert not bad, bad[:5]

@@ -1,0 +1,121 @@
+"""The Backend contract on the real onnxruntime and torch backends."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.edge_runtime.backends.base import Backend, check_weights, open_bundle
+from sac_edge.edge_runtime.backends.registry import candidates, open_backend, refusal
+
+BACKENDS = ("onnxruntime", "torch")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, pendulum_bundle: Path) -> Backend:
+    return open_backend(open_bundle(pendulum_bundle), request.param, "fp32")
+
+
+def test_ort_and_torch_agree(pendulum_bundle: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    ort, torch_ = open_backend(bundle, "onnxruntime", "fp32"), open_backend(bundle, "torch", "fp32")
+    obs = np.random.default_rng(0).standard_normal((16, 3)).astype(np.float32) * 3
+    np.testing.assert_allclose(ort.act_batch(obs), torch_.act_batch(obs), atol=1e-5)
+    for row in obs:
+        np.testing.assert_allclose(ort.act(row), torch_.act(row), atol=1e-5)
+    low, high = bundle.spec.action_low[0], bundle.spec.action_high[0]
+    assert np.all(ort.act_batch(obs) >= low) and np.all(ort.act_batch(obs) <= high)
+
+
+def test_act_reuses_its_output_buffer(backend: Backend) -> None:
+    first = backend.act(np.array([1.0, 0.0, 0.5], np.float32))
+    value = first.copy()
+    second = backend.act(np.array([-1.0, 0.3, -4.0], np.float64))  # float64 input is cast in place
+    assert second is first
+    assert not np.allclose(second, value)
+    assert second.shape == (1,) and second.dtype == np.float32
+
+
+def _scaled(bundle_path: Path, factor: float) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(bundle_path / "learner.safetensors"))
+    return {k: v * factor for k, v in tensors.items() if k.startswith("actor.")}
+
+
+def test_swap_weights_is_atomic_under_a_concurrent_reader(backend: Backend, pendulum_bundle: Path) -> None:
+    obs = np.array([0.3, -0.2, 1.5], np.float32)
+    weights_a = _scaled(pendulum_bundle, 1.0)
+    weights_b = _scaled(pendulum_bundle, -0.7)
+    expected_a = backend.act(obs).copy()
+    backend.swap_weights(weights_b)
+    expected_b = backend.act(obs).copy()
+    backend.swap_weights(weights_a)
+    assert not np.allclose(expected_a, expected_b, atol=1e-4)
+
+    seen: list[np.ndarray] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            seen.append(backend.act(obs).copy())
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(20):
+            report = backend.swap_weights(weights_b if i % 2 == 0 else weights_a)
+            assert report.applied >= 6 and report.seconds >= 0
+    finally:
+        stop.set()
+        thread.join()
+    outputs = np.array(seen)
+    is_a = np.all(np.abs(outputs - expected_a) < 1e-6, axis=1)
+    is_b = np.all(np.abs(outputs - expected_b) < 1e-6, axis=1)
+    assert np.all(is_a | is_b), "a reader saw a mixed weight set"
+    assert backend.swaps == 22
+
+
+def test_swap_weights_rejects_a_wrong_shape_and_reports_unused_names(backend: Backend) -> None:
+    with pytest.raises(SacEdgeError, match="shape"):
+        backend.swap_weights({"actor.mu.weight": np.zeros((2, 2), np.float32)})
+    report = backend.swap_weights({"actor.mu.bias": np.zeros(1, np.float32), "nonexistent": np.zeros(1)})
+    assert report.applied == 1 and report.ignored == ("nonexistent",)
+
+
+def test_check_weights_keeps_scalar_shapes() -> None:
+    use, ignored = check_weights({"scale": np.float64(0.5), "w": [[1, 2]], "x": 1}, {"scale": (), "w": (1, 2)})
+    assert use["scale"].shape == () and use["scale"].dtype == np.float32 and use["w"].flags.c_contiguous
+    assert ignored == ("x",)
+    with pytest.raises(SacEdgeError, match="shape"):
+        check_weights({"scale": np.zeros(1)}, {"scale": ()})
+
+
+def test_describe(backend: Backend) -> None:
+    info = backend.describe()
+    assert info["backend"] == backend.name and info["precision"] == "fp32" and "file" in info
+
+
+def test_int8_runs_only_when_the_gate_accepted(pendulum_bundle: Path, rejected_bundle: Path) -> None:
+    accepted = open_backend(open_bundle(pendulum_bundle), "onnxruntime", "int8")
+    fp32 = open_backend(open_bundle(pendulum_bundle), "onnxruntime", "fp32")
+    obs = np.random.default_rng(1).standard_normal((32, 3)).astype(np.float32)
+    assert np.max(np.abs(accepted.act_batch(obs) - fp32.act_batch(obs))) < 0.2
+    with pytest.raises(SacEdgeError, match="rejected by the bundle's accuracy gate"):
+        open_backend(open_bundle(rejected_bundle), "onnxruntime", "int8")
+
+
+def test_refusals_name_the_reason(pendulum_bundle: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    assert "not in the bundle" in str(refusal(bundle, "onnxruntime", "fp16"))
+    assert "runs fp32 only" not in str(refusal(bundle, "torch", "int8"))
+    reason = refusal(bundle, "tensorrt", "fp32")
+    assert reason is None or "tensorrt" in reason
+    with pytest.raises(SacEdgeError, match="unknown backend"):
+        refusal(bundle, "tflite", "fp32")
+    usable = {(c.backend, c.precision) for c in candidates(bundle) if c.refusal is None}
+    assert {("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("torch", "fp32")} <= usable

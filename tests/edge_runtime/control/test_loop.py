@@ -1,0 +1,190 @@
+"""The control loop on real gymnasium envs: counts, telemetry, safety policy, budgets, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sac_edge.edge_runtime.cli import main
+
+HERE = Path(__file__).parent
+
+
+def _json_line(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_pendulum_loop_with_telemetry(
+    pendulum_bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    telemetry = tmp_path / "run.jsonl"
+    rc = main(
+        [
+            "run",
+            str(pendulum_bundle),
+            "--env",
+            "Pendulum-v1",
+            "--backend",
+            "onnxruntime",
+            "--rate-hz",
+            "300",
+            "--duration",
+            "2.2",
+            "--telemetry",
+            str(telemetry),
+            "--json",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    summary = _json_line(out)
+    assert "deadline misses" in out  # the table
+    assert 600 <= summary["steps"] <= 662
+    assert summary["episodes"] == summary["steps"] // 200  # Pendulum truncates at 200 steps
+    assert summary["miss_rate"] == summary["deadline_misses"] / summary["steps"]
+    assert summary["latency_us"]["p50"] <= summary["latency_us"]["p99"] <= summary["latency_us"]["max"]
+    assert summary["stopped_by"] == "duration" and summary["peak_rss_mb"] > 0
+    assert summary["backend"]["backend"] == "onnxruntime"
+    records = [json.loads(line) for line in telemetry.read_text().splitlines()]
+    assert records[0]["type"] == "config" and records[-1]["type"] == "summary"
+    seconds = [r for r in records if r["type"] == "second"]
+    assert len(seconds) == 2
+    assert [round(r["t_s"]) for r in seconds] == [1, 2]
+    for r in seconds:
+        assert {"p50", "p99", "max"} <= set(r["latency_us"]) and r["memory"]["rss_mb"] > 0
+        assert r["power"]["label"] in ("measured", "estimated")
+    assert sum(r["steps"] for r in seconds) <= summary["steps"]
+
+
+@pytest.mark.parametrize("policy", ["clip", "hold"])
+def test_bad_observations_are_counted_and_actions_stay_safe(
+    pendulum_bundle: Path, capsys: pytest.CaptureFixture[str], policy: str
+) -> None:
+    rc = main(
+        [
+            "run",
+            str(pendulum_bundle),
+            "--env",
+            "faulty_env:FaultyPendulum",
+            "--backend",
+            "onnxruntime",
+            "--rate-hz",
+            "400",
+            "--duration",
+            "0.5",
+            "--obs-fault",
+            policy,
+            "--json",
+        ]
+    )
+    assert rc == 0
+    s = _json_line(capsys.readouterr().out)
+    steps = s["steps"]
+    assert steps > 100
+    # t runs 1..50 per episode: NaN at multiples of 5, inf at other multiples of 7, 100.0 at other multiples of 11
+    assert s["obs_nonfinite"] >= steps * 0.25 and s["obs_out_of_range"] >= steps * 0.04
+    assert s["action_nonfinite"] == 0
+    if policy == "hold":
+        assert s["obs_held"] == s["obs_nonfinite"] + s["obs_out_of_range"]
+    else:
+        assert s["obs_held"] == 0
+    # the env asserts every action is finite and within its tighter [-1, 1] bounds
+
+
+def test_governor_degrades_precision_under_a_tiny_memory_budget(
+    pendulum_bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    telemetry = tmp_path / "budget.jsonl"
+    rc = main(
+        [
+            "run",
+            str(pendulum_bundle),
+            "--backend",
+            "onnxruntime",
+            "--rate-hz",
+            "200",
+            "--duration",
+            "4.3",
+            "--mem-budget-mb",
+            "5",
+            "--telemetry",
+            str(telemetry),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    s = _json_line(capsys.readouterr().out)
+    # 3 samples over budget -> first rung of the ladder: fp32 -> int8 (the gate accepted it)
+    assert s["budget_events"] >= 1 and s["precision"] == "int8" and s["precision_switches"] == 1
+    events = [json.loads(line) for line in telemetry.read_text().splitlines()]
+    events = [r for r in events if r["type"] == "event"]
+    assert events[0]["kind"] == "degrade" and events[0]["knob"] == "precision"
+
+
+def test_sigterm_stops_cleanly_with_a_summary(pendulum_bundle: Path, tmp_path: Path) -> None:
+    telemetry = tmp_path / "sig.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sac_edge.edge_runtime.cli",
+            "run",
+            str(pendulum_bundle),
+            "--backend",
+            "onnxruntime",
+            "--rate-hz",
+            "200",
+            "--duration",
+            "0",
+            "--telemetry",
+            str(telemetry),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and '"second"' not in (telemetry.read_text() if telemetry.exists() else ""):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    summary = _json_line(out)
+    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] >= 200
+    assert json.loads(telemetry.read_text().splitlines()[-1])["type"] == "summary"
+
+
+def test_onnxruntime_run_never_imports_torch(pendulum_bundle: Path) -> None:
+    code = (
+        "import sys; from sac_edge.edge_runtime.cli import main; "
+        f"rc = main(['run', {str(pendulum_bundle)!r}, '--backend', 'onnxruntime', '--duration', '0.3', '--json']); "
+        "assert rc == 0; assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(HERE)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _json_line(proc.stdout)["torch_imported"] is False
+
+
+def test_cyclic_gc_is_paused_during_the_loop_and_restored() -> None:
+    import gc
+
+    from sac_edge.edge_runtime.control.loop import _paused_gc
+
+    assert gc.isenabled()
+    with _paused_gc():
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -1,0 +1,144 @@
+"""Candidates: shadow check, promotion saved atomically, rollback on a planted regression."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sac_edge.common.manifest import sha256_file
+from sac_edge.edge_runtime.backends.base import open_bundle
+from sac_edge.edge_runtime.backends.registry import open_backend
+from sac_edge.edge_runtime.budget.memory import MemoryProbe
+from sac_edge.edge_runtime.config import RunConfig
+from sac_edge.edge_runtime.finetune.experience import EpisodeLog, EpisodeRecord
+from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner
+from sac_edge.edge_runtime.finetune.promotion import LastGoodStore, judge, shadow_check
+
+WINDOW = 3
+
+
+def _tuner(bundle_dir: Path, tmp_path: Path, **overrides: Any) -> tuple[FineTuner, Any, list[dict[str, Any]]]:
+    cfg = RunConfig(
+        bundle=str(bundle_dir),
+        finetune=True,
+        finetune_dir=str(tmp_path / "ft"),
+        finetune_buffer=2000,
+        finetune_batch=32,
+        learning_starts=100,
+        promotion_window=WINDOW,
+        **overrides,
+    )
+    bundle = open_bundle(bundle_dir)
+    backend = open_backend(bundle, "onnxruntime", "fp32")
+    events: list[dict[str, Any]] = []
+    tuner, _ = build_finetuner(cfg, bundle, {"fp32": backend}, MemoryProbe(), None, events.append, lambda _: None)
+    rng = np.random.default_rng(0)
+    for _ in range(300):  # some experience so there are recent states to check on
+        obs = rng.normal(0, 1, bundle.spec.obs_dim).astype(np.float32)
+        tuner.observe(obs, np.zeros(1, np.float32), -1.0, obs, False, False)
+    tuner._ingest()
+    return tuner, backend, events
+
+
+def _episodes(tuner: FineTuner, generation: int, value: float) -> None:
+    for _ in range(WINDOW):
+        tuner.episodes.finished.append(EpisodeRecord(generation, value, 200))
+    tuner._review()
+
+
+def _plant(tuner: FineTuner, weights: dict[str, np.ndarray]) -> None:
+    tuner.learner.load_actor(weights)
+    tuner._metrics = tuner.learner.update(32)  # finite losses, like a real update
+    tuner.learner.load_actor(weights)
+    tuner._propose()
+
+
+def test_planted_regression_is_rolled_back(finetune_bundle: Path, tmp_path: Path) -> None:
+    tuner, backend, events = _tuner(finetune_bundle, tmp_path, shadow_max_diff=1.0)
+    obs = np.array([0.3, -0.2, 0.5], np.float32)
+    good_action = backend.act(obs).copy()
+    _episodes(tuner, 0, -150.0)  # the bundle's weights earn -150
+    negated = {k: -v for k, v in tuner.good_weights.items()}
+    _plant(tuner, negated)
+    assert tuner.candidate is not None, events[-1]
+    assert not np.allclose(backend.act(obs), good_action)  # the candidate is serving
+    _episodes(tuner, tuner.candidate.generation, -900.0)
+    assert tuner.counts["rollbacks"] == 1 and tuner.counts["promotions"] == 0
+    np.testing.assert_allclose(backend.act(obs), good_action, atol=1e-6)  # swapped back
+    np.testing.assert_allclose(tuner.learner.actor_weights()["actor.mu.weight"], tuner.good_weights["actor.mu.weight"])
+    assert not LastGoodStore(tmp_path / "ft").exists()  # nothing promoted, nothing written
+    assert [e["event"] for e in events][-2:] == ["swap", "rollback"]
+
+
+def test_promotion_saves_last_good_and_a_later_rollback_keeps_it(finetune_bundle: Path, tmp_path: Path) -> None:
+    tuner, _, _ = _tuner(finetune_bundle, tmp_path, shadow_max_diff=1.0)
+    _episodes(tuner, 0, -300.0)
+    better = {k: v * 1.01 for k, v in tuner.good_weights.items()}
+    _plant(tuner, better)
+    assert tuner.candidate is not None
+    _episodes(tuner, tuner.candidate.generation, -200.0)
+    store = LastGoodStore(tmp_path / "ft")
+    assert tuner.counts["promotions"] == 1 and store.exists()
+    sha = sha256_file(store.path)
+    info = json.loads(store.info_path.read_text())
+    assert info["sha256"] == sha and info["returns"] == [-200.0] * WINDOW
+    saved = store.load()
+    np.testing.assert_allclose(saved.actor()["actor.mu.weight"], better["actor.mu.weight"])
+    assert saved.states.shape[1] == 3 and saved.info["sidecar"] == "ok"
+    assert {k: v.shape for k, v in saved.tensors.items()} == {k: v.shape for k, v in tuner.good_state.items()}
+    _plant(tuner, {k: -v for k, v in better.items()})
+    assert tuner.candidate is not None
+    _episodes(tuner, tuner.candidate.generation, -2000.0)
+    assert tuner.counts["rollbacks"] == 1
+    assert sha256_file(store.path) == sha  # the last good weights on disk are untouched
+
+
+def test_shadow_check_refuses_a_wild_candidate_before_it_serves(finetune_bundle: Path, tmp_path: Path) -> None:
+    tuner, backend, events = _tuner(finetune_bundle, tmp_path, shadow_max_diff=0.05)
+    _episodes(tuner, 0, -150.0)
+    swaps = backend.swaps
+    _plant(tuner, {k: -3 * v for k, v in tuner.good_weights.items()})
+    assert tuner.candidate is None and tuner.counts["shadow_rejections"] == 1
+    assert backend.swaps == swaps and events[-1]["event"] == "reject"
+
+
+def test_shadow_check_and_judge_rules() -> None:
+    good = np.zeros((4, 1))
+    assert shadow_check(good + 0.1, good, [-2.0], [2.0], 0.05).ok
+    assert not shadow_check(good + 1.0, good, [-2.0], [2.0], 0.05).ok
+    assert "non-finite" in shadow_check(good * np.nan, good, [-2.0], [2.0], 0.5).reason
+    assert "bounds" in shadow_check(good + 3.0, good, [-2.0], [2.0], 1.0).reason
+    assert judge([-400.0], [-300.0], 0.25).regressed  # dropped 100 > 75
+    assert not judge([-350.0], [-300.0], 0.25).regressed
+    assert judge([0.5], [10.0], 0.5).regressed and not judge([9.0], [10.0], 0.5).regressed
+    # noise: a 100-point drop between windows that spread by ~150 is not a regression at 2 standard errors...
+    good, noisy = [-300.0, -100.0, -450.0, -150.0], [-400.0, -200.0, -550.0, -250.0]
+    verdict = judge(noisy, good, 0.25, noise_z=2.0)
+    assert not verdict.regressed and verdict.allowed_drop == pytest.approx(2 * verdict.noise_se)
+    assert judge(noisy, good, 0.25).regressed  # ...though it is beyond the threshold alone
+    # ...while a real regression clears both bars, and identical returns leave the threshold in charge
+    assert judge([-900.0, -950.0, -850.0, -1000.0], good, 0.25, noise_z=2.0).regressed
+    assert judge([-400.0] * 3, [-300.0] * 3, 0.25, noise_z=2.0).regressed
+
+
+def test_only_episodes_served_by_one_generation_are_judged() -> None:
+    log = EpisodeLog()
+    for t in range(10):
+        log.step(-1.0, t == 9)
+    log.step(-1.0, False)
+    log.generation = 1  # a swap in the middle of the second episode
+    for t in range(9):
+        log.step(-1.0, t == 8)
+    log.step(-2.0, True)
+    assert [(r.generation, r.whole, r.steps) for r in log.finished] == [(0, True, 10), (0, False, 10), (1, True, 1)]
+
+
+def test_missing_last_good_is_a_one_line_error(tmp_path: Path) -> None:
+    from sac_edge.common.errors import SacEdgeError
+
+    with pytest.raises(SacEdgeError, match="no last good weights"):
+        LastGoodStore(tmp_path).load()

@@ -1,0 +1,89 @@
+"""Memory sizing under small and large budgets, the UTD cap, and the staging ring."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.edge_runtime.finetune.experience import Exploration, StagingRing
+from sac_edge.edge_runtime.finetune.sizing import NetShape, choose_sizing, choose_utd, estimate
+
+CHEETAH = NetShape(17, 6, (256, 256), (256, 256))
+
+
+def _size(budget: float | None, baseline: float = 300.0, rows: int = 1_000_000, batch: int = 256):
+    return choose_sizing(
+        CHEETAH, rows=rows, batch=batch, staging=8192, min_rows=1000, budget_mb=budget, baseline_mb=baseline
+    )
+
+
+def test_large_budget_keeps_the_requested_sizes() -> None:
+    sizing = _size(4000.0)
+    assert (sizing.buffer_rows, sizing.batch_size, sizing.grad_checkpoint) == (1_000_000, 256, False)
+    assert sizing.estimate_mb["total"] < 4000 * 0.9 - 300
+    assert _size(None).reasons == ("no --mem-budget-mb: requested sizes",)
+
+
+def test_small_budget_shrinks_the_replay_first_then_checkpoints_then_the_batch() -> None:
+    fewer = _size(400.0)  # room 60 MiB: the 1M-row replay (160 MiB) does not fit
+    assert 1000 <= fewer.buffer_rows < 1_000_000 and fewer.batch_size == 256 and not fewer.grad_checkpoint
+    assert fewer.estimate_mb["total"] <= 400 * 0.9 - 300 + 1e-6
+    full = estimate(CHEETAH, 1000, 8192, 256, False)["total"]
+    tight = _size((300.0 + full - 0.5) / 0.9)  # a little less than the smallest replay at batch 256 needs
+    # Two hidden critic layers: checkpointing would keep more than it frees, so the batch shrinks instead.
+    assert tight.buffer_rows >= 1000 and tight.batch_size < 256 and not tight.grad_checkpoint
+
+
+def test_deep_critics_checkpoint_before_the_batch_shrinks() -> None:
+    deep = NetShape(17, 6, (256, 256), (256,) * 10)
+    assert (
+        estimate(deep, 1000, 8192, 256, True)["activations"]
+        < 0.75 * estimate(deep, 1000, 8192, 256, False)["activations"]
+    )
+
+    def size(budget: float):
+        return choose_sizing(
+            deep, rows=1000, batch=256, staging=8192, min_rows=1000, budget_mb=budget, baseline_mb=300.0
+        )
+
+    full = estimate(deep, 1000, 8192, 256, False)["total"]
+    checkpointed = size((300.0 + full - 0.5) / 0.9)
+    assert checkpointed.batch_size == 256 and checkpointed.grad_checkpoint
+    smaller_batch = size((300.0 + estimate(deep, 1000, 8192, 64, True)["total"] + 0.2) / 0.9)
+    assert smaller_batch.batch_size < 256 and smaller_batch.grad_checkpoint
+
+
+def test_budget_below_the_smallest_learner_is_refused_with_figures() -> None:
+    with pytest.raises(SacEdgeError, match=r"cannot hold fine-tuning: 300\.0 MiB resident"):
+        _size(320.0)
+
+
+def test_utd_is_capped_by_the_learner_cpu_share() -> None:
+    assert choose_utd(1.0, 0.001, 100.0, 0.5)[0] == 1.0  # 100 updates/s take 10% of a core
+    utd, why = choose_utd(1.0, 0.008, 200.0, 0.6)
+    assert utd == pytest.approx(0.375) and "60%" in why
+
+
+def test_staging_ring_hands_over_whole_rows_and_counts_drops() -> None:
+    ring = StagingRing(4, 3, 1, np.array([-2.0]), np.array([2.0]))
+    for i in range(6):
+        ring.push(np.full(3, i, np.float32), np.array([2.0 * (i % 2)], np.float32), float(i), np.full(3, i + 1), i == 5)
+    assert ring.dropped == 2  # the learner never drained: rows are not overwritten
+    chunk = ring.drain()
+    assert chunk is not None
+    np.testing.assert_array_equal(chunk.obs[:, 0], [0, 1, 2, 3])
+    np.testing.assert_array_equal(chunk.actions[:, 0], [0, 1, 0, 1])  # env units -> [-1, 1]
+    ring.push(np.zeros(3), np.zeros(1), 9.0, np.zeros(3), True)
+    again = ring.drain()
+    assert again is not None and again.rewards.tolist() == [9.0] and again.dones.tolist() == [1.0]
+    assert ring.drain() is None
+
+
+def test_exploration_noise_is_scaled_and_off_at_zero() -> None:
+    action = np.zeros(2, np.float32)
+    assert Exploration(0.0, np.array([-1.0, -1.0]), np.array([1.0, 1.0]), 0)(action) is action
+    noisy = np.stack(
+        [Exploration(0.1, np.array([-2.0, 0.0]), np.array([2.0, 10.0]), s)(action).copy() for s in range(400)]
+    )
+    np.testing.assert_allclose(noisy.std(0), [0.2, 0.5], rtol=0.2)

@@ -1,0 +1,180 @@
+"""The package layout's rules, read from the source with ``ast`` (nothing is imported).
+
+- Stages import one way: ``common`` <- ``train``, ``calibration`` <- ``export`` <- ``edge_runtime``.
+- Inside ``edge_runtime`` the four rooms import each other only downward (``control`` -> ``backends``;
+  ``finetune`` -> ``backends``, ``budget``); only the composition root (``run.py``, ``bench.py``,
+  ``cli.py``, ``config.py``) imports across all of them, and only ``cli.py`` imports ``run.py``.
+- No module imports itself back through others (no import circles), counting imports inside functions
+  and under ``TYPE_CHECKING``.
+- Every package says in its ``__init__.py`` docstring what lives there and what it may import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("common", "train", "calibration", "export", "edge_runtime")
+STAGE_MAY_IMPORT = {
+    "common": set(),
+    "train": {"common"},
+    "calibration": {"common"},
+    "export": {"common", "train", "calibration"},
+    "edge_runtime": {"common", "train", "calibration", "export"},
+}
+ROOMS = ("backends", "control", "budget", "finetune")
+ROOM_MAY_IMPORT = {
+    "backends": set(),
+    "budget": set(),
+    "control": {"backends"},
+    "finetune": {"backends", "budget"},
+}
+COMPOSITION_ROOT = {"run", "bench", "cli", "config"}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["sac_edge", *parts])
+
+
+def source_files() -> Iterator[Path]:
+    for stage in STAGES:
+        yield from sorted((ROOT / stage).rglob("*.py"))
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every ``sac_edge`` module ``path`` imports, anywhere in the file, relative imports resolved."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("sac_edge.")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("sac_edge."):
+                target = node.module
+            else:
+                continue
+            # ``from pkg import mod`` names a submodule when one exists
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.add(sub if _exists(sub) else target)
+    return out
+
+
+def _exists(module: str) -> bool:
+    rel = Path(*module.split(".")[1:])
+    return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
+
+
+GRAPH = {module_name(p): imported_modules(p) for p in source_files()}
+
+
+def _stage(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[1] != "edge_runtime" or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in ROOMS else "root"
+
+
+def test_the_graph_was_read() -> None:
+    assert "sac_edge.edge_runtime.backends.registry" in GRAPH
+    assert "sac_edge.edge_runtime.backends.onnxrt.runner" in GRAPH["sac_edge.edge_runtime.backends.registry"]
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_stages_import_one_way(module: str) -> None:
+    stage = _stage(module)
+    bad = sorted(m for m in GRAPH[module] if _stage(m) not in {stage} | STAGE_MAY_IMPORT[stage])
+    assert not bad, f"{module} ({stage}) may import {sorted(STAGE_MAY_IMPORT[stage])} only, imports {bad}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _room(m) in ROOMS))
+def test_rooms_import_only_downward(module: str) -> None:
+    room = _room(module)
+    assert room is not None
+    allowed = {room} | ROOM_MAY_IMPORT[room]
+    bad = sorted(m for m in GRAPH[module] if _room(m) is not None and _room(m) not in allowed)
+    assert not bad, f"{module} (room {room}) may import rooms {sorted(allowed)} only, imports {bad}"
+
+
+def test_only_cli_imports_run() -> None:
+    importers = sorted(m for m, deps in GRAPH.items() if "sac_edge.edge_runtime.run" in deps)
+    assert importers == ["sac_edge.edge_runtime.cli"]
+
+
+def test_edge_runtime_top_level_is_the_composition_root() -> None:
+    top = {p.stem for p in (ROOT / "edge_runtime").glob("*.py")} - {"__init__"}
+    assert top == COMPOSITION_ROOT
+    rooms = {p.name for p in (ROOT / "edge_runtime").iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == set(ROOMS)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module, or a module importing itself (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles() -> None:
+    assert _cycles(GRAPH) == []
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize(
+    "package", sorted(str(p.parent.relative_to(ROOT)) for s in STAGES for p in (ROOT / s).rglob("__init__.py"))
+)
+def test_every_package_says_what_it_holds_and_may_import(package: str) -> None:
+    doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()))
+    assert doc, f"{package}/__init__.py has no docstring"
+    if package in STAGES or (package.startswith("edge_runtime/") and package.count("/") == 1):
+        assert "import" in doc, f"{package}/__init__.py does not say what it may import"
