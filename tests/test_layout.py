@@ -94,7 +94,7 @@ def _room(module: str) -> str | None:
 
 def test_the_graph_was_read() -> None:
     assert "sac_edge.edge_runtime.backends.registry" in GRAPH
-    assert "sac_edge.edge_runtime.backends.onnxrt.runner" in GRAPH["sac_edge.edge_runtime.backends.registry"]
+    assert "sac_edge.edge_runtime.backends.onnxrt.loader" in GRAPH["sac_edge.edge_runtime.backends.registry"]
 
 
 @pytest.mark.parametrize("module", sorted(GRAPH))

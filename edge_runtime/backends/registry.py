@@ -12,9 +12,9 @@ from typing import NamedTuple
 from sac_edge.common.errors import SacEdgeError
 
 from .base import PRECISIONS, Backend, BackendKind, BackendOptions, Bundle, gate_refusal
-from .onnxrt import runner as onnxrt
-from .pyt import runner as pyt
-from .trt import runner as trt
+from .onnxrt import loader as onnxrt
+from .pyt import loader as pyt
+from .trt import loader as trt
 
 KINDS: dict[str, BackendKind] = {
     kind.name: kind

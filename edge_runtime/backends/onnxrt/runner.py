@@ -18,7 +18,7 @@ import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
 
-from ..base import Backend, BackendKind, BackendOptions, Bundle, SwapReport, check_weights
+from ..base import Backend, BackendOptions, Bundle, SwapReport, check_weights
 
 INPUT, OUTPUT = "obs", "action"
 
@@ -31,7 +31,7 @@ class _Runner(NamedTuple):
     keep_alive: tuple[Any, ...]
 
 
-def _ort() -> Any:
+def import_ort() -> Any:
     import onnxruntime
 
     return onnxruntime
@@ -46,7 +46,7 @@ class OrtBackend(Backend):
         super().__init__(bundle.spec)
         self.name, self.precision, self.model = name, precision, model
         self._providers, self._threads = providers, options.threads
-        ort = _ort()
+        ort = import_ort()
         self._obs = np.zeros((1, bundle.spec.obs_dim), np.float32)
         self._action = np.zeros((1, bundle.spec.act_dim), np.float32)
         self._obs_row, self._action_row = self._obs[0], self._action[0]
@@ -65,7 +65,7 @@ class OrtBackend(Backend):
             )
 
     def _build(self, initializers: Mapping[str, np.ndarray]) -> _Runner:
-        ort = _ort()
+        ort = import_ort()
         so = ort.SessionOptions()
         so.intra_op_num_threads = self._threads
         so.inter_op_num_threads = 1
@@ -125,75 +125,5 @@ class OrtBackend(Backend):
             "file": self.model.name,
             "providers": self._runner.session.get_providers(),
             "threads": self._threads,
-            "onnxruntime": _ort().__version__,
+            "onnxruntime": import_ort().__version__,
         }
-
-
-def _unavailable(provider: str) -> str | None:
-    try:
-        ort = _ort()
-    except ImportError:
-        return "the Python package 'onnxruntime' is not installed (pip install onnxruntime)"
-    if provider not in ort.get_available_providers():
-        return f"this onnxruntime build has no {provider} (install onnxruntime-gpu built with it)"
-    return None
-
-
-def _onnx_precisions(bundle: Bundle) -> tuple[str, ...]:
-    return tuple(p for p in ("fp32", "fp16", "int8") if bundle.onnx(p) is not None)
-
-
-def _trt_ep_precisions(bundle: Bundle) -> tuple[str, ...]:
-    """TensorRT builds fp16 from the fp32 graph; int8 from the explicit Q/DQ graph."""
-    have = _onnx_precisions(bundle)
-    return tuple(p for p in ("fp32", "fp16", "int8") if p in have or (p == "fp16" and "fp32" in have))
-
-
-def _model(bundle: Bundle, precision: str, backend: str) -> Path:
-    path = bundle.onnx(precision) or (bundle.onnx("fp32") if backend == "onnxruntime-tensorrt" else None)
-    if path is None:
-        raise SacEdgeError(f"{bundle.path}: no {precision} ONNX graph in the bundle for backend {backend!r}")
-    return path
-
-
-def _open_cpu(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    return OrtBackend(
-        "onnxruntime", bundle, precision, _model(bundle, precision, "onnxruntime"), ["CPUExecutionProvider"], options
-    )
-
-
-def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    return OrtBackend(
-        "onnxruntime-cuda",
-        bundle,
-        precision,
-        _model(bundle, precision, "onnxruntime-cuda"),
-        ["CUDAExecutionProvider", "CPUExecutionProvider"],
-        options,
-    )
-
-
-def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    cache = options.engine_dir or bundle.path / "engines"
-    cache.mkdir(parents=True, exist_ok=True)
-    trt_options = {
-        "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(cache / "ort-trt"),
-        "trt_fp16_enable": precision != "fp32",
-        "trt_int8_enable": precision == "int8",
-    }
-    return OrtBackend(
-        "onnxruntime-tensorrt",
-        bundle,
-        precision,
-        _model(bundle, precision, "onnxruntime-tensorrt"),
-        [("TensorrtExecutionProvider", trt_options), "CUDAExecutionProvider", "CPUExecutionProvider"],
-        options,
-    )
-
-
-CPU = BackendKind("onnxruntime", lambda: _unavailable("CPUExecutionProvider"), _onnx_precisions, _open_cpu)
-CUDA = BackendKind("onnxruntime-cuda", lambda: _unavailable("CUDAExecutionProvider"), _onnx_precisions, _open_cuda)
-TENSORRT_EP = BackendKind(
-    "onnxruntime-tensorrt", lambda: _unavailable("TensorrtExecutionProvider"), _trt_ep_precisions, _open_trt
-)

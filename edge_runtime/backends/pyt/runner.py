@@ -10,7 +10,6 @@ reader's module is never half-updated.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +18,7 @@ import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
 
-from ..base import Backend, BackendKind, BackendOptions, Bundle, SwapReport, check_weights, missing_package
+from ..base import Backend, BackendOptions, Bundle, SwapReport, check_weights, missing_package
 
 LEARNER_KIND = "learner"
 
@@ -80,20 +79,3 @@ class TorchBackend(Backend):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "file": self.file, "device": "cpu", "torch": self._torch.__version__}
-
-
-def _unavailable() -> str | None:
-    return None if importlib.util.find_spec("torch") is not None else "the Python package 'torch' is not installed"
-
-
-def _precisions(bundle: Bundle) -> tuple[str, ...]:
-    return ("fp32",) if bundle.files(LEARNER_KIND) else ()
-
-
-def _open(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    if precision != "fp32":
-        raise SacEdgeError(f"backend 'torch' runs fp32 only (asked for {precision})")
-    return TorchBackend(bundle, precision, options)
-
-
-KIND = BackendKind("torch", _unavailable, _precisions, _open)

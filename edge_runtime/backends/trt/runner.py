@@ -1,27 +1,21 @@
 """TensorRT engine backend: plans built on the target from the bundle's ONNX, cached, never loaded stale.
 
-Engines are specific to the TensorRT version and the GPU, so a plan is only loaded when its record
-(a JSON sidecar beside a cached plan, or the manifest's ``tensorrt`` section for a plan shipped in the
-bundle) matches this TensorRT version, device name and compute capability, the ONNX it came from and
-the precision; anything else is rebuilt from the ONNX with ``sac_edge.export.tensorrt.build_engine``
-and cached as ``BUNDLE/engines/policy.<precision>.<trtX-device-smNN>.plan`` (+ ``.json``).
+A plan is loaded only when its record matches this machine (``plans.py``); anything else is rebuilt
+from the ONNX with ``sac_edge.export.tensorrt.build_engine`` and cached as
+``BUNDLE/engines/policy.<precision>.<trtX-device-smNN>.plan`` (+ ``.json``).
 
 Inference follows the TensorRT 8.5+/10 tensor API (``num_io_tensors``, ``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``; edge-facts.md, TensorRT Python API docs): device buffers
 and pinned host buffers are allocated once, and batch 1 runs copy in, execute, copy out, synchronise on
 its own stream; ``act_batch`` uses a second stream, context and device buffers (an execution context must
 not be used from two threads at once), so it may run beside the loop's ``act``. CUDA memory goes
-through cuda-python (what TensorRT 10's samples use, ``samples/python/common_runtime.py``) or, where
-only it is installed, pycuda (JetPack 5's samples).
+through ``cuda.py``.
 A weight swap deserialises a fresh engine from the plan, refits it (the plan must be refittable), and
 publishes it with one assignment.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
-import re
 import threading
 import time
 from collections.abc import Mapping
@@ -30,181 +24,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.jsonfile import read_json_or_none
 from sac_edge.common.manifest import sha256_file
 
-from ..base import Backend, BackendKind, BackendOptions, Bundle, SwapReport, missing_package
+from ..base import Backend, BackendOptions, Bundle, SwapReport, missing_package
+from .cuda import open_cuda
+from .plans import PlanKey, cached_plan_paths, find_plan, write_sidecar
 
 INPUT, OUTPUT = "obs", "action"
-PLAN_KIND = "tensorrt-engine"  # export/bundle.py FILE_KINDS
-CALIB_KIND = "calibration-cache"
 MAX_BATCH = 64
-
-
-class PlanKey(NamedTuple):
-    """What a TensorRT plan is valid for."""
-
-    tensorrt: str
-    device: str
-    compute_capability: str
-    onnx_sha256: str
-    precision: str
-
-    def tag(self) -> str:
-        """File-name key: ``trt10.8.0-nvidia-h200-sm90``."""
-        device = re.sub(r"[^a-z0-9]+", "-", self.device.lower()).strip("-")
-        return f"trt{self.tensorrt}-{device}-sm{self.compute_capability.replace('.', '')}"
-
-
-def plan_mismatch(recorded: Mapping[str, Any], key: PlanKey) -> str | None:
-    """Why a plan recorded as ``recorded`` must not be loaded here (None when it matches ``key``).
-
-    ``recorded`` uses the sidecar keys (``tensorrt``, ``device``, ``compute_capability``, ``onnx_sha256``,
-    ``precision``); the manifest's per-engine ``tensorrt_version`` (export's EngineInfo) is read as
-    ``tensorrt``. A record without the ONNX hash (a plan shipped in the bundle, built from the bundle's own
-    ONNX) is judged on the rest.
-    """
-    got = dict(recorded)
-    if "tensorrt" not in got and "tensorrt_version" in got:
-        got["tensorrt"] = got["tensorrt_version"]
-    for field in PlanKey._fields:
-        want = getattr(key, field)
-        have = got.get(field)
-        if field == "onnx_sha256" and have is None:
-            continue
-        if have is None or str(have) != str(want):
-            return f"built for {field}={have!r}, this is {want!r}"
-    return None
-
-
-def cached_plan_paths(engine_dir: Path, key: PlanKey) -> tuple[Path, Path]:
-    """The cache's plan file and its sidecar for ``key``."""
-    plan = engine_dir / f"policy.{key.precision}.{key.tag()}.plan"
-    return plan, plan.with_suffix(".json")
-
-
-def find_plan(bundle: Bundle, key: PlanKey, engine_dir: Path) -> tuple[Path | None, list[str]]:
-    """A loadable plan for ``key`` (shipped in the bundle or cached), and why others were passed over."""
-    skipped: list[str] = []
-    engines = bundle.manifest.get("tensorrt") or {}
-    for name in bundle.files(PLAN_KIND, key.precision):
-        recorded = engines.get(key.precision) or {}
-        reason = plan_mismatch({"precision": key.precision, **recorded}, key)
-        if reason is None:
-            return bundle.path / name, skipped
-        skipped.append(f"{name}: {reason}")
-    plan, sidecar = cached_plan_paths(engine_dir, key)
-    if plan.is_file():
-        recorded = read_json_or_none(sidecar)  # unreadable: the plan is rebuilt
-        if recorded is None:
-            skipped.append(f"{plan.name}: no readable sidecar")
-        elif recorded.get("plan_sha256") != sha256_file(plan):
-            skipped.append(f"{plan.name}: plan does not match its sidecar's sha256")
-        elif (reason := plan_mismatch(recorded, key)) is not None:
-            skipped.append(f"{plan.name}: {reason}")
-        else:
-            return plan, skipped
-    return None, skipped
-
-
-def write_sidecar(plan: Path, key: PlanKey, build: Mapping[str, Any]) -> None:
-    """Record what ``plan`` was built for, after the plan itself is in place (a plan without one is rebuilt)."""
-    atomic_write_json(
-        plan.with_suffix(".json"), {**key._asdict(), "plan_sha256": sha256_file(plan), "build": dict(build)}
-    )
-
-
-class _CudaPython:
-    """CUDA runtime calls through cuda-python (``cuda.bindings.runtime``, or ``cuda.cudart`` before 12.6)."""
-
-    def __init__(self) -> None:
-        try:
-            from cuda.bindings import runtime as cudart
-        except ImportError:
-            from cuda import cudart
-        self.rt = cudart
-        self.stream = int(self._check(cudart.cudaStreamCreate()))
-        self._owned: list[tuple[str, int]] = []
-
-    def _check(self, result: Any) -> Any:
-        err, *rest = result if isinstance(result, tuple) else (result,)
-        if err != self.rt.cudaError_t.cudaSuccess:
-            raise SacEdgeError(f"CUDA runtime error {err}")
-        return rest[0] if len(rest) == 1 else rest
-
-    def device_alloc(self, nbytes: int) -> int:
-        ptr = int(self._check(self.rt.cudaMalloc(nbytes)))
-        self._owned.append(("device", ptr))
-        return ptr
-
-    def pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        ptr = int(self._check(self.rt.cudaMallocHost(nbytes)))
-        self._owned.append(("host", ptr))
-        raw = (ctypes.c_byte * nbytes).from_address(ptr)
-        return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-    def htod(self, dst: int, src: np.ndarray) -> None:
-        kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
-        self._check(self.rt.cudaMemcpyAsync(dst, src.ctypes.data, src.nbytes, kind, self.stream))
-
-    def dtoh(self, dst: np.ndarray, src: int) -> None:
-        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        self._check(self.rt.cudaMemcpyAsync(dst.ctypes.data, src, dst.nbytes, kind, self.stream))
-
-    def sync(self) -> None:
-        self._check(self.rt.cudaStreamSynchronize(self.stream))
-
-    def close(self) -> None:
-        for where, ptr in reversed(self._owned):
-            self.rt.cudaFreeHost(ptr) if where == "host" else self.rt.cudaFree(ptr)
-        self._owned.clear()
-        self.rt.cudaStreamDestroy(self.stream)
-
-
-class _PyCuda:
-    """The same calls through pycuda (``pycuda.autoinit`` makes the context), as on JetPack 5."""
-
-    def __init__(self) -> None:
-        import pycuda.autoinit  # noqa: F401 - creates and pushes the CUDA context
-        import pycuda.driver as cuda
-
-        self.cuda = cuda
-        self._stream = cuda.Stream()
-        self.stream = int(self._stream.handle)
-        self._owned: list[Any] = []
-
-    def device_alloc(self, nbytes: int) -> int:
-        mem = self.cuda.mem_alloc(nbytes)
-        self._owned.append(mem)
-        return int(mem)
-
-    def pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        return self.cuda.pagelocked_empty(shape, dtype)
-
-    def htod(self, dst: int, src: np.ndarray) -> None:
-        self.cuda.memcpy_htod_async(dst, src, self._stream)
-
-    def dtoh(self, dst: np.ndarray, src: int) -> None:
-        self.cuda.memcpy_dtoh_async(dst, src, self._stream)
-
-    def sync(self) -> None:
-        self._stream.synchronize()
-
-    def close(self) -> None:
-        for mem in self._owned:
-            mem.free()
-        self._owned.clear()
-
-
-def _cuda() -> _CudaPython | _PyCuda:
-    if importlib.util.find_spec("cuda") is not None:
-        return _CudaPython()
-    if importlib.util.find_spec("pycuda") is not None:
-        return _PyCuda()
-    raise missing_package("tensorrt", "cuda-python", "pip install cuda-python, or pycuda on JetPack 5")
 
 
 class _Engine(NamedTuple):
@@ -227,7 +55,7 @@ class TensorRTBackend(Backend):
         except ImportError:
             raise missing_package("tensorrt", "tensorrt", "install TensorRT's Python bindings") from None
         self.trt, self.precision = trt, precision
-        self.cuda = _cuda()
+        self.cuda = open_cuda()
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
         from sac_edge.export.tensorrt import cuda_device, engine_inputs
@@ -258,7 +86,7 @@ class TensorRTBackend(Backend):
         self._dev_out = self.cuda.device_alloc(self._host_out.nbytes)
         # act_batch (the gate, benchmarks, another thread while the loop calls act) has its own stream and
         # device buffers, so it never overwrites act's; its callers share them under a lock.
-        self._batch_cuda = _cuda()
+        self._batch_cuda = open_cuda()
         self._batch_in = self._batch_cuda.device_alloc(self._host_in.nbytes * MAX_BATCH)
         self._batch_out = self._batch_cuda.device_alloc(self._host_out.nbytes * MAX_BATCH)
         self._batch_lock = threading.Lock()
@@ -361,25 +189,3 @@ class TensorRTBackend(Backend):
             self._batch_cuda.close()
         self.cuda.close()
 
-
-def _unavailable() -> str | None:
-    if importlib.util.find_spec("tensorrt") is None:
-        return "the Python package 'tensorrt' is not installed"
-    if importlib.util.find_spec("cuda") is None and importlib.util.find_spec("pycuda") is None:
-        return "neither 'cuda-python' nor 'pycuda' is installed"
-    return None
-
-
-def _precisions(bundle: Bundle) -> tuple[str, ...]:
-    have = {p for p in ("fp32", "int8") if bundle.onnx(p) is not None} | set(
-        bundle.manifest["files"][n].get("precision") for n in bundle.files(PLAN_KIND)
-    )
-    out = []
-    if "fp32" in have:
-        out += ["fp32", "fp16"]
-    if "int8" in have or ("fp32" in have and bundle.files(CALIB_KIND)):
-        out.append("int8")
-    return tuple(out)
-
-
-KIND = BackendKind("tensorrt", _unavailable, _precisions, lambda b, p, o: TensorRTBackend(b, p, o))

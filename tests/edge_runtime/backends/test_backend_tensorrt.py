@@ -17,7 +17,7 @@ import pytest
 from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
 from sac_edge.edge_runtime.backends.base import open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
-from sac_edge.edge_runtime.backends.trt.runner import (
+from sac_edge.edge_runtime.backends.trt.plans import (
     PlanKey,
     cached_plan_paths,
     find_plan,

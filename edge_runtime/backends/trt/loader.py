@@ -1,0 +1,32 @@
+"""TensorRT as the registry sees it: whether it can run here, which precisions a bundle offers, how to open it."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ..base import BackendKind, Bundle
+from .plans import CALIB_KIND, PLAN_KIND
+from .runner import TensorRTBackend
+
+
+def _unavailable() -> str | None:
+    if importlib.util.find_spec("tensorrt") is None:
+        return "the Python package 'tensorrt' is not installed"
+    if importlib.util.find_spec("cuda") is None and importlib.util.find_spec("pycuda") is None:
+        return "neither 'cuda-python' nor 'pycuda' is installed"
+    return None
+
+
+def _precisions(bundle: Bundle) -> tuple[str, ...]:
+    have = {p for p in ("fp32", "int8") if bundle.onnx(p) is not None} | set(
+        bundle.manifest["files"][n].get("precision") for n in bundle.files(PLAN_KIND)
+    )
+    out = []
+    if "fp32" in have:
+        out += ["fp32", "fp16"]
+    if "int8" in have or ("fp32" in have and bundle.files(CALIB_KIND)):
+        out.append("int8")
+    return tuple(out)
+
+
+KIND = BackendKind("tensorrt", _unavailable, _precisions, lambda b, p, o: TensorRTBackend(b, p, o))
