@@ -43,7 +43,7 @@ def _validate(cfg: BenchConfig) -> None:
 def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any]:
     """Measure every usable backend x precision x batch; write ``--out`` and ``--plot`` when given."""
     _validate(cfg)
-    bundle = open_bundle(cfg.bundle)
+    bundle = open_bundle(cfg.bundle, cfg.trusted_keys)
     explicit = bool(cfg.backends or cfg.precisions)
     usable, logged = [], set()
     for cand in candidates(bundle, cfg.backends or None, cfg.precisions or None):

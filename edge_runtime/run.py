@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from sac_edge.common.config import config_dict
-from sac_edge.common.envs import make_env
+from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.lockfile import pid_lock
+from sac_edge.common.manifest import MANIFEST
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 
@@ -35,7 +37,7 @@ from .control.loop import ControlLoop, LoopSettings
 from .control.realtime import enter_realtime
 from .control.telemetry import StatusLine, TelemetryWriter
 from .finetune.finetuner import build_finetuner, finetune_dir, install_last_good
-from .finetune.promotion import LastGoodStore
+from .finetune.promotion import LastGood, LastGoodStore
 from .finetune.shift import parse_shift, shifted
 from .finetune.weight_swap import WeightSwapper
 
@@ -59,6 +61,10 @@ def validate(cfg: RunConfig) -> None:
             raise SacEdgeError(f"--learner-cpu is a fraction of one core in (0, 1], got {cfg.learner_cpu}")
         if not cfg.finetune_lr > 0 or cfg.explore_std < 0:
             raise SacEdgeError("--finetune-lr must be positive and --explore-std non-negative")
+    if cfg.resume and cfg.restart:
+        raise SacEdgeError("--resume and --restart exclude each other: continue from the last good weights, or not")
+    if cfg.restart and not cfg.finetune:
+        raise SacEdgeError("--restart only applies with --finetune")
     if not cfg.rate_hz > 0:
         raise SacEdgeError(f"--rate-hz must be positive, got {cfg.rate_hz}")
     if cfg.duration < 0:
@@ -106,12 +112,29 @@ def open_backends(cfg: RunConfig, bundle: Any, log: Callable[[str], None]) -> tu
 def run_command(cfg: RunConfig, log: Callable[[str], None]) -> dict[str, Any]:
     """Run the loop per ``cfg`` and return the summary (also printed as a table by the CLI)."""
     validate(cfg)
-    bundle = open_bundle(cfg.bundle)
-    env_name = cfg.env or bundle.spec.env_id
+    bundle = open_bundle(cfg.bundle, cfg.trusted_keys)
+    env_name = cfg.env or file_env(bundle.spec.env_id, str(bundle.path / MANIFEST))
     env = make_env(env_name)
     check_env_matches(env, bundle.spec, env_name)
     env = shifted(env, parse_shift(cfg.shift))
-    last = LastGoodStore(finetune_dir(cfg)).load() if cfg.resume else None
+    store = LastGoodStore(finetune_dir(cfg))
+    with contextlib.ExitStack() as held:
+        if cfg.finetune:  # one fine-tuner per weights directory, or each would overwrite the other's
+            held.enter_context(pid_lock(store.lock, f"fine-tuning directory {store.dir}"))
+            if store.exists() and not (cfg.resume or cfg.restart):
+                raise SacEdgeError(
+                    f"{store.path} holds last good fine-tuned weights; pass --resume to continue from them or "
+                    "--restart to start again from the bundle weights (they are then kept as previous.safetensors "
+                    "at the first promotion)"
+                )
+        last = store.load() if cfg.resume else None
+        return _run_with(cfg, bundle, env, env_name, last, log)
+
+
+def _run_with(
+    cfg: RunConfig, bundle: Any, env: Any, env_name: str, last: LastGood | None, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Open the backends, build the fine-tuner when asked, drive the loop and write the summary."""
     backends, figures = open_backends(cfg, bundle, log)
     probe = MemoryProbe(Path(cfg.sensor_root))
     with TelemetryWriter(cfg.telemetry) as telemetry:

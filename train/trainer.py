@@ -25,7 +25,7 @@ from tqdm import tqdm
 import sac_edge
 from sac_edge.common.atomic import atomic_path, atomic_write_json
 from sac_edge.common.config import config_dict
-from sac_edge.common.envs import make_env
+from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.spec import PolicySpec
@@ -87,6 +87,8 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
                 f"{run} was trained on {saved_cfg.get('env')}, not {cfg.env}; "
                 "resume without --env or choose another --out"
             )
+        if cfg.env is None:  # the env a file names is never imported: only a registered id is taken from it
+            file_env(saved_cfg.get("env"), str(run / ckpt.CONFIG))
         if not (run / ckpt.CHECKPOINT).exists():
             raise SacEdgeError(f"{run}: no {ckpt.CHECKPOINT} to resume from; train without --resume")
         keep = {"total_steps", "progress", "json", "resume", "out", "threads"}
