@@ -341,6 +341,8 @@ class FineTuner:
             "last_good_mean_return": float(np.mean(self.good_returns)) if self.good_returns else None,
             "last_good": str(self.store.path) if self.last_good_sha else None,
             "last_good_sha256": self.last_good_sha,
+            "start_generation": self.start_generation,
+            "generation": self.good_generation,
             "error": self.error,
             "sizing": self.sizing,
         }

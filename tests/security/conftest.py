@@ -43,3 +43,11 @@ def refused(capsys: pytest.CaptureFixture[str]) -> Callable[..., str]:
         return one_line_error(capsys, main(argv), prog, code)
 
     return check
+
+
+@pytest.fixture(scope="session")
+def clean_finetune_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small bundle as sac-export writes it for fine-tuning (never modified)."""
+    from finetune_bundles import make_finetune_bundle
+
+    return make_finetune_bundle(tmp_path_factory.mktemp("security") / "finetune")
