@@ -32,13 +32,14 @@ def log(message: str) -> None:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from .run import run_command, summary_table
+    from .run import raise_env_error, run_command, summary_table
 
     cfg = parse_config(RunConfig, argv, f"{PROG} run", RunConfig.__doc__ or "", positional=("bundle",))
     summary = run_command(cfg, log)
     print(summary_table(summary), flush=True)
     if cfg.json:
         emit_json(summary)
+    raise_env_error(summary)
     return 0
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from sac_edge.common.config import config_dict
 from sac_edge.common.envs import file_env, make_env
-from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.lockfile import pid_lock
 from sac_edge.common.manifest import MANIFEST
 from sac_edge.common.spec import PolicySpec
@@ -232,6 +232,18 @@ def _drive(
     }
 
 
+def raise_env_error(summary: dict[str, Any]) -> None:
+    """After the summary was printed and written: the environment's failure as the command's outcome.
+
+    A ``KeyboardInterrupt`` from the env stays an interrupt (exit 130); anything else is one line, exit 1."""
+    error = summary.get("env_error")
+    if not error:
+        return
+    if error["type"] == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    raise InternalError(f"{summary['stopped_by']}; the summary above covers the run until then")
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     """The end-of-run table (stdout)."""
     lat, jit = summary["latency_us"], summary["jitter_us"]
@@ -252,7 +264,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         (
             "safety",
             f"obs non-finite {summary['obs_nonfinite']}, out of range {summary['obs_out_of_range']}, "
-            f"held {summary['obs_held']}, overruns {summary['inference_overruns']}, "
+            f"malformed {summary['obs_malformed']}, held {summary['obs_held']}, "
+            f"overruns {summary['inference_overruns']}, "
             f"actions clipped {summary['action_clipped']}, non-finite {summary['action_nonfinite']}",
         ),
         ("peak RSS", "unknown" if np.isnan(summary["peak_rss_mb"]) else f"{summary['peak_rss_mb']:.1f} MB"),
