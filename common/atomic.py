@@ -16,6 +16,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import SacEdgeError
+
+
+def check_output_path(path: str | os.PathLike[str], flag: str, *, directory: bool = False) -> None:
+    """Refuse (one SacEdgeError line) an output path that cannot be written, before any slow work: an
+    existing directory where a file is wanted or the reverse, or a nearest existing parent that is not a
+    writable directory."""
+    target = Path(path)
+    want, other = ("directory", "file") if directory else ("file", "directory")
+    if target.exists() and target.is_dir() != directory:
+        raise SacEdgeError(f"{flag} {target} is a {other}; pass a {want} path")
+    parent = target if directory and target.is_dir() else target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise SacEdgeError(f"{flag} {target}: {parent} is not a writable directory; choose another path")
+
 
 def fsync_dir(path: Path) -> None:
     """Flush a directory entry so a completed rename survives power loss."""

@@ -8,6 +8,7 @@ opened at each cheaper precision the gate accepted, so a governor precision swit
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import sys
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from sac_edge.common.atomic import check_output_path
 from sac_edge.common.config import config_dict
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
@@ -40,6 +42,9 @@ from .finetune.finetuner import build_finetuner, finetune_dir, install_last_good
 from .finetune.promotion import LastGood, LastGoodStore
 from .finetune.shift import parse_shift, shifted
 from .finetune.weight_swap import WeightSwapper
+
+#: The fastest control rate accepted (a 10 us period; faster is not a control loop Python can keep).
+MAX_RATE_HZ = 100_000.0
 
 
 def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:
@@ -65,10 +70,15 @@ def validate(cfg: RunConfig) -> None:
         raise SacEdgeError("--resume and --restart exclude each other: continue from the last good weights, or not")
     if cfg.restart and not cfg.finetune:
         raise SacEdgeError("--restart only applies with --finetune")
-    if not cfg.rate_hz > 0:
-        raise SacEdgeError(f"--rate-hz must be positive, got {cfg.rate_hz}")
-    if cfg.duration < 0:
-        raise SacEdgeError(f"--duration must be >= 0 (0 runs until stopped), got {cfg.duration}")
+    if not 0 < cfg.rate_hz <= MAX_RATE_HZ:
+        raise SacEdgeError(f"--rate-hz must be positive and at most {MAX_RATE_HZ:g}, got {cfg.rate_hz}")
+    if not 0 <= cfg.duration < math.inf:
+        raise SacEdgeError(f"--duration must be finite and >= 0 (0 runs until stopped), got {cfg.duration}")
+    for flag, budget in (("--mem-budget-mb", cfg.mem_budget_mb), ("--power-budget-w", cfg.power_budget_w)):
+        if budget is not None and not 0 < budget < math.inf:
+            raise SacEdgeError(f"{flag} must be a positive number, got {budget}")
+    if cfg.telemetry:
+        check_output_path(cfg.telemetry, "--telemetry")
     if not 0 < cfg.inference_budget <= 1:
         raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {cfg.inference_budget}")
     if cfg.threads < 1 or cfg.auto_calls < 1:

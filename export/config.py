@@ -60,3 +60,4 @@ class ExportConfig:
         metadata={"help": "Ed25519 private key (sac-edge keygen) to sign the manifest with (manifest.sig)"},
     )
     json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})
+    verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})

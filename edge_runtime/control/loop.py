@@ -13,7 +13,8 @@ longer than ``inference_budget`` x period is counted and its action discarded fo
 (it is stale by then). Episodes reset on termination or truncation. The environment is foreign code:
 anything its ``reset()`` or ``step()`` raises (even ``SystemExit`` or ``KeyboardInterrupt``) ends the loop
 as a stop, kept in ``env_error`` and named in the summary's ``stopped_by``, so the summary is still made.
-``stop()`` (wired to SIGINT and SIGTERM by the CLI) ends the loop after the current step; the summary is always produced.
+``stop()`` (wired to SIGINT and SIGTERM by the CLI) ends the loop after the current step; the summary is
+always produced.
 
 Once a second, off the per-step path: latency/jitter/miss figures for the second, memory and power via
 the budget monitor (which ticks the governor and may switch precision or rate), one telemetry record

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edge_runtime"))  # bundles.py, the test bundles
 
-from bundles import make_bundle  # noqa: E402
+from bundles import make_bundle
 
 
 @pytest.fixture(scope="session")

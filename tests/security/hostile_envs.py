@@ -5,6 +5,7 @@ Each wraps Pendulum-v1 (the test bundle's env) and turns bad after a few steps.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -61,3 +62,10 @@ class BadShapes(_Pendulum):
         elif self.t % 7 == 0:
             obs = np.array(["a", "b", "c"])
         return obs, reward, terminated, truncated, info
+
+
+class Noisy(_Pendulum):
+    """A library that warns on every step after the first few."""
+
+    def misbehave(self) -> None:
+        warnings.warn("deprecated call in the driver library", DeprecationWarning, stacklevel=2)

@@ -9,6 +9,7 @@ never broadcast, never a crash.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,11 @@ def test_wrong_shaped_or_typed_observations_are_counted_faults(
     assert steps > 100 and summary["obs_malformed"] >= steps * 0.4
     assert summary["action_nonfinite"] == 0
     assert summary["obs_held"] == (summary["obs_malformed"] if policy == "hold" else 0)
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_library_warnings_reach_stderr_only_with_verbose(bundle: Path, tmp_path: Path, verbose: bool) -> None:
+    with warnings.catch_warnings(record=True) as seen:  # what would be printed to stderr outside pytest
+        warnings.simplefilter("always")
+        assert edge_cli.main(_run(bundle, tmp_path, "Noisy", *(["--verbose"] if verbose else []))) == 0
+    assert any("deprecated call in the driver library" in str(w.message) for w in seen) == verbose
