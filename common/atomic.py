@@ -1,12 +1,15 @@
 """Atomic file and directory writes: a reader sees the old complete version or the new one, never half.
 
 Temp file in the same directory, fsync, rename, fsync of the directory: the POSIX recipe that survives
-a crash or power loss (rename is atomic on one filesystem).
+a crash or power loss (rename is atomic on one filesystem). Temp files and staging directories carry the
+writer's pid (``.NAME.PID.*.tmp|partial|old``); the next write of the same target removes those whose
+writer is gone (killed mid-write), and leaves a live writer's alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -15,6 +18,23 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from .errors import SacEdgeError
+
+
+def check_output_path(path: str | os.PathLike[str], flag: str, *, directory: bool = False) -> None:
+    """Refuse (one SacEdgeError line) an output path that cannot be written, before any slow work: an
+    existing directory where a file is wanted or the reverse, or a nearest existing parent that is not a
+    writable directory."""
+    target = Path(path)
+    want, other = ("directory", "file") if directory else ("file", "directory")
+    if target.exists() and target.is_dir() != directory:
+        raise SacEdgeError(f"{flag} {target} is a {other}; pass a {want} path")
+    parent = target if directory and target.is_dir() else target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise SacEdgeError(f"{flag} {target}: {parent} is not a writable directory; choose another path")
 
 
 def fsync_dir(path: Path) -> None:
@@ -26,13 +46,44 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+LEFTOVER_SUFFIXES = (".tmp", ".partial", ".old")
+
+
+def remove_stale(final: Path) -> list[Path]:
+    """Remove the temp files and staging dirs that writers of ``final`` left when killed (their pid is gone);
+    returns what was removed."""
+    prefix = f".{final.name}."
+    removed = []
+    for leftover in final.parent.glob(f".{glob.escape(final.name)}.*"):
+        pid = leftover.name[len(prefix) :].split(".", 1)[0]
+        if leftover.suffix not in LEFTOVER_SUFFIXES or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+        removed.append(leftover)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp path beside ``path``; on success it replaces ``path`` atomically, on failure it is
     removed and ``path`` is untouched. For writers that want a filename (np.save, safetensors)."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    remove_stale(final)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.{os.getpid()}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -72,7 +123,8 @@ def atomic_dir(path: str | os.PathLike[str], *, replace: bool = False) -> Iterat
     if final.exists() and not replace:
         raise FileExistsError(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.partial"
+    remove_stale(final)
+    staging = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
     staging.mkdir()
     try:
         yield staging
@@ -82,7 +134,7 @@ def atomic_dir(path: str | os.PathLike[str], *, replace: bool = False) -> Iterat
                     os.fsync(fh.fileno())
         old = None
         if final.exists():
-            old = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}.old"
+            old = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.old"
             os.replace(final, old)
         os.replace(staging, final)
         fsync_dir(final.parent)

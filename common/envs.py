@@ -2,6 +2,10 @@
 
 ``ID`` is a registered gymnasium id; ``module:Class`` is any class with the gymnasium Env API, which is
 how a real robot plugs in. Bad ids and unsupported spaces are one-line errors.
+
+Only the command line may name a ``module:Class`` (importing a module runs its code): an environment
+named by a file (a bundle's manifest, a run dir's config) goes through ``file_env`` first, which accepts
+registered gymnasium ids only.
 """
 
 from __future__ import annotations
@@ -13,6 +17,26 @@ import gymnasium as gym
 import numpy as np
 
 from .errors import SacEdgeError
+
+
+def is_registered(env: str) -> bool:
+    """Whether ``env`` is a gymnasium id already registered (``gym.make`` of it imports nothing new)."""
+    return isinstance(env, str) and ":" not in env and env in gym.envs.registration.registry
+
+
+def file_env(env: object, source: str) -> str:
+    """The environment id a file names, accepted only if it is a registered gymnasium id.
+
+    ``source`` names the file. Anything else (``module:Class``, an unknown id, a non-string) is a one-line
+    SacEdgeError telling the user to pass the environment on the command line instead.
+    """
+    if isinstance(env, str) and is_registered(env):
+        return env
+    shown = repr(env)[:80]
+    raise SacEdgeError(
+        f"{source} names environment {shown}, which is not a registered gymnasium id; an environment class is "
+        "imported only when given on the command line: pass --env ID or --env module:Class"
+    )
 
 
 def make_env(env: str, **kwargs: Any) -> gym.Env:
@@ -38,7 +62,7 @@ def make_env(env: str, **kwargs: Any) -> gym.Env:
 
 def check_spaces(env: gym.Env, name: str) -> None:
     """SAC needs a flat Box observation and a bounded, finite Box action space."""
-    obs_space, act_space = env.observation_space, env.action_space
+    obs_space, act_space = getattr(env, "observation_space", None), getattr(env, "action_space", None)
     if not isinstance(act_space, gym.spaces.Box):
         raise SacEdgeError(
             f"{name}: action space is {type(act_space).__name__}, SAC needs a continuous Box action space"

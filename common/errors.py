@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 
@@ -22,9 +23,15 @@ def run_cli(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequen
     """Run a command's main and turn every failure into one line on stderr plus an exit code.
 
     2 means bad input (the message names the problem and the fix), 1 an internal failure, 130 Ctrl-C.
+    Warnings from libraries (torch, onnx, gymnasium) would be extra stderr lines: they are dropped unless
+    the command line has ``--verbose``.
     """
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return main(argv)
+        with warnings.catch_warnings():
+            if "--verbose" not in args:
+                warnings.simplefilter("ignore")
+            return main(args)
     except SacEdgeError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return err.exit_code

@@ -6,18 +6,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .bounded import MAX_JSON_BYTES, read_capped
 from .errors import SacEdgeError
 
 
-def read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
-    """The JSON object in ``path``; missing, malformed or non-object files raise one SacEdgeError line
-    naming ``what`` the file is and ``fix``, what to do about it."""
+def read_json(path: Path, what: str, fix: str, max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """The JSON object in ``path``; missing, oversized (over ``max_bytes``), malformed, too deeply nested or
+    non-object files raise one SacEdgeError line naming ``what`` the file is and ``fix``, what to do."""
     if not path.is_file():
         raise SacEdgeError(f"{path}: {what} not found; {fix}")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_capped(path, max_bytes, what, fix))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise SacEdgeError(f"{path}: {what} is not valid JSON ({err}); {fix}") from None
+    except RecursionError:
+        raise SacEdgeError(f"{path}: {what} is nested too deeply to be one sac-edge wrote; {fix}") from None
     if not isinstance(data, dict):
         raise SacEdgeError(f"{path}: {what} is not a JSON object; {fix}")
     return data
@@ -27,7 +30,7 @@ def read_json_or_none(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``, or None when it is missing, unreadable or not an object (for records,
     such as a plan's sidecar, whose absence only means "rebuild" or "not trusted")."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = json.loads(read_capped(path, MAX_JSON_BYTES, "record", ""))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, SacEdgeError):
         return None
     return data if isinstance(data, dict) else None

@@ -1,9 +1,17 @@
-"""The deployment bundle's manifest: every file with its sha256, checked before anything is loaded."""
+"""The deployment bundle's manifest: every file with its sha256, checked before anything is loaded.
+
+A bundle is untrusted input (it is copied between machines by people and scripts), so the manifest is
+validated before any file it names is opened: its size is capped, its schema checked (types, sizes), and
+every file name must be a plain relative path that stays inside the bundle after symlinks are resolved
+(``bundle_file``). A name that escapes would make the checksum check read, and its error message leak,
+any file the process can read, and would let a bundle serve a graph from elsewhere.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .atomic import atomic_write_json
@@ -12,6 +20,12 @@ from .jsonfile import read_json
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+FINETUNE_DIR = "finetune"  # BUNDLE/finetune: the last good fine-tuned weights (sac-edge run --finetune)
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_FILES = 256
+MAX_NAME_CHARS = 255
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_FIX = "re-export the bundle with sac-export"
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -40,7 +54,8 @@ def write_manifest(bundle: Path, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
-    """Read a bundle's manifest; with ``verify`` check format_version and every file's sha256.
+    """Read a bundle's manifest, validate its schema and confine every file name to the bundle; with
+    ``verify`` also check every file's sha256.
 
     Raises SacEdgeError with one line naming the problem and the fix.
     """
@@ -48,26 +63,78 @@ def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
     if not (root / MANIFEST).is_file():
         raise SacEdgeError(f"{root} is not a bundle: {MANIFEST} is missing (create one with sac-export)")
     path = root / MANIFEST
-    manifest = read_json(path, "bundle manifest", "re-export the bundle")
+    manifest = read_json(path, "bundle manifest", _FIX, max_bytes=MAX_MANIFEST_BYTES)
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise SacEdgeError(
-            f"{path} has format_version {version!r}, this sac-edge reads {FORMAT_VERSION}; "
+            f"{path} has format_version {repr(version)[:20]}, this sac-edge reads {FORMAT_VERSION}; "
             "re-export the bundle with this version"
         )
+    validate_manifest(root, manifest)
     if verify:
         verify_files(root, manifest)
     return manifest
 
 
+def is_sac_edge_manifest(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest has the fields sac-export writes (what ``--force`` may replace)."""
+    return (
+        isinstance(manifest.get("format_version"), int)
+        and isinstance(manifest.get("files"), dict)
+        and isinstance(manifest.get("spec"), dict)
+        and isinstance(manifest.get("source"), dict)
+    )
+
+
+def validate_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's schema (a ``files`` table of at most ``MAX_FILES`` entries with a hex sha256, a byte
+    count, a kind and a precision each; a ``spec`` object) and every name confined to ``root``."""
+    where = root / MANIFEST
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not isinstance(manifest.get("spec"), dict):
+        raise SacEdgeError(f"{where}: 'files' and 'spec' must be JSON objects; {_FIX}")
+    if len(files) > MAX_FILES:
+        raise SacEdgeError(f"{where}: lists {len(files)} files, more than {MAX_FILES}; {_FIX}")
+    for name, entry in files.items():
+        bundle_file(root, name)
+        shown = name[:80]
+        if not isinstance(entry, dict):
+            raise SacEdgeError(f"{where}: the entry for {shown!r} is not a JSON object; {_FIX}")
+        if not isinstance(entry.get("sha256"), str) or not _SHA256.fullmatch(entry["sha256"]):
+            raise SacEdgeError(f"{where}: the entry for {shown!r} has no hex sha256; {_FIX}")
+        size = entry.get("bytes", 0)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise SacEdgeError(f"{where}: the entry for {shown!r} has a bad byte count; {_FIX}")
+        if not isinstance(entry.get("kind"), str) or not isinstance(entry.get("precision"), (str, type(None))):
+            raise SacEdgeError(f"{where}: the entry for {shown!r} needs a string kind and precision; {_FIX}")
+
+
+def bundle_file(root: Path, name: object) -> Path:
+    """``root/name`` for a manifest file name, refused (one line) unless ``name`` is a plain relative path
+    (no absolute path, no ``..``, no backslash or NUL) that stays inside ``root`` once symlinks are resolved."""
+    where = root / MANIFEST
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or "\\" in name or "\0" in name:
+        raise SacEdgeError(f"{where}: file name {str(name)[:80]!r} is not a plain relative path; {_FIX}")
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or any(part in ("..", ".") for part in pure.parts) or name != pure.as_posix():
+        raise SacEdgeError(f"{where}: file name {name[:80]!r} points outside the bundle; {_FIX}")
+    target = root / name
+    base = root.resolve()
+    resolved = target.resolve()
+    if resolved != base and base not in resolved.parents:
+        raise SacEdgeError(f"{where}: file name {name[:80]!r} leads outside the bundle (a symlink); {_FIX}")
+    return target
+
+
 def verify_files(root: Path, manifest: dict[str, Any], names: list[str] | None = None) -> None:
-    """Check the sha256 of the bundle files (all, or ``names``) against the manifest."""
+    """Check the sha256 of the bundle files (all, or ``names``) against the manifest; each name is confined
+    to the bundle (``bundle_file``) before it is opened."""
     files = manifest.get("files", {})
     for name in names if names is not None else sorted(files):
         entry = files.get(name)
         if entry is None:
             raise SacEdgeError(f"{root}: {name} is not listed in the manifest; re-export the bundle")
-        target = root / name
+        target = bundle_file(root, name)
         if not target.is_file():
             raise SacEdgeError(f"{root}: {name} is listed in the manifest but missing; re-export the bundle")
         actual = sha256_file(target)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from sac_edge.common.atomic import atomic_path, atomic_write_json
+from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
 from sac_edge.common.config import config_dict
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.latency import latency_us, time_calls
@@ -28,14 +28,21 @@ from .budget.memory import MemoryProbe
 from .budget.sensors import EnergyMeter, detect_power_sensor
 from .config import BenchConfig
 
+#: The largest batch bench times (each probe batch is allocated up front).
+MAX_BATCH = 1 << 16
+
 
 def _validate(cfg: BenchConfig) -> None:
     for name in cfg.backends:
         kind(name)
     for precision in cfg.precisions:
         check_precision(precision)
-    if not cfg.batch or any(b < 1 for b in cfg.batch):
-        raise SacEdgeError(f"--batch needs positive sizes, got {cfg.batch}")
+    if not cfg.batch or any(not 1 <= b <= MAX_BATCH for b in cfg.batch):
+        raise SacEdgeError(f"--batch needs sizes from 1 to {MAX_BATCH}, got {','.join(map(str, cfg.batch))}")
+    if cfg.out:
+        check_output_path(cfg.out, "--out")
+    if cfg.plot:
+        check_output_path(cfg.plot, "--plot")
     if cfg.calls < 1 or cfg.warmup < 0 or cfg.threads < 1:
         raise SacEdgeError("--calls and --threads must be at least 1, --warmup at least 0")
 
@@ -43,7 +50,7 @@ def _validate(cfg: BenchConfig) -> None:
 def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any]:
     """Measure every usable backend x precision x batch; write ``--out`` and ``--plot`` when given."""
     _validate(cfg)
-    bundle = open_bundle(cfg.bundle)
+    bundle = open_bundle(cfg.bundle, cfg.trusted_keys)
     explicit = bool(cfg.backends or cfg.precisions)
     usable, logged = [], set()
     for cand in candidates(bundle, cfg.backends or None, cfg.precisions or None):

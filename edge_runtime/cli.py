@@ -17,10 +17,12 @@ from sac_edge.common.summary import emit_json
 from .config import BenchConfig, RunConfig
 
 PROG = "sac-edge"
-USAGE = f"""usage: {PROG} {{run,bench}} BUNDLE [options]
+USAGE = f"""usage: {PROG} {{run,bench}} BUNDLE [options] | {PROG} keygen NAME
 
-  run    drive an environment with the bundle's policy at a fixed rate, within budgets
-  bench  latency, throughput, energy and memory per backend x precision x batch
+  run     drive an environment with the bundle's policy at a fixed rate, within budgets
+  bench   latency, throughput, energy and memory per backend x precision x batch
+  keygen  write an Ed25519 key pair: NAME (private, for sac-export --sign-key) and NAME.pub (for a
+          --trusted-keys directory)
 
 '{PROG} run --help' and '{PROG} bench --help' list the options."""
 
@@ -30,13 +32,14 @@ def log(message: str) -> None:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from .run import run_command, summary_table
+    from .run import raise_env_error, run_command, summary_table
 
     cfg = parse_config(RunConfig, argv, f"{PROG} run", RunConfig.__doc__ or "", positional=("bundle",))
     summary = run_command(cfg, log)
     print(summary_table(summary), flush=True)
     if cfg.json:
         emit_json(summary)
+    raise_env_error(summary)
     return 0
 
 
@@ -51,6 +54,17 @@ def _bench(argv: Sequence[str]) -> int:
     return 0
 
 
+def _keygen(argv: Sequence[str]) -> int:
+    from sac_edge.common.signing import generate_keypair, key_id, load_private_key
+
+    if len(argv) != 1 or argv[0].startswith("-"):
+        raise SacEdgeError(f"usage: {PROG} keygen NAME (writes NAME and NAME.pub)")
+    private, public = generate_keypair(argv[0])
+    kid = key_id(load_private_key(private).public_key())
+    print(f"key {kid}: private {private} (keep it secret), public {public} (copy it into --trusted-keys DIRs)")
+    return 0
+
+
 def _main(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -61,7 +75,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return _run(rest)
     if command == "bench":
         return _bench(rest)
-    raise SacEdgeError(f"unknown command {command!r}; use run or bench ({PROG} --help)")
+    if command == "keygen":
+        return _keygen(rest)
+    raise SacEdgeError(f"unknown command {command!r}; use run, bench or keygen ({PROG} --help)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -67,6 +67,13 @@ class RunConfig:
             "learned from)"
         },
     )
+    restart: bool = field(
+        default=False,
+        metadata={
+            "help": "with --finetune, start again from the bundle weights although last good fine-tuned weights "
+            "exist (they are kept as the previous generation until a candidate is promoted)"
+        },
+    )
     finetune_dir: str | None = field(
         default=None, metadata={"help": "where the last good weights are kept (default: BUNDLE/finetune)"}
     )
@@ -129,6 +136,11 @@ class RunConfig:
     auto_calls: int = field(default=200, metadata={"help": "timed calls per candidate for --backend auto"})
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power/memory sensors read"})
     seed: int = field(default=0, metadata={"help": "environment reset seed"})
+    trusted_keys: str | None = field(
+        default=None,
+        metadata={"help": "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"},
+    )
+    verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the summary as one JSON object on the last line"})
 
 
@@ -150,4 +162,9 @@ class BenchConfig:
     out: str | None = field(default=None, metadata={"help": "write the rows (and the config) to this JSON file"})
     plot: str | None = field(default=None, metadata={"help": "PNG: latency distributions and power over time"})
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power sensors read"})
+    trusted_keys: str | None = field(
+        default=None,
+        metadata={"help": "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"},
+    )
+    verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})

@@ -8,6 +8,7 @@ opened at each cheaper precision the gate accepted, so a governor precision swit
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import sys
 import threading
@@ -17,9 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from sac_edge.common.atomic import check_output_path
 from sac_edge.common.config import config_dict
-from sac_edge.common.envs import make_env
-from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.envs import file_env, make_env
+from sac_edge.common.errors import InternalError, SacEdgeError
+from sac_edge.common.lockfile import pid_lock
+from sac_edge.common.manifest import MANIFEST
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 
@@ -35,9 +39,12 @@ from .control.loop import ControlLoop, LoopSettings
 from .control.realtime import enter_realtime
 from .control.telemetry import StatusLine, TelemetryWriter
 from .finetune.finetuner import build_finetuner, finetune_dir, install_last_good
-from .finetune.promotion import LastGoodStore
+from .finetune.promotion import LastGood, LastGoodStore
 from .finetune.shift import parse_shift, shifted
 from .finetune.weight_swap import WeightSwapper
+
+#: The fastest control rate accepted (a 10 us period; faster is not a control loop Python can keep).
+MAX_RATE_HZ = 100_000.0
 
 
 def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:
@@ -59,10 +66,19 @@ def validate(cfg: RunConfig) -> None:
             raise SacEdgeError(f"--learner-cpu is a fraction of one core in (0, 1], got {cfg.learner_cpu}")
         if not cfg.finetune_lr > 0 or cfg.explore_std < 0:
             raise SacEdgeError("--finetune-lr must be positive and --explore-std non-negative")
-    if not cfg.rate_hz > 0:
-        raise SacEdgeError(f"--rate-hz must be positive, got {cfg.rate_hz}")
-    if cfg.duration < 0:
-        raise SacEdgeError(f"--duration must be >= 0 (0 runs until stopped), got {cfg.duration}")
+    if cfg.resume and cfg.restart:
+        raise SacEdgeError("--resume and --restart exclude each other: continue from the last good weights, or not")
+    if cfg.restart and not cfg.finetune:
+        raise SacEdgeError("--restart only applies with --finetune")
+    if not 0 < cfg.rate_hz <= MAX_RATE_HZ:
+        raise SacEdgeError(f"--rate-hz must be positive and at most {MAX_RATE_HZ:g}, got {cfg.rate_hz}")
+    if not 0 <= cfg.duration < math.inf:
+        raise SacEdgeError(f"--duration must be finite and >= 0 (0 runs until stopped), got {cfg.duration}")
+    for flag, budget in (("--mem-budget-mb", cfg.mem_budget_mb), ("--power-budget-w", cfg.power_budget_w)):
+        if budget is not None and not 0 < budget < math.inf:
+            raise SacEdgeError(f"{flag} must be a positive number, got {budget}")
+    if cfg.telemetry:
+        check_output_path(cfg.telemetry, "--telemetry")
     if not 0 < cfg.inference_budget <= 1:
         raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {cfg.inference_budget}")
     if cfg.threads < 1 or cfg.auto_calls < 1:
@@ -106,12 +122,29 @@ def open_backends(cfg: RunConfig, bundle: Any, log: Callable[[str], None]) -> tu
 def run_command(cfg: RunConfig, log: Callable[[str], None]) -> dict[str, Any]:
     """Run the loop per ``cfg`` and return the summary (also printed as a table by the CLI)."""
     validate(cfg)
-    bundle = open_bundle(cfg.bundle)
-    env_name = cfg.env or bundle.spec.env_id
+    bundle = open_bundle(cfg.bundle, cfg.trusted_keys)
+    env_name = cfg.env or file_env(bundle.spec.env_id, str(bundle.path / MANIFEST))
     env = make_env(env_name)
     check_env_matches(env, bundle.spec, env_name)
     env = shifted(env, parse_shift(cfg.shift))
-    last = LastGoodStore(finetune_dir(cfg)).load() if cfg.resume else None
+    store = LastGoodStore(finetune_dir(cfg))
+    with contextlib.ExitStack() as held:
+        if cfg.finetune:  # one fine-tuner per weights directory, or each would overwrite the other's
+            held.enter_context(pid_lock(store.lock, f"fine-tuning directory {store.dir}"))
+            if store.exists() and not (cfg.resume or cfg.restart):
+                raise SacEdgeError(
+                    f"{store.path} holds last good fine-tuned weights; pass --resume to continue from them or "
+                    "--restart to start again from the bundle weights (they are then kept as previous.safetensors "
+                    "at the first promotion)"
+                )
+        last = store.load() if cfg.resume else None
+        return _run_with(cfg, bundle, env, env_name, last, log)
+
+
+def _run_with(
+    cfg: RunConfig, bundle: Any, env: Any, env_name: str, last: LastGood | None, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Open the backends, build the fine-tuner when asked, drive the loop and write the summary."""
     backends, figures = open_backends(cfg, bundle, log)
     probe = MemoryProbe(Path(cfg.sensor_root))
     with TelemetryWriter(cfg.telemetry) as telemetry:
@@ -209,6 +242,18 @@ def _drive(
     }
 
 
+def raise_env_error(summary: dict[str, Any]) -> None:
+    """After the summary was printed and written: the environment's failure as the command's outcome.
+
+    A ``KeyboardInterrupt`` from the env stays an interrupt (exit 130); anything else is one line, exit 1."""
+    error = summary.get("env_error")
+    if not error:
+        return
+    if error["type"] == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    raise InternalError(f"{summary['stopped_by']}; the summary above covers the run until then")
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     """The end-of-run table (stdout)."""
     lat, jit = summary["latency_us"], summary["jitter_us"]
@@ -229,7 +274,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         (
             "safety",
             f"obs non-finite {summary['obs_nonfinite']}, out of range {summary['obs_out_of_range']}, "
-            f"held {summary['obs_held']}, overruns {summary['inference_overruns']}, "
+            f"malformed {summary['obs_malformed']}, held {summary['obs_held']}, "
+            f"overruns {summary['inference_overruns']}, "
             f"actions clipped {summary['action_clipped']}, non-finite {summary['action_nonfinite']}",
         ),
         ("peak RSS", "unknown" if np.isnan(summary["peak_rss_mb"]) else f"{summary['peak_rss_mb']:.1f} MB"),

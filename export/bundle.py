@@ -19,7 +19,16 @@ import onnx
 from sac_edge.common.atomic import atomic_dir
 from sac_edge.common.config import save_config
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import file_entry, write_manifest
+from sac_edge.common.jsonfile import read_json
+from sac_edge.common.manifest import (
+    FINETUNE_DIR,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    file_entry,
+    is_sac_edge_manifest,
+    write_manifest,
+)
+from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
 from sac_edge.train.checkpoint import save_tensors
 
 from .config import ExportConfig
@@ -54,13 +63,37 @@ class ExportResult(NamedTuple):
     int8: dict[str, Any] | None  # the calibration result and gate report (None without --int8)
 
 
-def write_bundle(cfg: ExportConfig, source: PolicySource) -> ExportResult:
-    """Write the bundle for ``source`` into ``cfg.out`` (refusing an existing one unless ``cfg.force``)."""
+def check_out(cfg: ExportConfig) -> None:
+    """``--out`` must be new, or (with ``--force``) a bundle sac-export wrote whose fine-tuned weights may go.
+
+    Checked before anything slow. ``--force`` never replaces a directory sac-export did not write (its
+    manifest must have sac-edge's format fields), nor the last good fine-tuned weights in ``finetune/``
+    unless ``--discard-finetuned`` says so: they exist nowhere else.
+    """
     out = Path(cfg.out)
     if out.exists() and not cfg.force:
         raise SacEdgeError(f"{out} already exists; pass --force to replace it (only once the new bundle is complete)")
-    if out.exists() and not (out / "manifest.json").is_file():
-        raise SacEdgeError(f"{out} exists and is not a bundle; refusing to replace it, choose another --out")
+    if not out.exists():
+        return
+    fix = "refusing to replace it, choose another --out"
+    if out.is_symlink() or not out.is_dir() or not (out / MANIFEST).is_file():
+        raise SacEdgeError(f"{out} exists and is not a bundle; {fix}")
+    manifest = read_json(out / MANIFEST, "manifest", fix, max_bytes=MAX_MANIFEST_BYTES)
+    if not is_sac_edge_manifest(manifest):
+        raise SacEdgeError(f"{out}/{MANIFEST} was not written by sac-export; {fix}")
+    finetuned = out / FINETUNE_DIR
+    if finetuned.is_dir() and any(finetuned.glob("*.safetensors")) and not cfg.discard_finetuned:
+        raise SacEdgeError(
+            f"{finetuned} holds fine-tuned weights that --force would delete; move them away first, or pass "
+            "--discard-finetuned to delete them"
+        )
+
+
+def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519PrivateKey | None = None) -> ExportResult:
+    """Write the bundle for ``source`` into ``cfg.out`` (``check_out`` decides whether an existing one may be
+    replaced), signing its manifest with ``sign_key`` when given."""
+    out = Path(cfg.out)
+    check_out(cfg)
     with atomic_dir(out, replace=cfg.force) as stage:
         onnx_info = export_policy(source.policy, source.spec.obs_dim, stage / POLICY_ONNX)
         states, origin = held_out_states(
@@ -80,6 +113,8 @@ def write_bundle(cfg: ExportConfig, source: PolicySource) -> ExportResult:
         save_config(cfg, stage / EXPORT_CONFIG, spec=source.spec.to_dict(), source_kind=source.kind)
         manifest = _manifest(cfg, source, stage, onnx_info, parity, int8, engines)
         write_manifest(stage, manifest)
+        if sign_key is not None:
+            sign_bundle(stage, sign_key)
     return ExportResult(out, manifest, parity, int8)
 
 

@@ -7,9 +7,10 @@ from typing import Any
 
 from sac_edge.common.config import parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
+from sac_edge.common.signing import load_private_key
 from sac_edge.common.summary import emit_json
 
-from .bundle import ExportResult, write_bundle
+from .bundle import ExportResult, check_out, write_bundle
 from .config import ExportConfig
 from .source import load_source
 from .tensorrt import tensorrt_unavailable
@@ -41,8 +42,10 @@ def _main(argv: Sequence[str] | None) -> int:
         reason = tensorrt_unavailable()
         if reason is not None:
             raise SacEdgeError(f"--engine always: {reason}; use --engine auto to defer engines to the device")
+    check_out(cfg)  # before the slow work: a refused --out is known at once
+    key = load_private_key(cfg.sign_key) if cfg.sign_key else None
     source = load_source(cfg.run, cfg.env)
-    result = write_bundle(cfg, source)
+    result = write_bundle(cfg, source, key)
     print(report(result))
     if cfg.json:
         emit_json(summary(result))
@@ -55,6 +58,8 @@ def _check_flags(cfg: ExportConfig) -> None:
             raise SacEdgeError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
     if cfg.gate_episodes < 1:
         raise SacEdgeError(f"--gate-episodes must be >= 1 (got {cfg.gate_episodes})")
+    if cfg.discard_finetuned and not cfg.force:
+        raise SacEdgeError("--discard-finetuned only makes sense with --force")
     if not cfg.parity_tol > 0:
         raise SacEdgeError(f"--parity-tol must be > 0 (got {cfg.parity_tol})")
 

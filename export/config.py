@@ -47,5 +47,17 @@ class ExportConfig:
     workspace_mb: int = field(default=512, metadata={"help": "TensorRT builder workspace limit (MiB)"})
     max_batch: int = field(default=64, metadata={"help": "largest batch of the TensorRT optimisation profile"})
     seed: int = field(default=0, metadata={"help": "seed for held-out states, calibration rollouts and the gate"})
-    force: bool = field(default=False, metadata={"help": "replace an existing bundle in --out (only once complete)"})
+    force: bool = field(
+        default=False,
+        metadata={"help": "replace an existing sac-export bundle in --out (only once complete; never its finetune/)"},
+    )
+    discard_finetuned: bool = field(
+        default=False,
+        metadata={"help": "with --force, also delete the fine-tuned weights in the old bundle's finetune/"},
+    )
+    sign_key: str | None = field(
+        default=None,
+        metadata={"help": "Ed25519 private key (sac-edge keygen) to sign the manifest with (manifest.sig)"},
+    )
     json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})
+    verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from sac_edge.common.bounded import MAX_JSON_BYTES, MAX_MEMBER_BYTES, read_zip_member
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import sha256_file
 from sac_edge.common.spec import PolicySpec
@@ -57,15 +58,19 @@ def load_sb3_zip(
             names = set(archive.namelist())
             if "policy.pth" not in names or "data" not in names:
                 raise SacEdgeError(f"{path}: not a Stable-Baselines3 model (no policy.pth/data in the archive)")
-            data = _read_json(archive.read("data"), path)
-            state = _read_tensors(archive.read("policy.pth"), path, "policy.pth")
+            data = _read_json(read_zip_member(archive, "data", MAX_JSON_BYTES, path), path)
+            state = _read_tensors(read_zip_member(archive, "policy.pth", MAX_MEMBER_BYTES, path), path, "policy.pth")
             variables = (
-                _read_tensors(archive.read("pytorch_variables.pth"), path, "pytorch_variables.pth")
+                _read_tensors(
+                    read_zip_member(archive, "pytorch_variables.pth", MAX_MEMBER_BYTES, path),
+                    path,
+                    "pytorch_variables.pth",
+                )
                 if "pytorch_variables.pth" in names
                 else {}
             )
             version = (
-                archive.read("_stable_baselines3_version").decode(errors="replace").strip()
+                read_zip_member(archive, "_stable_baselines3_version", 1024, path).decode(errors="replace").strip()
                 if ("_stable_baselines3_version" in names)
                 else "unknown"
             )
@@ -99,7 +104,7 @@ def load_sb3_zip(
 def _read_json(raw: bytes, path: Path) -> dict[str, Any]:
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise SacEdgeError(f"{path}: the archive's data entry is not JSON ({err})") from None
     if not isinstance(data, dict):
         raise SacEdgeError(f"{path}: the archive's data entry is not a JSON object")

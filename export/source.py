@@ -12,10 +12,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from sac_edge.common.envs import make_env
+from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.spec import PolicySpec
-from sac_edge.train.checkpoint import CALIB_STATES, inference_policy, learner_tensors, load_run
+from sac_edge.train.checkpoint import CALIB_STATES, CONFIG, inference_policy, learner_tensors, load_run
 from sac_edge.train.policies import InferencePolicy
 
 from .sb3 import is_sb3_zip, load_sb3_zip, sb3_reference
@@ -60,6 +60,8 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
     if env:
         _check_env(env, spec, str(path))
         spec = dataclasses.replace(spec, env_id=env)
+    else:  # parity and calibration roll the policy out in the run's env: never import what a file names
+        file_env(spec.env_id, str(path / CONFIG))
     replay = None
     if (path / CALIB_STATES).is_file():
         from sac_edge.calibration.states import load_calib_states

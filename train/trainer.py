@@ -23,9 +23,9 @@ import torch
 from tqdm import tqdm
 
 import sac_edge
-from sac_edge.common.atomic import atomic_path, atomic_write_json
+from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
 from sac_edge.common.config import config_dict
-from sac_edge.common.envs import make_env
+from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.spec import PolicySpec
@@ -70,12 +70,20 @@ def _cpu_has_bf16_matmul() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
+#: The widest hidden layer accepted (a 65536 x 65536 fp32 layer is already 16 GiB).
+MAX_WIDTH = 1 << 16
+
+
 def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
     """Validate the run dir against the flags; on --resume take the saved hyperparameters.
 
     Raises SacEdgeError before anything is written.
     """
     run = Path(cfg.out)
+    check_output_path(run, "--out", directory=True)
+    if not cfg.hidden or any(not 1 <= width <= MAX_WIDTH for width in cfg.hidden):
+        shown = ",".join(map(str, cfg.hidden)) or "(empty)"
+        raise SacEdgeError(f"--hidden needs one or more layer widths from 1 to {MAX_WIDTH}, got {shown}")
     has_run = (run / ckpt.CONFIG).exists() or (run / ckpt.CHECKPOINT).exists()
     if cfg.resume:
         saved = read_json(run / ckpt.CONFIG, "run config", "nothing to resume; train without --resume")
@@ -87,6 +95,8 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
                 f"{run} was trained on {saved_cfg.get('env')}, not {cfg.env}; "
                 "resume without --env or choose another --out"
             )
+        if cfg.env is None:  # the env a file names is never imported: only a registered id is taken from it
+            file_env(saved_cfg.get("env"), str(run / ckpt.CONFIG))
         if not (run / ckpt.CHECKPOINT).exists():
             raise SacEdgeError(f"{run}: no {ckpt.CHECKPOINT} to resume from; train without --resume")
         keep = {"total_steps", "progress", "json", "resume", "out", "threads"}

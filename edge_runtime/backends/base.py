@@ -28,6 +28,7 @@ import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import read_manifest
+from sac_edge.common.signing import require_trusted
 from sac_edge.common.spec import PolicySpec
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -59,9 +60,13 @@ class Bundle(NamedTuple):
         return self.path / names[0] if names else None
 
 
-def open_bundle(path: str | Path) -> Bundle:
-    """Read a bundle, verifying format_version and every file's sha256 (one-line error on a mismatch)."""
+def open_bundle(path: str | Path, trusted_keys: str | Path | None = None) -> Bundle:
+    """Read a bundle, verifying format_version, the manifest's schema and names, and every file's sha256
+    (one-line error on a mismatch). With ``trusted_keys`` (a directory of public keys) the manifest must
+    first carry a signature by one of them (``common.signing``)."""
     root = Path(path)
+    if trusted_keys is not None:
+        require_trusted(root, trusted_keys)
     manifest = read_manifest(root, verify=True)
     spec = PolicySpec.from_dict(manifest.get("spec", {}), source=str(root / "manifest.json"))
     return Bundle(root, manifest, spec)

@@ -241,7 +241,10 @@ class Governor:
         if self._over >= cfg.degrade_after:
             self._over = 0
             why = f"{' and '.join(c.label for c in over)} over budget for {cfg.degrade_after} samples: {figures}"
-            if self._level + 1 < len(self.levels):
+            helps = self._level + 1 < len(self.levels) and (
+                self.levels[self._level + 1].step != "control_rate" or any(c.label != "memory" for c in over)
+            )  # a lower control rate saves power, not memory: over memory alone, the rate steps cannot help
+            if helps:
                 return self._emit(now, "degrade", self._level + 1, why, power, mem)
             if not self._unmeetable:
                 self._unmeetable = True

@@ -10,8 +10,11 @@ Safety policy (see ``safety.py``): observations that are non-finite or outside t
 counted and repaired (``--obs-fault clip``, default) or cause the last safe action to be held
 (``--obs-fault hold``); actions are always finite and clipped to the bounds; an inference that takes
 longer than ``inference_budget`` x period is counted and its action discarded for the last safe action
-(it is stale by then). Episodes reset on termination or truncation. ``stop()`` (wired to SIGINT and
-SIGTERM by the CLI) ends the loop after the current step; the summary is always produced.
+(it is stale by then). Episodes reset on termination or truncation. The environment is foreign code:
+anything its ``reset()`` or ``step()`` raises (even ``SystemExit`` or ``KeyboardInterrupt``) ends the loop
+as a stop, kept in ``env_error`` and named in the summary's ``stopped_by``, so the summary is still made.
+``stop()`` (wired to SIGINT and SIGTERM by the CLI) ends the loop after the current step; the summary is
+always produced.
 
 Once a second, off the per-step path: latency/jitter/miss figures for the second, memory and power via
 the budget monitor (which ticks the governor and may switch precision or rate), one telemetry record
@@ -119,6 +122,8 @@ class ControlLoop:
         self.act_guard = ActionGuard(act_space.low, act_space.high)  # type: ignore[attr-defined]
         self.rate_hz = settings.rate_hz
         self.stop_reason: str | None = None
+        self.env_error: dict[str, str] | None = None
+        """What the environment raised, if it ended the run: call, type, message (reported after the summary)."""
         self.events: list[dict[str, Any]] = []
         self.precision_switches = 0
         self.peak_rss_mb = float("nan")
@@ -150,7 +155,6 @@ class ControlLoop:
         obs_guard, act_guard = self.obs_guard, self.act_guard
         env, experience = self.env, self.experience
         backend = self.backend
-        obs, _ = env.reset(seed=s.seed)
         steps = misses = skipped = overruns = held = episodes = 0
         window_start_step = window_misses = 0
         start = clock()
@@ -158,6 +162,11 @@ class ControlLoop:
         end = start + int(s.duration_s * 1e9) if s.duration_s > 0 else None
         next_second = start + 1_000_000_000
         self.stop_reason = None
+        try:
+            obs, _ = env.reset(seed=s.seed)
+        except BaseException as err:  # the env is foreign code: the summary is still made
+            obs = None
+            self._env_failed("reset", err)
         while self.stop_reason is None:
             slot = anchor + k * period
             if end is not None and slot >= end:
@@ -183,13 +192,21 @@ class ControlLoop:
                     action = act_guard.hold()
                 else:
                     action = act_guard.apply(raw if experience is None else experience.explore(raw))
-            next_obs, reward, terminated, truncated, _ = env.step(action)
+            try:
+                next_obs, reward, terminated, truncated, _ = env.step(action)
+            except BaseException as err:  # the env is foreign code: the summary is still made
+                self._env_failed("step", err)
+                break
             done = terminated or truncated
-            if experience is not None:
+            if experience is not None and obs_guard.well_formed(obs) and obs_guard.well_formed(next_obs):
                 experience.observe(obs, action, float(reward), next_obs, bool(terminated), bool(truncated))
             if done:
                 episodes += 1
-                next_obs, _ = env.reset()
+                try:
+                    next_obs, _ = env.reset()
+                except BaseException as err:  # as above
+                    self._env_failed("reset", err)
+                    break
             obs = next_obs
             steps += 1
             finished = clock()
@@ -215,6 +232,12 @@ class ControlLoop:
         elapsed = (clock() - start) / 1e9
         self._final_memory()
         return self._summary(steps, episodes, misses, skipped, overruns, held, latency, jitter, elapsed)
+
+    def _env_failed(self, call: str, err: BaseException) -> None:
+        """The environment raised in ``call``: stop, and keep the error for the caller."""
+        first = str(err).splitlines()[0][:200] if str(err) else ""
+        self.env_error = {"call": call, "type": type(err).__name__, "message": first}
+        self.stop_reason = f"environment error in {call}(): {type(err).__name__}" + (f": {first}" if first else "")
 
     def _second(
         self,
@@ -305,6 +328,7 @@ class ControlLoop:
             "obs_nonfinite": self.obs_guard.nonfinite,
             "obs_out_of_range": self.obs_guard.out_of_range,
             "obs_held": held,
+            "obs_malformed": self.obs_guard.malformed,
             "action_nonfinite": self.act_guard.nonfinite,
             "action_clipped": self.act_guard.clipped,
             "precision": self.precision,
@@ -313,6 +337,7 @@ class ControlLoop:
             "budget_events": len(self.events),
             "events": self.events,
             "stopped_by": self.stop_reason,
+            "env_error": self.env_error,
             "backend": self.backend.describe(),
         }
 

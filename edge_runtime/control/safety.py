@@ -8,6 +8,10 @@ Observation (``--obs-fault``):
 - ``hold``: any non-finite or out-of-range observation skips inference and holds the last safe action.
   The conservative choice for a plant where a stale command is safer than a guessed state.
 
+A malformed observation (not an array of real numbers of the declared shape: a wrong shape, a scalar, an
+object or string dtype) is an observation fault too, counted as ``malformed``: ``clip`` serves the last
+good observation, ``hold`` holds the last safe action. It is never broadcast or passed to the policy.
+
 Action: always finite and inside the action bounds. A non-finite action is replaced by the last safe
 action (initially 0 clipped to the bounds); a finite one is clipped to the bounds.
 """
@@ -33,9 +37,17 @@ class ObservationGuard:
         self._repaired = np.empty_like(self.low)
         self.nonfinite = 0
         self.out_of_range = 0
+        self.malformed = 0
+
+    def well_formed(self, obs: object) -> bool:
+        """Whether ``obs`` is an array of real numbers of the declared shape (values not yet checked)."""
+        return isinstance(obs, np.ndarray) and obs.shape == self.low.shape and obs.dtype.kind in "fiu"
 
     def check(self, obs: np.ndarray) -> np.ndarray | None:
         """A safe observation (``obs`` itself when it is fine), or None: hold the last action."""
+        if not self.well_formed(obs):
+            self.malformed += 1
+            return None if self.hold else self.last_good.copy()
         finite = bool(np.isfinite(obs).all())
         if finite and (not self.bounded or bool(((obs >= self.low) & (obs <= self.high)).all())):
             np.copyto(self.last_good, obs)

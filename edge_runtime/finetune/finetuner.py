@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import FINETUNE_DIR
 from sac_edge.common.spec import PolicySpec
 from sac_edge.edge_runtime.backends.base import Backend, Bundle
 from sac_edge.edge_runtime.budget.governor import Governor
@@ -48,7 +49,6 @@ SHADOW_STATES = 512
 STAGING_ROWS = 8192
 IDLE_S = 0.002
 GIL_SWITCH_S = 1e-4
-FINETUNE_DIR = "finetune"
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -102,6 +102,7 @@ class FineTuner:
         good_state: Mapping[str, np.ndarray],
         good_states: np.ndarray,
         start_step: int = 0,
+        start_generation: int = 0,
     ) -> None:
         self.spec, self.learner, self.swapper, self.store, self.rules = spec, learner, swapper, store, rules
         self.cfg, self.utd, self.governor, self._emit = cfg, utd, governor, emit
@@ -115,9 +116,10 @@ class FineTuner:
         self.good_state = {k: np.array(v) for k, v in good_state.items()}
         self.good_weights = {k: v for k, v in self.good_state.items() if k.startswith("actor.")}
         self.good_states = good_states
-        self.good_generation = 0
+        self.start_generation = start_generation  # a resumed run continues the saved generation count
+        self.good_generation = self.generation = start_generation
+        self.episodes.generation = start_generation
         self.good_returns: deque[float] = deque(maxlen=rules.window)
-        self.generation = 0
         self.candidate: Candidate | None = None
         self.start_step = start_step
         self.collected = self.updates = self._since = 0
@@ -321,7 +323,7 @@ class FineTuner:
 
     # -- report -----------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        first = [r for g, r in self.episode_returns if g == 0][: self.rules.window]
+        first = [r for g, r in self.episode_returns if g == self.start_generation][: self.rules.window]
         return {
             "steps_collected": self.collected,
             "dropped": self.ring.dropped,
@@ -339,6 +341,8 @@ class FineTuner:
             "last_good_mean_return": float(np.mean(self.good_returns)) if self.good_returns else None,
             "last_good": str(self.store.path) if self.last_good_sha else None,
             "last_good_sha256": self.last_good_sha,
+            "start_generation": self.start_generation,
+            "generation": self.good_generation,
             "error": self.error,
             "sizing": self.sizing,
         }
@@ -419,6 +423,7 @@ def build_finetuner(
         state,
         states,
         start_step=int(last.info.get("step", 0)) if last is not None else 0,
+        start_generation=int(last.info.get("generation", 0)) if last is not None else 0,
     )
     tuner.sizing = {
         **sizing.to_dict(),

@@ -17,14 +17,19 @@ The last good weights live in ``DIR/last_good.safetensors`` (learner tensors + t
 checked on, with the step, returns and generation in the safetensors metadata, so the one file is
 self-describing) and ``DIR/last_good.json`` (the same facts plus the file's sha256, for people and for
 ``--resume``'s check). Both are written atomically (temp file, fsync, rename), the tensors first: a crash or
-power loss at any moment leaves either the old pair or the new tensors, never a torn file. This module has
+power loss at any moment leaves either the old pair or the new tensors, never a torn file. The tensors
+file carries a checksum of its own tensors in its metadata, and the pair it replaces is kept as
+``DIR/previous.safetensors`` / ``DIR/previous.json``: ``load`` refuses a set whose checksum does not match or
+that holds non-finite or absurd weights, naming the previous generation to fall back to. This module has
 no torch import, so ``sac-edge run --resume`` without ``--finetune`` stays torch-free.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +45,14 @@ from sac_edge.common.manifest import sha256_file
 
 LAST_GOOD = "last_good.safetensors"
 LAST_GOOD_INFO = "last_good.json"
+PREVIOUS = "previous.safetensors"
+PREVIOUS_INFO = "previous.json"
+LOCK = "lock"
 STATES_KEY = "shadow_states"
+INFO_KEY = "sac_edge_last_good"
+CHECKSUM_KEY = "sac_edge_tensors_sha256"
+#: No trained SAC weight comes near this; a larger one is damage, not learning.
+MAX_ABS_WEIGHT = 1e4
 
 
 @dataclass(frozen=True)
@@ -121,23 +133,54 @@ class LastGood(NamedTuple):
         return {k: v for k, v in self.tensors.items() if k.startswith("actor.")}
 
 
+def tensors_sha256(tensors: Mapping[str, np.ndarray]) -> str:
+    """A checksum of named tensors (names, dtypes, shapes and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        digest.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
+        digest.update(arr.tobytes())
+    return digest.hexdigest()
+
+
+def damage(tensors: Mapping[str, np.ndarray]) -> str | None:
+    """Why a weight set must not be served (a non-finite or absurdly large network weight), or None."""
+    for name, arr in tensors.items():
+        if name == STATES_KEY or not np.issubdtype(arr.dtype, np.floating):
+            continue
+        if not np.isfinite(arr).all():
+            return f"{name} holds non-finite values"
+        if name.startswith(("actor.", "critic")) and arr.size and float(np.abs(arr).max()) > MAX_ABS_WEIGHT:
+            return f"{name} holds a weight of magnitude {float(np.abs(arr).max()):.3g} (> {MAX_ABS_WEIGHT:g})"
+    return None
+
+
 class LastGoodStore:
-    """``DIR/last_good.safetensors`` + ``DIR/last_good.json``, written atomically."""
+    """``DIR/last_good.safetensors`` + ``DIR/last_good.json``, written atomically; the pair they replace is
+    kept as ``DIR/previous.*``. ``DIR/lock`` (``common.lockfile.pid_lock``) keeps two fine-tuners apart."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.path = directory / LAST_GOOD
         self.info_path = directory / LAST_GOOD_INFO
+        self.previous = directory / PREVIOUS
+        self.lock = directory / LOCK
 
     def save(self, tensors: Mapping[str, np.ndarray], states: np.ndarray, info: Mapping[str, Any]) -> str:
-        """Write the pair (tensors first); returns the tensors file's sha256."""
+        """Write the pair (tensors first), keeping the replaced pair as the previous generation; returns
+        the tensors file's sha256."""
         from safetensors.numpy import save_file
 
         flat = {k: np.asarray(v, order="C") for k, v in tensors.items()}  # keeps 0-d (obs_norm.count)
         flat[STATES_KEY] = np.asarray(states, np.float32, order="C")
         facts = {**info, "saved_unix": time.time()}
+        meta = {INFO_KEY: json.dumps(facts, default=float), CHECKSUM_KEY: tensors_sha256(flat)}
         with atomic_path(self.path) as tmp:
-            save_file(flat, str(tmp), metadata={"sac_edge_last_good": json.dumps(facts, default=float)})
+            save_file(flat, str(tmp), metadata=meta)
+            if self.path.is_file():  # the replaced set stays one generation (renames: atomic, no copy)
+                if self.info_path.is_file():
+                    os.replace(self.info_path, self.dir / PREVIOUS_INFO)
+                os.replace(self.path, self.previous)
         sha = sha256_file(self.path)
         atomic_write_json(self.info_path, {**facts, "file": LAST_GOOD, "sha256": sha})
         return sha
@@ -146,23 +189,21 @@ class LastGoodStore:
         return self.path.is_file()
 
     def load(self) -> LastGood:
-        """Read the last good weights; a missing or corrupt file is a one-line error.
+        """Read and verify the last good weights; a missing, corrupt or damaged set is a one-line error
+        that names the previous generation when one is kept.
 
-        The JSON sidecar is advisory: if it disagrees with the tensors file (a crash between the two
-        writes), the self-describing tensors file wins and the mismatch is reported in ``info``.
+        The tensors file is self-describing and self-checking (metadata checksum of its tensors); the JSON
+        sidecar is advisory: if it disagrees with the tensors file (a crash between the two writes), the
+        tensors file wins and the mismatch is reported in ``info``.
         """
-        from safetensors import SafetensorError, safe_open
-
         if not self.path.is_file():
-            raise SacEdgeError(f"{self.path}: no last good weights to resume from (run --finetune first)")
+            hint = self._fallback() if self.previous.is_file() else "run --finetune first"
+            raise SacEdgeError(f"{self.path}: no last good weights to resume from; {hint}")
+        meta, tensors, problem = _read_verified(self.path)
+        if problem is not None:
+            raise SacEdgeError(f"{self.path}: last good weights are damaged ({problem}); {self._fallback()}")
         try:
-            with safe_open(str(self.path), framework="numpy") as fh:
-                meta = fh.metadata() or {}
-                tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no iterator
-        except (SafetensorError, OSError, ValueError) as err:
-            raise SacEdgeError(f"{self.path}: last good weights are corrupt ({err}); restore a copy") from None
-        try:
-            info = json.loads(meta.get("sac_edge_last_good", "{}"))
+            info = json.loads(meta.get(INFO_KEY, "{}"))
         except json.JSONDecodeError:
             info = {}
         sha = sha256_file(self.path)
@@ -172,3 +213,31 @@ class LastGoodStore:
         if not any(k.startswith("actor.") for k in tensors):
             raise SacEdgeError(f"{self.path}: holds no actor weights; not a sac-edge last good file")
         return LastGood(tensors, states, info, sha)
+
+    def _fallback(self) -> str:
+        """What to do about a damaged set: resume from the previous generation if it is intact."""
+        if self.previous.is_file() and _read_verified(self.previous)[2] is None:
+            generation = (read_json_or_none(self.dir / PREVIOUS_INFO) or {}).get("generation", "unknown")
+            return (
+                f"the previous good generation ({generation}) is intact in {self.previous}: move it to "
+                f"{self.path} to resume from it, or run --finetune --restart"
+            )
+        return "restore a copy, or run --finetune --restart to start again from the bundle weights"
+
+
+def _read_verified(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray], str | None]:
+    """A last good file's metadata and tensors, with why they must not be used (None when intact)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            meta = fh.metadata() or {}
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no iterator
+    except (SafetensorError, OSError, ValueError) as err:
+        return {}, {}, f"unreadable: {str(err)[:120]}"
+    expected = meta.get(CHECKSUM_KEY)
+    if expected is None:
+        return meta, tensors, "no tensor checksum in its metadata"
+    if tensors_sha256(tensors) != expected:
+        return meta, tensors, "tensor checksum mismatch: the file changed after it was written"
+    return meta, tensors, damage(tensors)

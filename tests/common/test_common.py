@@ -7,7 +7,7 @@ import pytest
 from sac_edge.common.atomic import atomic_dir, atomic_path, atomic_write_json
 from sac_edge.common.config import build_parser, parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
-from sac_edge.common.manifest import read_manifest, sha256_file, write_manifest
+from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
 from sac_edge.common.summary import emit_json, json_safe
 from sac_edge.train.config import TrainConfig
 
@@ -39,7 +39,7 @@ def test_atomic_dir_is_complete_or_absent(tmp_path):
 
 def test_manifest_verifies_checksums(tmp_path):
     (tmp_path / "policy.onnx").write_bytes(b"graph")
-    write_manifest(tmp_path, {"files": {"policy.onnx": {"sha256": sha256_file(tmp_path / "policy.onnx")}}})
+    write_manifest(tmp_path, {"spec": {}, "files": {"policy.onnx": file_entry(tmp_path, "policy.onnx", kind="onnx")}})
     assert read_manifest(tmp_path)["format_version"] == 1
     (tmp_path / "policy.onnx").write_bytes(b"tampered")
     with pytest.raises(SacEdgeError, match=r"checksum mismatch for policy\.onnx"):

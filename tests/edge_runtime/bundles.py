@@ -112,5 +112,5 @@ def make_bundle(
         quantize_int8(out / "policy.onnx", out / "policy.int8.onnx", spec.obs_dim)
         files["policy.int8.onnx"] = file_entry(out, "policy.int8.onnx", kind="onnx", precision="int8")
         gate = {"verdict": int8, "max_action_error": 0.01 if int8 == "accepted" else 0.5}
-    write_manifest(out, {"spec": spec.to_dict(), "files": files, "gate": gate})
+    write_manifest(out, {"spec": spec.to_dict(), "files": files, "gate": gate, "source": {"kind": "test"}})
     return out

@@ -185,3 +185,18 @@ def test_force_never_replaces_a_non_bundle_dir(
     assert main([str(pendulum_run), "--out", str(out), "--force"]) == 2
     _one_line_error(capsys, "is not a bundle")
     assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_signed_export_runs_only_under_its_trusted_key(pendulum_run: Path, tmp_path: Path) -> None:
+    from sac_edge.common.signing import TRUSTED, generate_keypair, signature_state
+    from sac_edge.edge_runtime.cli import main as edge_main
+
+    private, public = generate_keypair(tmp_path / "fleet")
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    public.rename(trusted / public.name)
+    out = tmp_path / "bundle"
+    assert main([str(pendulum_run), "--out", str(out), "--sign-key", str(private)]) == 0
+    assert signature_state(out, trusted).state == TRUSTED
+    run = ["run", str(out), "--duration", "0.05", "--backend", "onnxruntime", "--trusted-keys", str(trusted)]
+    assert edge_main(run) == 0

@@ -106,4 +106,3 @@ def open_cuda() -> CudaPython | PyCuda:
     if importlib.util.find_spec("pycuda") is not None:
         return PyCuda()
     raise missing_package("tensorrt", "cuda-python", "pip install cuda-python, or pycuda on JetPack 5")
-

@@ -94,4 +94,3 @@ def write_sidecar(plan: Path, key: PlanKey, build: Mapping[str, Any]) -> None:
     atomic_write_json(
         plan.with_suffix(".json"), {**key._asdict(), "plan_sha256": sha256_file(plan), "build": dict(build)}
     )
-

@@ -188,4 +188,3 @@ class TensorRTBackend(Backend):
             self._runner = self._retired = None  # type: ignore[assignment]
             self._batch_cuda.close()
         self.cuda.close()
-

@@ -161,3 +161,10 @@ def test_missing_readings_neither_degrade_nor_recover(tmp_path: Path) -> None:
         assert gov.tick(100.0 + t, None, float("nan")) == []
     assert gov.level == 1
     assert Governor(GovernorConfig(), LADDER).tick(0.0, None, 1e9) == []  # no budgets: nothing to enforce
+
+
+def test_memory_alone_over_budget_never_lowers_the_control_rate() -> None:
+    gov = governor(power_budget_w=None, mem_budget_mb=300.0)
+    events = [e for t in range(3 * len(LADDER) + 30) for e in gov.tick(float(t), None, 900.0)]
+    assert "rate_hz" not in [e.knob for e in events] and events[-1].kind == "unmeetable"
+    assert gov.knobs.rate_hz == 1000.0 and gov.knobs.precision == "int8" and gov.knobs.finetune_paused

@@ -1,0 +1,53 @@
+"""The threat model as tests: each file is one class of hostile or careless input (see
+docs/ARCHITECTURE.md "Threat model"). Hostile files are built in ``tmp_path`` from a clean bundle."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edge_runtime"))  # bundles.py, the test bundles
+
+from bundles import make_bundle
+
+
+@pytest.fixture(scope="session")
+def clean_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Pendulum-v1 bundle as sac-export lays it out (fp32 only), never modified."""
+    return make_bundle(tmp_path_factory.mktemp("security") / "clean", int8=None)
+
+
+@pytest.fixture
+def bundle(clean_bundle: Path, tmp_path: Path) -> Path:
+    """A private copy of the clean bundle for one test to tamper with."""
+    return Path(shutil.copytree(clean_bundle, tmp_path / "bundle"))
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], rc: int, prog: str = "sac-edge", code: int = 2) -> str:
+    """The single stderr line of a refused command (asserting exit ``code`` and no traceback)."""
+    err = capsys.readouterr().err.strip()
+    assert rc == code, err
+    assert len(err.splitlines()) == 1 and err.startswith(f"{prog}: "), err
+    return err
+
+
+@pytest.fixture
+def refused(capsys: pytest.CaptureFixture[str]) -> Callable[..., str]:
+    """``refused(main, argv)``: run a console main, expect one stderr line and exit 2, return the line."""
+
+    def check(main: Callable[[list[str]], int], argv: list[str], prog: str = "sac-edge", code: int = 2) -> str:
+        return one_line_error(capsys, main(argv), prog, code)
+
+    return check
+
+
+@pytest.fixture(scope="session")
+def clean_finetune_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small bundle as sac-export writes it for fine-tuning (never modified)."""
+    from finetune_bundles import make_finetune_bundle
+
+    return make_finetune_bundle(tmp_path_factory.mktemp("security") / "finetune")
