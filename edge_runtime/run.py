@@ -167,7 +167,9 @@ def _drive(
     sensor = detect_power_sensor(root) if cfg.telemetry or cfg.power_budget_w is not None else None
     monitor = BudgetMonitor(probe, sensor, governor)
     status = StatusLine() if sys.stderr.isatty() else None
-    settings = LoopSettings(cfg.rate_hz, cfg.duration, cfg.obs_fault, cfg.inference_budget, cfg.spin_us, cfg.seed)
+    settings = LoopSettings(
+        cfg.rate_hz, cfg.duration, cfg.obs_fault, cfg.inference_budget, cfg.spin_us, cfg.seed, cfg.warm_cache
+    )
     emit(
         {
             "type": "config",

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from sac_edge.edge_runtime.cli import main
@@ -188,3 +190,50 @@ def test_cyclic_gc_is_paused_during_the_loop_and_restored() -> None:
     with _paused_gc():
         assert not gc.isenabled() and gc.get_freeze_count() > 0
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+class _CountingBackend:
+    """A real backend that counts its batch-1 inferences."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.calls = inner, 0
+
+    def act(self, obs: object) -> object:
+        self.calls += 1
+        return self.inner.act(obs)  # type: ignore[attr-defined]
+
+    def describe(self) -> dict:
+        return self.inner.describe()  # type: ignore[attr-defined]
+
+
+class _ActionLog(gym.Wrapper):
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.actions: list[np.ndarray] = []
+
+    def step(self, action: np.ndarray):  # type: ignore[no-untyped-def]
+        self.actions.append(np.array(action))
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_warm_cache_infers_once_more_per_step_and_serves_the_same_actions(pendulum_bundle: Path, warm: bool) -> None:
+    from sac_edge.edge_runtime.backends.base import open_bundle
+    from sac_edge.edge_runtime.backends.registry import open_backend
+    from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
+
+    def run(warm_cache: bool) -> tuple[int, int, list[np.ndarray]]:
+        backend = _CountingBackend(open_backend(open_bundle(pendulum_bundle), "onnxruntime", "fp32"))
+        env = _ActionLog(gym.make("Pendulum-v1"))
+        # no overrun may hold an action, whatever the load on this machine
+        settings = LoopSettings(200.0, 0.5, inference_budget=1e6, warm_cache=warm_cache)
+        loop = ControlLoop(env, {"fp32": backend}, "fp32", settings)  # type: ignore[dict-item]
+        summary = loop.run()
+        return summary["steps"], backend.calls, env.actions
+
+    steps, calls, actions = run(warm)
+    assert calls == (2 * steps - 1 if warm else steps)  # the first slot has no observation to warm with
+    _, _, reference = run(not warm)
+    n = min(len(actions), len(reference))
+    assert n > 50
+    np.testing.assert_array_equal(np.array(actions[:n]), np.array(reference[:n]))
