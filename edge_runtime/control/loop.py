@@ -150,6 +150,8 @@ class ControlLoop:
         warm_obs: np.ndarray | None = None  # with warm_cache: the last observation inferred on
         warm_ns = 0  # how much earlier than the spin to wake for the warm-up inference
         latency, jitter = Samples(), Samples()
+        step_time, infer_time, env_time = Samples(), Samples(), Samples()  # per step; infer 0 when held
+        causes = dict.fromkeys(MISS_CAUSES, 0)
         period = round(1e9 / self.rate_hz)
         budget_ns = int(s.inference_budget * period)
         obs_guard, act_guard = self.obs_guard, self.act_guard
@@ -176,6 +178,7 @@ class ControlLoop:
             while (now := clock()) < slot:
                 pass
             jitter.add(now - slot)
+            took = 0
             safe_obs = obs_guard.check(obs)
             if safe_obs is None:
                 action = act_guard.hold()
@@ -192,19 +195,27 @@ class ControlLoop:
                     action = act_guard.hold()
                 else:
                     action = act_guard.apply(raw if experience is None else experience.explore(raw))
+            t_env = timer()
             next_obs, reward, terminated, truncated, _ = env.step(action)
+            env_ns = timer() - t_env
             done = terminated or truncated
             if experience is not None:
                 experience.observe(obs, action, float(reward), next_obs, bool(terminated), bool(truncated))
             if done:
                 episodes += 1
+                t_env = timer()
                 next_obs, _ = env.reset()
+                env_ns += timer() - t_env
             obs = next_obs
             steps += 1
             finished = clock()
+            step_time.add(finished - now)
+            infer_time.add(took)
+            env_time.add(env_ns)
             if finished > slot + period:
                 misses += 1
                 window_misses += 1
+                causes[miss_cause(now - slot, took, env_ns, finished - now - took - env_ns)] += 1
             k += 1
             behind = (finished - anchor) // period - k  # slots whose deadline has already passed
             if behind > 0:
@@ -223,7 +234,8 @@ class ControlLoop:
                         budget_ns = int(s.inference_budget * period)
         elapsed = (clock() - start) / 1e9
         self._final_memory()
-        return self._summary(steps, episodes, misses, skipped, overruns, held, latency, jitter, elapsed)
+        summary = self._summary(steps, episodes, misses, skipped, overruns, held, latency, jitter, elapsed)
+        return {**summary, **step_breakdown(jitter, step_time, infer_time, env_time, causes)}
 
     def _second(
         self,
@@ -324,6 +336,37 @@ class ControlLoop:
             "stopped_by": self.stop_reason,
             "backend": self.backend.describe(),
         }
+
+
+MISS_CAUSES = ("late_wakeup", "inference", "env", "loop")
+HISTOGRAM_EDGES_US = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+def miss_cause(wake_ns: int, inference_ns: int, env_ns: int, loop_ns: int) -> str:
+    """What a missed deadline is blamed on: the largest of the wake-up lateness, the inference, the env's
+    step (and reset) and the loop's own work (guards, hooks, bookkeeping, and whatever preempted them)."""
+    parts = (wake_ns, inference_ns, env_ns, loop_ns)
+    return MISS_CAUSES[max(range(len(parts)), key=parts.__getitem__)]
+
+
+def step_breakdown(
+    jitter: Samples, step_time: Samples, infer_time: Samples, env_time: Samples, causes: Mapping[str, int]
+) -> dict[str, Any]:
+    """Where the steps' time went: the loop's own work (a step less its inference and env step), the env
+    step, the misses by cause, and histograms of wake-up lateness and step duration (microseconds)."""
+    steps, env = step_time.view(), env_time.view()
+    work = steps - infer_time.view() - env
+    edges = np.array([*HISTOGRAM_EDGES_US, np.inf])
+    return {
+        "loop_work_us": latency_us(work),
+        "env_step_us": latency_us(env),
+        "miss_causes": dict(causes),
+        "histogram_us": {
+            "edges": list(HISTOGRAM_EDGES_US),
+            "late_wakeup": np.histogram(jitter.view() / 1000.0, edges)[0].tolist(),
+            "step": np.histogram(steps / 1000.0, edges)[0].tolist(),
+        },
+    }
 
 
 @contextlib.contextmanager
