@@ -1,14 +1,22 @@
-"""Control-loop benchmark: ``sac-edge run`` at 1 kHz on one CPU core, onnxruntime vs eager PyTorch.
+"""The action in the control loop, against its references measured in the same run.
 
 For Pendulum-v1 and HalfCheetah-v5 it writes a run dir from freshly initialised networks (latency does
-not depend on training; 256x256 actor as sac-train makes), exports it with ``sac-export``, then runs
-``sac-edge run --rate-hz 1000`` pinned to one core (``--cpus``; ``--realtime-priority`` for SCHED_FIFO),
-once with the onnxruntime backend and once with the torch backend (the same loop driving the PyTorch
-policy eagerly). Goals:
-deadline misses < 0.1 %, and with onnxruntime a peak RSS < 200 MB with torch never imported.
+not depend on training; the 256x256 actor sac-train makes) and exports it with ``sac-export --int8``.
+Then, side by side:
 
-Default run is short (10 s per case); the full figure from the issue is
-``python bench/edge_loop.py --seconds 30``. Prints a table, then one JSON line.
+1. hot path, in this process, interleaved: a bare ``session.run_with_iobinding(binding)`` on the same
+   graph (the library call ``OrtBackend.act`` wraps) against ``act``; the eager torch module against
+   ``TorchBackend.act``. Goal: ``act`` within 1.2x of the bare call.
+2. precision: INT8 against FP32 through the CPU backend at batch 1 (``act``), 8 and 64 (``act_batch``),
+   with the file sizes, and the compute floor (the MLP's FLOPs at this core's measured one-thread fp32
+   GEMM rate). Goals: INT8 at most 0.8x FP32 at batch 1, 0.5x at batch 64, the file 0.35x.
+3. in the loop: ``sac-edge run`` at 100, 500 and 1000 Hz with and without ``--warm-cache``: p50/p99
+   against the hot p50 of section 1 (goal: within 1.5x), deadline misses; the torch backend at 1 kHz.
+4. fine-tuning: ``sac-edge run --finetune`` at 1 kHz against the same run without learning (goal: the
+   miss rate moves by less than 0.05 points).
+
+``--seconds`` sets each loop run's length (default 5; the issue's figures use 8). ``--realtime-priority``
+and ``--core`` pin the loop. Prints one table per section, then one JSON line.
 """
 
 from __future__ import annotations
@@ -19,20 +27,26 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
+from sac_edge.edge_runtime.backends.base import Backend, open_bundle
+from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.train.checkpoint import save_tensors
 from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
 
 ENVS = ("Pendulum-v1", "HalfCheetah-v5")
 BIN = Path(sys.executable).parent
+RATES = (100.0, 500.0, 1000.0)
 
 
 def write_run_dir(env_id: str, out: Path, seed: int = 0) -> Path:
@@ -63,110 +77,232 @@ def write_run_dir(env_id: str, out: Path, seed: int = 0) -> Path:
 
 
 def export(run: Path, bundle: Path) -> None:
-    subprocess.run(
-        [str(BIN / "sac-export"), str(run), "--out", str(bundle), "--no-fp16", "--engine", "never", "--force"],
-        check=True,
-        capture_output=True,
-        text=True,
+    cmd = [str(BIN / "sac-export"), str(run), "--out", str(bundle), "--int8", "--engine", "never", "--force"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"edge_loop: {' '.join(cmd)} failed: {proc.stderr.strip()}")
+
+
+def _p50_us(fn: Callable[[], object], calls: int) -> float:
+    out = np.empty(calls)
+    clock = time.perf_counter_ns
+    for i in range(calls):
+        start = clock()
+        fn()
+        out[i] = clock() - start
+    return float(np.median(out)) / 1000.0
+
+
+def interleaved(fns: dict[str, Callable[[], object]], calls: int = 2000, rounds: int = 5) -> dict[str, float]:
+    """p50 (us) of each function, timed in alternating rounds (A B A B ...) so drift hits all alike."""
+    for fn in fns.values():
+        for _ in range(200):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(_p50_us(fn, calls))
+    return {name: round(float(np.median(v)), 2) for name, v in samples.items()}
+
+
+def hot_path(bundle: Path) -> dict[str, float]:
+    """``act`` against the bare library call it wraps, for onnxruntime and torch."""
+    import onnxruntime as ort
+
+    b = open_bundle(bundle)
+    obs = np.random.default_rng(0).standard_normal(b.spec.obs_dim).astype(np.float32)
+    ort_backend = open_backend(b, "onnxruntime", "fp32")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(bundle / "policy.onnx"), so, providers=["CPUExecutionProvider"])
+    x, y = obs[None].copy(), np.zeros((1, b.spec.act_dim), np.float32)
+    binding = session.io_binding()
+    binding.bind_ortvalue_input("obs", ort.OrtValue.ortvalue_from_numpy(x))
+    binding.bind_ortvalue_output("action", ort.OrtValue.ortvalue_from_numpy(y))
+    torch_backend = open_backend(b, "torch", "fp32")
+    module = torch_backend._module
+    tx = torch.from_numpy(obs[None].copy())
+
+    def eager() -> object:
+        with torch.inference_mode():
+            return module(tx)
+
+    p50 = interleaved(
+        {
+            "ort_bare": lambda: session.run_with_iobinding(binding),
+            "ort_act": lambda: ort_backend.act(obs),
+            "torch_bare": eager,
+            "torch_act": lambda: torch_backend.act(obs),
+        }
     )
+    p50["ort_act_over_bare"] = round(p50["ort_act"] / p50["ort_bare"], 3)
+    p50["torch_act_over_bare"] = round(p50["torch_act"] / p50["torch_bare"], 3)
+    return p50
 
 
-def run_loop(
-    bundle: Path, env_id: str, backend: str, seconds: float, rate_hz: float, core: int, priority: int
-) -> dict[str, Any]:
+def gemm_rate_flops() -> float:
+    """This core's one-thread fp32 GEMM rate (FLOP/s) on a 64x256x256 product (torch, one thread)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, w = torch.randn(64, 256), torch.randn(256, 256)
+        us = interleaved({"mm": lambda: torch.mm(a, w)}, calls=500, rounds=3)["mm"]
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * 64 * 256 * 256 / (us * 1e-6)
+
+
+def _call(backend: Backend, obs: np.ndarray) -> Callable[[], object]:
+    """The bench's call for a batch: ``act`` for one row (the loop's path), ``act_batch`` for more."""
+    if len(obs) == 1:
+        return lambda: backend.act(obs[0])
+    return lambda: backend.act_batch(obs)
+
+
+def precision_rows(bundle: Path, rate: float) -> list[dict[str, Any]]:
+    """INT8 against FP32 at batch 1, 8, 64 through the CPU backend, with the compute floor."""
+    b = open_bundle(bundle)
+    backends = {p: open_backend(b, "onnxruntime", p) for p in ("fp32", "int8")}
+    rng = np.random.default_rng(0)
+    obs_dim, act_dim, hidden = b.spec.obs_dim, b.spec.act_dim, b.spec.hidden
+    widths = [obs_dim, *hidden, act_dim]
+    flops_per_row = 2 * sum(widths[i] * widths[i + 1] for i in range(len(widths) - 1))
+    rows = []
+    for batch in (1, 8, 64):
+        obs = rng.standard_normal((batch, obs_dim)).astype(np.float32)
+        fns = {p: _call(be, obs) for p, be in backends.items()}
+        p50 = interleaved(fns, calls=1000 if batch < 64 else 300)
+        floor_us = flops_per_row * batch / rate * 1e6
+        rows.append(
+            {
+                "batch": batch,
+                "fp32_p50_us": p50["fp32"],
+                "int8_p50_us": p50["int8"],
+                "int8_over_fp32": round(p50["int8"] / p50["fp32"], 3),
+                "floor_fp32_us": round(floor_us, 2),
+                "fp32_over_floor": round(p50["fp32"] / floor_us, 1),
+            }
+        )
+    return rows
+
+
+def file_sizes(bundle: Path) -> dict[str, Any]:
+    b = open_bundle(bundle)
+    fp32, int8_cpu = b.onnx("fp32"), b.cpu_onnx("int8")
+    assert fp32 is not None and int8_cpu is not None
+    return {
+        "fp32_bytes": fp32.stat().st_size,
+        "int8_file": int8_cpu.name,
+        "int8_bytes": int8_cpu.stat().st_size,
+        "int8_over_fp32": round(int8_cpu.stat().st_size / fp32.stat().st_size, 3),
+    }
+
+
+def run_loop(bundle: Path, env_id: str, args: argparse.Namespace, rate_hz: float, *extra: str) -> dict[str, Any]:
     cmd = [
         str(BIN / "sac-edge"),
         "run",
         str(bundle),
         "--env",
         env_id,
-        "--backend",
-        backend,
         "--precision",
         "fp32",
         "--rate-hz",
         str(rate_hz),
         "--duration",
-        str(seconds),
+        str(args.seconds),
         "--cpus",
-        str(core),
+        str(args.core),
         "--realtime-priority",
-        str(priority),
+        str(args.realtime_priority),
         "--json",
+        *extra,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"edge_loop: {' '.join(cmd)} failed: {proc.stderr.strip()}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    s = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "steps": s["steps"],
+        "miss_pct": round(100 * s["miss_rate"], 3),
+        "p50_us": s["latency_us"]["p50"],
+        "p99_us": s["latency_us"]["p99"],
+        "peak_rss_mb": round(s["peak_rss_mb"], 1),
+        "torch_imported": s["torch_imported"],
+    }
+
+
+def loop_rows(bundle: Path, env_id: str, args: argparse.Namespace, hot_p50: float) -> list[dict[str, Any]]:
+    rows = []
+    for rate in RATES:
+        for warm in (True, False):
+            flag = "--warm-cache" if warm else "--no-warm-cache"
+            r = run_loop(bundle, env_id, args, rate, "--backend", "onnxruntime", flag)
+            rows.append({"backend": "onnxruntime", "rate_hz": rate, "warm_cache": warm, "finetune": False, **r})
+    r = run_loop(bundle, env_id, args, 1000.0, "--backend", "torch")
+    rows.append({"backend": "torch", "rate_hz": 1000.0, "warm_cache": True, "finetune": False, **r})
+    for row in rows:
+        row["p50_over_hot"] = round(row["p50_us"] / hot_p50, 2) if row["backend"] == "onnxruntime" else None
+    return rows
+
+
+def finetune_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for finetune in (False, True):
+        extra = ("--finetune", "--finetune-dir", str(bundle.parent / "ft")) if finetune else ()
+        r = run_loop(bundle, env_id, args, 1000.0, "--backend", "onnxruntime", *extra)
+        rows.append({"backend": "onnxruntime", "rate_hz": 1000.0, "finetune": finetune, **r})
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each run (the issue: 30)")
-    parser.add_argument("--rate-hz", type=float, default=1000.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each loop run (the issue: 8)")
     parser.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)), help="CPU core to pin to")
     parser.add_argument("--envs", default=",".join(ENVS))
     parser.add_argument(
         "--realtime-priority", type=int, default=0, help="SCHED_FIFO priority for the loop (needs root; 0: off)"
     )
+    parser.add_argument("--sections", default="hot,precision,loop,finetune", help="which sections to run")
     args = parser.parse_args()
-    results = []
+    sections = set(args.sections.split(","))
+    rate = gemm_rate_flops()
+    out: dict[str, Any] = {"gemm_gflops_1thread": round(rate / 1e9, 2), "seconds": args.seconds, "envs": {}}
     with tempfile.TemporaryDirectory(prefix="edge_loop.") as tmp:
         for env_id in args.envs.split(","):
             bundle = Path(tmp) / f"{env_id}.bundle"
             export(write_run_dir(env_id, Path(tmp) / f"{env_id}.run"), bundle)
-            for backend in ("onnxruntime", "torch"):
-                s = run_loop(bundle, env_id, backend, args.seconds, args.rate_hz, args.core, args.realtime_priority)
-                results.append(
-                    {
-                        "env": env_id,
-                        "backend": backend,
-                        "steps": s["steps"],
-                        "deadline_misses": s["deadline_misses"],
-                        "miss_rate": s["miss_rate"],
-                        "latency_p50_us": s["latency_us"]["p50"],
-                        "latency_p99_us": s["latency_us"]["p99"],
-                        "jitter_p99_us": s["jitter_us"]["p99"],
-                        "peak_rss_mb": round(s["peak_rss_mb"], 1),
-                        "torch_imported": s["torch_imported"],
-                    }
+            res: dict[str, Any] = {}
+            if sections & {"hot", "loop"}:
+                res["hot"] = hot_path(bundle)
+                h = res["hot"]
+                print(f"\n{env_id}: hot path p50 (us), interleaved in one process")
+                print(
+                    format_table(
+                        [
+                            ("onnxruntime", h["ort_bare"], h["ort_act"], h["ort_act_over_bare"]),
+                            ("torch", h["torch_bare"], h["torch_act"], h["torch_act_over_bare"]),
+                        ],
+                        ("backend", "bare call", "act", "act / bare"),
+                    )
                 )
-    header = ("env", "backend", "steps", "misses", "miss %", "p50 us", "p99 us", "jitter p99", "peak RSS MB", "torch")
-    print(
-        format_table(
-            [
-                (
-                    r["env"],
-                    r["backend"],
-                    r["steps"],
-                    r["deadline_misses"],
-                    round(100 * r["miss_rate"], 3),
-                    r["latency_p50_us"],
-                    r["latency_p99_us"],
-                    r["jitter_p99_us"],
-                    r["peak_rss_mb"],
-                    r["torch_imported"],
-                )
-                for r in results
-            ],
-            header,
-        )
-    )
-    ort = [r for r in results if r["backend"] == "onnxruntime"]
-    ref = {r["env"]: r for r in results if r["backend"] == "torch"}
-    summary = {
-        "seconds": args.seconds,
-        "rate_hz": args.rate_hz,
-        "core": args.core,
-        "realtime_priority": args.realtime_priority,
-        "rows": results,
-        "p99_ratio_torch_over_ort": {
-            r["env"]: round(ref[r["env"]]["latency_p99_us"] / r["latency_p99_us"], 2) for r in ort
-        },
-        "goal_miss_rate_below_0.1pct": all(r["miss_rate"] < 0.001 for r in ort),
-        "goal_ort_rss_below_200mb_no_torch": all(r["peak_rss_mb"] < 200 and not r["torch_imported"] for r in ort),
-    }
-    print(json.dumps(summary, sort_keys=True))
+            if "precision" in sections:
+                res["precision"] = precision_rows(bundle, rate)
+                res["files"] = file_sizes(bundle)
+                print(f"\n{env_id}: INT8 vs FP32 on the CPU backend (floor: FLOPs at {rate / 1e9:.1f} GFLOP/s)")
+                print(format_table([tuple(r.values()) for r in res["precision"]], tuple(res["precision"][0])))
+                print(f"files: {res['files']}")
+            if "loop" in sections:
+                res["loop"] = loop_rows(bundle, env_id, args, res["hot"]["ort_act"])
+                print(f"\n{env_id}: in the loop ({args.seconds} s a run; hot act p50 {res['hot']['ort_act']} us)")
+                print(format_table([tuple(r.values()) for r in res["loop"]], tuple(res["loop"][0])))
+            if "finetune" in sections:
+                res["finetune"] = finetune_rows(bundle, env_id, args)
+                print(f"\n{env_id}: 1 kHz with and without --finetune")
+                print(format_table([tuple(r.values()) for r in res["finetune"]], tuple(res["finetune"][0])))
+            out["envs"][env_id] = res
+    print(json.dumps(out, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -17,13 +17,15 @@ from sac_edge.common.spec import PolicySpec
 from .cache import TRT_VERSION, cache_scales, cache_tensors, write_cache
 from .calibrators import compute_amax
 from .check import check_qdq
-from .gate import GateReport, render_table, run_gate
+from .gate import MAX_MEAN_ERROR_FRAC, GateReport, action_errors, render_table, run_gate
 from .graph import layer_name, linear_nodes
+from .integer import integer_graph
 from .qdq import quantizable_tensors, quantize_model
-from .session import collect_activations
+from .session import OnnxPolicy, collect_activations
 from .states import StateSets, build_state_sets, validate_states
 
 INT8_ONNX = "policy.int8.onnx"
+INT8_CPU_ONNX = "policy.int8-cpu.onnx"
 CALIB_CACHE = "calib.cache"
 
 
@@ -34,10 +36,11 @@ class Int8Result(NamedTuple):
     int8_onnx: Path | None
     calib_cache: Path | None
     calibration: dict[str, Any]  # for the manifest's ``calibration`` entry
+    int8_cpu_onnx: Path | None = None  # the integer graph for onnxruntime's CPU provider (``integer.py``)
 
     def to_dict(self) -> dict[str, Any]:
         """``gate`` and ``calibration`` for the manifest, ``table`` for the terminal, ``files`` written."""
-        files = [p.name for p in (self.int8_onnx, self.calib_cache) if p is not None]
+        files = [p.name for p in (self.int8_onnx, self.int8_cpu_onnx, self.calib_cache) if p is not None]
         return {
             "gate": self.report.to_dict(),
             "calibration": self.calibration,
@@ -98,7 +101,9 @@ def calibrate_and_gate(
 ) -> Int8Result:
     """Calibrate ``fp32_onnx`` on ``states.calibration``, gate the Q/DQ model on ``states.holdout`` and
     ``gate_episodes`` seeded episodes of ``spec.env_id``, and write ``policy.int8.onnx`` and ``calib.cache``
-    into ``out_dir`` (atomically) only when the gate accepts it.
+    into ``out_dir`` (atomically) only when the gate accepts it; then ``policy.int8-cpu.onnx``, the same
+    model in integer storage for onnxruntime's CPU provider, when it passes the gate's action-error rule on
+    the same held-out states.
 
     ``method``: minmax | percentile | entropy for every tensor, ``method_overrides`` per tensor name;
     ``keep_float``: MatMul/Gemm node names to leave in float from the start.
@@ -140,4 +145,18 @@ def calibrate_and_gate(
     int8_path, cache_path = out_dir / INT8_ONNX, out_dir / CALIB_CACHE
     atomic_write_bytes(int8_path, accepted.SerializeToString())
     write_cache(cache_path, cache_scales(model, amax, report.float_layers), trt_version)
-    return Int8Result(report, int8_path, cache_path, facts)
+    cpu_graph = integer_graph(accepted)
+    _, _, max_frac, mean_frac = action_errors(
+        OnnxPolicy(model), OnnxPolicy(cpu_graph), holdout, spec.action_low, spec.action_high
+    )
+    cpu_passed = bool(np.isfinite(mean_frac) and mean_frac <= MAX_MEAN_ERROR_FRAC)
+    facts["cpu_graph"] = {
+        "file": INT8_CPU_ONNX if cpu_passed else None,
+        "mean_action_error_frac": mean_frac,
+        "max_action_error_frac": max_frac,
+        "passed": cpu_passed,
+    }
+    cpu_path = out_dir / INT8_CPU_ONNX if cpu_passed else None
+    if cpu_path is not None:
+        atomic_write_bytes(cpu_path, cpu_graph.SerializeToString())
+    return Int8Result(report, int8_path, cache_path, facts, cpu_path)

@@ -105,7 +105,7 @@ def quantize_model(
         ordered.append(node)
     del out.graph.node[:]
     out.graph.node.extend(ordered)
-    _set_metadata(out, {"float_layers": sorted(float_layers), "scheme": "int8-symmetric-qdq"})
+    set_metadata(out, {"float_layers": sorted(float_layers), "scheme": "int8-symmetric-qdq"})
     onnx.checker.check_model(out)
     return out
 
@@ -131,7 +131,8 @@ def _add_qdq(model: onnx.ModelProto, name: str, scale: np.ndarray, axis: int | N
     return dq_out
 
 
-def _set_metadata(model: onnx.ModelProto, value: dict[str, object]) -> None:
+def set_metadata(model: onnx.ModelProto, value: dict[str, object]) -> None:
+    """Record sac-edge's quantisation facts (the float layers, the scheme) in the model's metadata."""
     props = {p.key: p.value for p in model.metadata_props}
     helper.set_model_props(model, {**props, QUANT_METADATA: json.dumps(value)})  # replaces all props
 

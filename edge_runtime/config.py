@@ -46,6 +46,13 @@ class RunConfig:
         default=0.5, metadata={"help": "fraction of the period an inference may take; slower ones hold the action"}
     )
     spin_us: float = field(default=100.0, metadata={"help": "busy-wait this long before each slot (sleep before)"})
+    warm_cache: bool = field(
+        default=True,
+        metadata={
+            "help": "run one inference on the last observation just before each slot, so the weights are in the "
+            "caches when the real one runs (costs one extra inference of CPU per step)"
+        },
+    )
     realtime_priority: int = field(
         default=0,
         metadata={"help": "SCHED_FIFO priority 1..99 for the control thread (needs root or CAP_SYS_NICE); 0: off"},

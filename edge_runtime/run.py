@@ -200,7 +200,9 @@ def _drive(
     sensor = detect_power_sensor(root) if cfg.telemetry or cfg.power_budget_w is not None else None
     monitor = BudgetMonitor(probe, sensor, governor)
     status = StatusLine() if sys.stderr.isatty() else None
-    settings = LoopSettings(cfg.rate_hz, cfg.duration, cfg.obs_fault, cfg.inference_budget, cfg.spin_us, cfg.seed)
+    settings = LoopSettings(
+        cfg.rate_hz, cfg.duration, cfg.obs_fault, cfg.inference_budget, cfg.spin_us, cfg.seed, cfg.warm_cache
+    )
     emit(
         {
             "type": "config",
@@ -267,6 +269,12 @@ def summary_table(summary: dict[str, Any]) -> str:
         ),
         ("inference latency", f"p50 {lat['p50']} us  p99 {lat['p99']} us  max {lat['max']} us"),
         ("loop jitter", f"p50 {jit['p50']} us  p99 {jit['p99']} us  max {jit['max']} us"),
+        (
+            "loop's own work",
+            f"p50 {summary['loop_work_us']['p50']} us  p99 {summary['loop_work_us']['p99']} us; env step p50 "
+            f"{summary['env_step_us']['p50']} us; misses by cause "
+            + ", ".join(f"{k} {v}" for k, v in summary["miss_causes"].items()),
+        ),
         (
             "backend",
             f"{summary['backend']['backend']}/{summary['precision']} (switches {summary['precision_switches']})",

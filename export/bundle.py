@@ -39,6 +39,7 @@ from .tensorrt import TIMING_CACHE, build_engine, engine_inputs, plan_name, tens
 
 POLICY_ONNX = "policy.onnx"
 INT8_ONNX = "policy.int8.onnx"
+INT8_CPU_ONNX = "policy.int8-cpu.onnx"  # calibration.pipeline writes these three
 CALIB_CACHE = "calib.cache"
 LEARNER = "learner.safetensors"
 EXPORT_CONFIG = "export_config.json"
@@ -47,6 +48,7 @@ EXPORT_CONFIG = "export_config.json"
 FILE_KINDS: dict[str, tuple[str, str | None]] = {
     POLICY_ONNX: ("onnx", "fp32"),
     INT8_ONNX: ("onnx", "int8"),
+    INT8_CPU_ONNX: ("onnx-cpu", "int8"),
     CALIB_CACHE: ("calibration-cache", "int8"),
     LEARNER: ("learner", "fp32"),
     EXPORT_CONFIG: ("config", None),

@@ -59,6 +59,12 @@ class Bundle(NamedTuple):
         names = self.files("onnx", precision)
         return self.path / names[0] if names else None
 
+    def cpu_onnx(self, precision: str) -> Path | None:
+        """The graph onnxruntime's CPU provider should run for ``precision``: the integer-storage INT8 graph
+        where the bundle has one (``calibration/integer.py``), else ``onnx(precision)``."""
+        names = self.files("onnx-cpu", precision)
+        return self.path / names[0] if names else self.onnx(precision)
+
 
 def open_bundle(path: str | Path, trusted_keys: str | Path | None = None) -> Bundle:
     """Read a bundle, verifying format_version, the manifest's schema and names, and every file's sha256
@@ -158,9 +164,12 @@ class Backend(abc.ABC):
 
 
 def check_weights(
-    weights: Mapping[str, np.ndarray], known: Mapping[str, tuple[int, ...]]
+    weights: Mapping[str, np.ndarray],
+    known: Mapping[str, tuple[int, ...]],
+    dtypes: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
-    """Split ``weights`` into float32 arrays the runner uses and the names it does not have.
+    """Split ``weights`` into arrays the runner uses (float32, or the ``dtypes`` entry for a name: int8
+    weights and int32 biases of an integer graph) and the names it does not have.
 
     A known name with the wrong shape is an error (it would be a different network), so a swap never
     installs a partial set.
@@ -171,7 +180,8 @@ def check_weights(
         if name not in known:
             ignored.append(name)
             continue
-        arr = np.asarray(value, dtype=np.float32, order="C")  # ascontiguousarray would make a 0-d array 1-d
+        dtype = (dtypes or {}).get(name, np.float32)
+        arr = np.asarray(value, dtype=dtype, order="C")  # ascontiguousarray would make a 0-d array 1-d
         if tuple(arr.shape) != tuple(known[name]):
             raise SacEdgeError(f"swap_weights: {name} has shape {tuple(arr.shape)}, the policy has {known[name]}")
         use[name] = arr

@@ -99,6 +99,9 @@ class LoopSettings(NamedTuple):
     """Fraction of the period an inference may take before its action is discarded."""
     spin_us: float = 100.0
     seed: int = 0
+    warm_cache: bool = True
+    """Infer once on the last observation just before each slot (the weights leave the caches between
+    steps at low rates; the warm-up brings them back before the inference that counts)."""
 
 
 class ControlLoop:
@@ -149,7 +152,11 @@ class ControlLoop:
         timer = time.perf_counter_ns
         sleep = time.sleep
         spin_ns = int(s.spin_us * 1000)
+        warm_obs: np.ndarray | None = None  # with warm_cache: the last observation inferred on
+        warm_ns = 0  # how much earlier than the spin to wake for the warm-up inference
         latency, jitter = Samples(), Samples()
+        step_time, infer_time, env_time = Samples(), Samples(), Samples()  # per step; infer 0 when held
+        causes = dict.fromkeys(MISS_CAUSES, 0)
         period = round(1e9 / self.rate_hz)
         budget_ns = int(s.inference_budget * period)
         obs_guard, act_guard = self.obs_guard, self.act_guard
@@ -173,11 +180,14 @@ class ControlLoop:
                 self.stop_reason = "duration"
                 break
             now = clock()
-            if slot - now > spin_ns:
-                sleep((slot - now - spin_ns) / 1e9)
+            if slot - now > spin_ns + warm_ns:
+                sleep((slot - now - spin_ns - warm_ns) / 1e9)
+            if warm_obs is not None:
+                backend.act(warm_obs)  # its output is overwritten by the real inference
             while (now := clock()) < slot:
                 pass
             jitter.add(now - slot)
+            took = 0
             safe_obs = obs_guard.check(obs)
             if safe_obs is None:
                 action = act_guard.hold()
@@ -187,32 +197,42 @@ class ControlLoop:
                 raw = backend.act(safe_obs)
                 took = timer() - t0
                 latency.add(took)
+                if s.warm_cache:
+                    warm_obs, warm_ns = safe_obs, min(2 * took, period // 4)
                 if took > budget_ns:
                     overruns += 1
                     action = act_guard.hold()
                 else:
                     action = act_guard.apply(raw if experience is None else experience.explore(raw))
+            t_env = timer()
             try:
                 next_obs, reward, terminated, truncated, _ = env.step(action)
             except BaseException as err:  # the env is foreign code: the summary is still made
                 self._env_failed("step", err)
                 break
+            env_ns = timer() - t_env
             done = terminated or truncated
             if experience is not None and obs_guard.well_formed(obs) and obs_guard.well_formed(next_obs):
                 experience.observe(obs, action, float(reward), next_obs, bool(terminated), bool(truncated))
             if done:
                 episodes += 1
+                t_env = timer()
                 try:
                     next_obs, _ = env.reset()
                 except BaseException as err:  # as above
                     self._env_failed("reset", err)
                     break
+                env_ns += timer() - t_env
             obs = next_obs
             steps += 1
             finished = clock()
+            step_time.add(finished - now)
+            infer_time.add(took)
+            env_time.add(env_ns)
             if finished > slot + period:
                 misses += 1
                 window_misses += 1
+                causes[miss_cause(now - slot, took, env_ns, finished - now - took - env_ns)] += 1
             k += 1
             behind = (finished - anchor) // period - k  # slots whose deadline has already passed
             if behind > 0:
@@ -231,7 +251,8 @@ class ControlLoop:
                         budget_ns = int(s.inference_budget * period)
         elapsed = (clock() - start) / 1e9
         self._final_memory()
-        return self._summary(steps, episodes, misses, skipped, overruns, held, latency, jitter, elapsed)
+        summary = self._summary(steps, episodes, misses, skipped, overruns, held, latency, jitter, elapsed)
+        return {**summary, **step_breakdown(jitter, step_time, infer_time, env_time, causes)}
 
     def _env_failed(self, call: str, err: BaseException) -> None:
         """The environment raised in ``call``: stop, and keep the error for the caller."""
@@ -340,6 +361,37 @@ class ControlLoop:
             "env_error": self.env_error,
             "backend": self.backend.describe(),
         }
+
+
+MISS_CAUSES = ("late_wakeup", "inference", "env", "loop")
+HISTOGRAM_EDGES_US = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+def miss_cause(wake_ns: int, inference_ns: int, env_ns: int, loop_ns: int) -> str:
+    """What a missed deadline is blamed on: the largest of the wake-up lateness, the inference, the env's
+    step (and reset) and the loop's own work (guards, hooks, bookkeeping, and whatever preempted them)."""
+    parts = (wake_ns, inference_ns, env_ns, loop_ns)
+    return MISS_CAUSES[max(range(len(parts)), key=parts.__getitem__)]
+
+
+def step_breakdown(
+    jitter: Samples, step_time: Samples, infer_time: Samples, env_time: Samples, causes: Mapping[str, int]
+) -> dict[str, Any]:
+    """Where the steps' time went: the loop's own work (a step less its inference and env step), the env
+    step, the misses by cause, and histograms of wake-up lateness and step duration (microseconds)."""
+    steps, env = step_time.view(), env_time.view()
+    work = steps - infer_time.view() - env
+    edges = np.array([*HISTOGRAM_EDGES_US, np.inf])
+    return {
+        "loop_work_us": latency_us(work),
+        "env_step_us": latency_us(env),
+        "miss_causes": dict(causes),
+        "histogram_us": {
+            "edges": list(HISTOGRAM_EDGES_US),
+            "late_wakeup": np.histogram(jitter.view() / 1000.0, edges)[0].tolist(),
+            "step": np.histogram(steps / 1000.0, edges)[0].tolist(),
+        },
+    }
 
 
 @contextlib.contextmanager

@@ -18,6 +18,8 @@ action (initially 0 clipped to the bounds); a finite one is clipped to the bound
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 OBS_FAULT_POLICIES = ("clip", "hold")
@@ -75,18 +77,29 @@ class ActionGuard:
         self.high = np.asarray(high, dtype=np.float32)
         self.safe = np.clip(np.zeros_like(self.low), self.low, self.high)
         self._out = self.safe.copy()
+        self._bounds = list(zip(self.low.tolist(), self.high.tolist()))  # noqa: B905 (same shape; py38)
         self.nonfinite = 0
         self.clipped = 0
 
     def apply(self, action: np.ndarray) -> np.ndarray:
-        """The action to send (a reused buffer): ``action`` clipped, or the last safe one if not finite."""
-        if not np.isfinite(action).all():
-            self.nonfinite += 1
-            return self.hold()
-        if (action < self.low).any() or (action > self.high).any():
-            self.clipped += 1
-        np.clip(action, self.low, self.high, out=self._out)
-        np.copyto(self.safe, self._out)
+        """The action to send (a reused buffer): ``action`` clipped, or the last safe one if not finite.
+
+        Written over Python floats: for the few dimensions of an action this is one conversion and a
+        comparison per element (about 2.5 us), where the numpy form (isfinite, two range tests, clip,
+        copy) cost about 13 us a step in ``bench/edge_loop.py``'s loop.
+        """
+        values = []
+        clipped = False
+        for v, (lo, hi) in zip(action.reshape(-1).tolist(), self._bounds):  # noqa: B905 (act_dim each; py38)
+            if not lo <= v <= hi:  # also true for NaN
+                if not math.isfinite(v):
+                    self.nonfinite += 1
+                    return self.hold()
+                clipped, v = True, (lo if v < lo else hi)
+            values.append(v)
+        self.clipped += clipped
+        self._out[:] = values
+        self.safe[:] = self._out
         return self._out
 
     def hold(self) -> np.ndarray:

@@ -6,10 +6,13 @@ graph with the new weights goes through ``calibration.qdq.quantize_model`` with 
 ranges (manifest ``calibration.amax``) and the layers the gate kept in float (the int8 graph's metadata),
 which recomputes the per-channel weight scales from the new weights; the resulting float initializers
 (weights, biases and per-channel weight scales, same names as in ``policy.int8.onnx``) are what the
-backend installs; the per-tensor activation scales are the bundle's and never change. Before that the
-gate's action-error criterion (``calibration.gate.action_errors`` <= ``MAX_MEAN_ERROR_FRAC`` of the range)
-is re-checked on recent states, int8 vs fp32 of the same new weights; a candidate that fails is not
-installed anywhere, so every backend keeps serving the same weights. No torch here (``--resume`` alone).
+backend installs; the per-tensor activation scales are the bundle's and never change. Where the bundle
+has the integer graph for onnxruntime's CPU provider (``policy.int8-cpu.onnx``), the same Q/DQ model goes
+through ``calibration.integer.integer_graph`` and its int8 weights, int32 biases and scales join the set
+(each backend takes the names its graph has). Before that the gate's action-error criterion
+(``calibration.gate.action_errors`` <= ``MAX_MEAN_ERROR_FRAC`` of the range) is re-checked on recent
+states, each int8 graph vs fp32 of the same new weights; a candidate that fails is not installed
+anywhere, so every backend keeps serving the same weights. No torch here (``--resume`` alone).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Int8Requantizer:
         self.float_layers = frozenset(float_layers_of(int8_model) or ())
         self.amax = {str(k): float(v) for k, v in amax.items()}
         self.spec = bundle.spec
+        self.integer = bool(bundle.files("onnx-cpu", "int8"))
 
     def requantize(self, weights: Mapping[str, np.ndarray], states: np.ndarray | None) -> Requantized:
         """Q/DQ initializers for ``weights``; checked on ``states`` (None: not checked, reported as passed)."""
@@ -61,6 +65,7 @@ class Int8Requantizer:
         from onnx import numpy_helper
 
         from sac_edge.calibration.gate import MAX_MEAN_ERROR_FRAC, action_errors
+        from sac_edge.calibration.integer import integer_graph
         from sac_edge.calibration.qdq import quantize_model
         from sac_edge.calibration.session import OnnxPolicy
 
@@ -69,17 +74,24 @@ class Int8Requantizer:
         for init in model.graph.initializer:
             if init.name in weights:
                 init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], np.float32), init.name))
-        int8 = quantize_model(model, self.amax, float_layers=self.float_layers)
-        initializers = {  # 0-d floats are activation scales and graph constants, fixed by the bundle
+        graphs = [quantize_model(model, self.amax, float_layers=self.float_layers)]
+        if self.integer:
+            graphs.append(integer_graph(graphs[0]))
+        swappable = (onnx.TensorProto.FLOAT, onnx.TensorProto.INT8, onnx.TensorProto.INT32)
+        initializers = {  # 0-d values are activation scales, zero points and constants, fixed by the bundle
             init.name: value
-            for init in int8.graph.initializer
-            if init.data_type == onnx.TensorProto.FLOAT and (value := numpy_helper.to_array(init)).ndim > 0
+            for graph in graphs
+            for init in graph.graph.initializer
+            if init.data_type in swappable and (value := numpy_helper.to_array(init)).ndim > 0
         }
         if states is None or len(states) == 0:
             return Requantized(initializers, math.nan, math.nan, True, time.perf_counter() - start)
-        _, _, max_frac, mean_frac = action_errors(
-            OnnxPolicy(model), OnnxPolicy(int8), states, self.spec.action_low, self.spec.action_high
-        )
+        reference = OnnxPolicy(model)
+        errors = [
+            action_errors(reference, OnnxPolicy(g), states, self.spec.action_low, self.spec.action_high)[2:]
+            for g in graphs
+        ]
+        max_frac, mean_frac = max(e[0] for e in errors), max(e[1] for e in errors)
         passed = bool(np.isfinite(mean_frac) and mean_frac <= MAX_MEAN_ERROR_FRAC)
         return Requantized(initializers, mean_frac, max_frac, passed, time.perf_counter() - start)
 

@@ -33,14 +33,19 @@ def test_calibrate_and_gate_writes_checked_artefacts(
     info = result.to_dict()
     assert info["gate"]["verdict"] == "accepted" and "INT8 accuracy gate" in info["table"]
     assert info["calibration"]["states"]["calibration"] == len(states.calibration)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.cache", "policy.int8.onnx"]
+    cpu = result.calibration["cpu_graph"]
+    assert cpu["passed"] and cpu["file"] == "policy.int8-cpu.onnx" and result.int8_cpu_onnx is not None
+    assert cpu["mean_action_error_frac"] <= 0.01
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.cache", "policy.int8-cpu.onnx", "policy.int8.onnx"]
+    assert sorted(info["files"]) == ["calib.cache", "policy.int8-cpu.onnx", "policy.int8.onnx"]
 
 
 def test_rejected_int8_writes_nothing(fp32_onnx: Path, states: StateSets, spec: PolicySpec, tmp_path: Path) -> None:
     result = calibrate_and_gate(fp32_onnx, tmp_path, states, spec, method="percentile", percentile=0.5, gate_episodes=1)
     assert result.report.verdict == "rejected"
     assert len(result.report.attempts) == 3  # full INT8, then 1 and 2 most sensitive layers in float
-    assert result.int8_onnx is None and result.calib_cache is None and not list(tmp_path.iterdir())
+    assert result.int8_onnx is None and result.calib_cache is None and result.int8_cpu_onnx is None
+    assert not list(tmp_path.iterdir())
 
 
 def test_quantize_and_gate_builds_its_states(

@@ -16,6 +16,7 @@ import onnx
 from bundles import export_onnx, learner_tensors, spec_for
 
 from sac_edge.calibration.calibrators import compute_amax
+from sac_edge.calibration.integer import integer_graph
 from sac_edge.calibration.qdq import quantizable_tensors, quantize_model
 from sac_edge.calibration.session import collect_activations
 from sac_edge.common.manifest import file_entry, write_manifest
@@ -46,10 +47,13 @@ def make_finetune_bundle(out: Path, env_id: str = "Pendulum-v1", hidden: tuple[i
     model = onnx.load(str(out / "policy.onnx"))
     names = list(quantizable_tensors(model))
     amax = compute_amax(collect_activations(model, env_states(env_id, 512), names), "minmax")
-    onnx.save(quantize_model(model, amax), str(out / "policy.int8.onnx"))
+    qdq = quantize_model(model, amax)
+    onnx.save(qdq, str(out / "policy.int8.onnx"))
+    onnx.save(integer_graph(qdq), str(out / "policy.int8-cpu.onnx"))
     files = {
         "policy.onnx": file_entry(out, "policy.onnx", kind="onnx", precision="fp32"),
         "policy.int8.onnx": file_entry(out, "policy.int8.onnx", kind="onnx", precision="int8"),
+        "policy.int8-cpu.onnx": file_entry(out, "policy.int8-cpu.onnx", kind="onnx-cpu", precision="int8"),
         "learner.safetensors": file_entry(out, "learner.safetensors", kind="learner"),
     }
     manifest = {

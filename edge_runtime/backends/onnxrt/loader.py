@@ -32,7 +32,10 @@ def _trt_ep_precisions(bundle: Bundle) -> tuple[str, ...]:
 
 
 def _model(bundle: Bundle, precision: str, backend: str) -> Path:
-    path = bundle.onnx(precision) or (bundle.onnx("fp32") if backend == "onnxruntime-tensorrt" else None)
+    if backend == "onnxruntime":
+        path = bundle.cpu_onnx(precision)
+    else:
+        path = bundle.onnx(precision) or (bundle.onnx("fp32") if backend == "onnxruntime-tensorrt" else None)
     if path is None:
         raise SacEdgeError(f"{bundle.path}: no {precision} ONNX graph in the bundle for backend {backend!r}")
     return path

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from sac_edge.edge_runtime.cli import main
@@ -52,6 +54,11 @@ def test_pendulum_loop_with_telemetry(
     assert summary["latency_us"]["p50"] <= summary["latency_us"]["p99"] <= summary["latency_us"]["max"]
     assert summary["stopped_by"] == "duration" and summary["peak_rss_mb"] > 0
     assert summary["backend"]["backend"] == "onnxruntime"
+    assert sum(summary["miss_causes"].values()) == summary["deadline_misses"]
+    hist = summary["histogram_us"]
+    assert sum(hist["late_wakeup"]) == sum(hist["step"]) == summary["steps"]
+    assert 0 < summary["loop_work_us"]["p50"] < summary["loop_work_us"]["max"]
+    assert summary["env_step_us"]["p50"] > 0
     records = [json.loads(line) for line in telemetry.read_text().splitlines()]
     assert records[0]["type"] == "config" and records[-1]["type"] == "summary"
     seconds = [r for r in records if r["type"] == "second"]
@@ -188,3 +195,88 @@ def test_cyclic_gc_is_paused_during_the_loop_and_restored() -> None:
     with _paused_gc():
         assert not gc.isenabled() and gc.get_freeze_count() > 0
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+class _CountingBackend:
+    """A real backend that counts its batch-1 inferences."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.calls = inner, 0
+
+    def act(self, obs: object) -> object:
+        self.calls += 1
+        return self.inner.act(obs)  # type: ignore[attr-defined]
+
+    def describe(self) -> dict:
+        return self.inner.describe()  # type: ignore[attr-defined]
+
+
+class _ActionLog(gym.Wrapper):
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.actions: list[np.ndarray] = []
+
+    def step(self, action: np.ndarray):  # type: ignore[no-untyped-def]
+        self.actions.append(np.array(action))
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_warm_cache_infers_once_more_per_step_and_serves_the_same_actions(pendulum_bundle: Path, warm: bool) -> None:
+    from sac_edge.edge_runtime.backends.base import open_bundle
+    from sac_edge.edge_runtime.backends.registry import open_backend
+    from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
+
+    def run(warm_cache: bool) -> tuple[int, int, list[np.ndarray]]:
+        backend = _CountingBackend(open_backend(open_bundle(pendulum_bundle), "onnxruntime", "fp32"))
+        env = _ActionLog(gym.make("Pendulum-v1"))
+        # no overrun may hold an action, whatever the load on this machine
+        settings = LoopSettings(200.0, 0.5, inference_budget=1e6, warm_cache=warm_cache)
+        loop = ControlLoop(env, {"fp32": backend}, "fp32", settings)  # type: ignore[dict-item]
+        summary = loop.run()
+        return summary["steps"], backend.calls, env.actions
+
+    steps, calls, actions = run(warm)
+    assert calls == (2 * steps - 1 if warm else steps)  # the first slot has no observation to warm with
+    _, _, reference = run(not warm)
+    n = min(len(actions), len(reference))
+    assert n > 50
+    np.testing.assert_array_equal(np.array(actions[:n]), np.array(reference[:n]))
+
+
+class _SlowStep(gym.Wrapper):
+    """An env whose every 10th step takes 6 ms (a slow sensor read, say)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.n = 0
+
+    def step(self, action: np.ndarray):  # type: ignore[no-untyped-def]
+        self.n += 1
+        if self.n % 10 == 0:
+            time.sleep(0.006)
+        return self.env.step(action)
+
+
+def test_misses_from_a_slow_env_are_blamed_on_the_env(pendulum_bundle: Path) -> None:
+    from sac_edge.edge_runtime.backends.base import open_bundle
+    from sac_edge.edge_runtime.backends.registry import open_backend
+    from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
+
+    backend = open_backend(open_bundle(pendulum_bundle), "onnxruntime", "fp32")
+    loop = ControlLoop(_SlowStep(gym.make("Pendulum-v1")), {"fp32": backend}, "fp32", LoopSettings(250.0, 1.0))
+    summary = loop.run()
+    causes = summary["miss_causes"]
+    assert summary["deadline_misses"] >= 20  # 25 slow steps, each past its deadline
+    assert causes["env"] >= 15 and causes["env"] == max(causes.values())  # a loaded host adds late wake-ups
+    hist = summary["histogram_us"]  # bin i counts [edges[i], edges[i + 1]) microseconds
+    assert sum(hist["step"][hist["edges"].index(5000) :]) >= 20
+
+
+def test_miss_cause_is_the_largest_part() -> None:
+    from sac_edge.edge_runtime.control.loop import miss_cause
+
+    assert miss_cause(900_000, 10_000, 20_000, 5_000) == "late_wakeup"
+    assert miss_cause(1_000, 900_000, 20_000, 5_000) == "inference"
+    assert miss_cause(1_000, 10_000, 900_000, 5_000) == "env"
+    assert miss_cause(1_000, 10_000, 20_000, 900_000) == "loop"
