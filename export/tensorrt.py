@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sac_edge.calibration.cache import for_tensorrt
 from sac_edge.common.atomic import atomic_write_bytes
 from sac_edge.common.errors import InternalError, SacEdgeError
 
@@ -177,6 +176,8 @@ def build_engine(
         used.append("REFIT")
     calibrator, header = None, None  # the calibrator must outlive the build
     if calib_cache is not None and precision == "int8":
+        from sac_edge.calibration.cache import for_tensorrt
+
         data = for_tensorrt(calib_cache, trt.__version__)
         header = data.split(b"\n", 1)[0].decode()
         calibrator = _cache_calibrator(trt, data)
