@@ -9,6 +9,11 @@ IEEE-754 bit pattern of the float32 *scale* (amax / 127) as a big-endian hex int
 cache whose calibrator name differs from the calibrator in use, so the header names the reader, not how
 the scales were found.
 
+TensorRT skips a cache whose header version is not its own (NVIDIA/TensorRT#1378), and the bundle's cache
+is written once for TensorRT 8.5.2 (JetPack 5.1) while 8.x builds also run on 8.6 (x86): the engine builder
+re-heads the cache for the TensorRT that builds (``for_tensorrt``); the scales do not depend on the
+version. Whether the layers then really run INT8 is recorded from the engine inspector at build time.
+
 Tensors are named as TensorRT's ONNX parser names them: the ONNX tensor names of ``policy.onnx``. Written
 from the same amax as the Q/DQ model: the data inputs of every quantised MatMul/Gemm, plus the layer's
 output when it feeds another quantised input directly or through a Relu (TensorRT needs a range on both
@@ -28,6 +33,7 @@ import onnx
 
 from sac_edge.common.atomic import atomic_write_text
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.versions import parse_version
 
 from .graph import constants, consumers, layer_name, linear_inputs, linear_nodes
 from .qdq import activation_scale
@@ -92,6 +98,19 @@ def write_cache(
 ) -> None:
     """Write ``calib.cache`` atomically."""
     atomic_write_text(path, cache_text(scales, trt_version, calibrator))
+
+
+def trt_version_code(version: str) -> int:
+    """The number a cache header carries for TensorRT ``version``: major*1000 + minor*100 + patch
+    (8.5.2 -> 8502, 8.6.1 -> 8601)."""
+    major, minor, patch = parse_version(version)
+    return major * 1000 + minor * 100 + patch
+
+
+def for_tensorrt(path: Path, version: str) -> bytes:
+    """``path``'s cache with the header of TensorRT ``version`` (same calibrator, same scales)."""
+    cache = read_cache(path)
+    return cache_text(cache.scales, trt_version_code(version), cache.calibrator).encode()
 
 
 def read_cache(path: Path) -> CalibCache:

@@ -103,7 +103,7 @@ def stop_on_signals(stop: Callable[[str], None]) -> Iterator[None]:
 
 def open_backends(cfg: RunConfig, bundle: Any, log: Callable[[str], None]) -> tuple[dict[str, Backend], list[Any]]:
     """The serving backend, plus (with budgets) the same backend at each cheaper accepted precision."""
-    options = BackendOptions(threads=cfg.threads)
+    options = BackendOptions(threads=cfg.threads, refit=cfg.finetune)
     figures: list[Any] = []
     if cfg.backend == "auto":
         precisions = [cfg.precision] if cfg.precision else None

@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import onnx
 
 from sac_edge.common.atomic import atomic_dir
@@ -32,14 +33,25 @@ from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
 from sac_edge.train.checkpoint import save_tensors
 
 from .config import ExportConfig
+from .fp16_onnx import write_fp16
 from .onnx_export import INPUT, OUTPUT, OnnxInfo, check_tensorrt_ops, export_policy
-from .parity import Parity, held_out_states, measure_parity, require_parity
+from .parity import (
+    GATE_STATES,
+    Parity,
+    held_out_states,
+    measure_parity,
+    onnx_actions,
+    require_parity,
+    tolerance,
+)
 from .source import PolicySource
-from .tensorrt import TIMING_CACHE, build_engine, engine_inputs, plan_name, tensorrt_major, tensorrt_unavailable
+from .tensorrt import TIMING_CACHE, build_engine, engine_inputs, plan_name, tensorrt_unavailable, tensorrt_version
 
 POLICY_ONNX = "policy.onnx"
 INT8_ONNX = "policy.int8.onnx"
 INT8_CPU_ONNX = "policy.int8-cpu.onnx"  # calibration.pipeline writes these three
+FP16_ONNX = "policy.fp16.onnx"
+PARITY_STATES = "parity_states.npy"  # held-out states the edge runtime's engine parity gate runs
 CALIB_CACHE = "calib.cache"
 LEARNER = "learner.safetensors"
 EXPORT_CONFIG = "export_config.json"
@@ -49,6 +61,8 @@ FILE_KINDS: dict[str, tuple[str, str | None]] = {
     POLICY_ONNX: ("onnx", "fp32"),
     INT8_ONNX: ("onnx", "int8"),
     INT8_CPU_ONNX: ("onnx-cpu", "int8"),
+    FP16_ONNX: ("onnx", "fp16"),
+    PARITY_STATES: ("parity-states", None),
     CALIB_CACHE: ("calibration-cache", "int8"),
     LEARNER: ("learner", "fp32"),
     EXPORT_CONFIG: ("config", None),
@@ -62,6 +76,7 @@ class ExportResult(NamedTuple):
     bundle: Path
     manifest: dict[str, Any]
     parity: Parity
+    parity_fp16: Parity | None  # policy.fp16.onnx vs policy.onnx (None without --fp16)
     int8: dict[str, Any] | None  # the calibration result and gate report (None without --int8)
 
 
@@ -105,6 +120,8 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
             stage / POLICY_ONNX, source.reference, source.reference_name, states, origin, cfg.parity_tol
         )
         require_parity(parity)
+        np.save(stage / PARITY_STATES, states[:GATE_STATES])
+        parity_fp16 = _fp16(stage, source, states, origin) if cfg.fp16 else None
         save_tensors(
             stage / LEARNER, source.learner, metadata={"format": "sac-edge learner", "env": source.spec.env_id}
         )
@@ -114,10 +131,27 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
         engines = _engines(cfg, stage, int8)
         save_config(cfg, stage / EXPORT_CONFIG, spec=source.spec.to_dict(), source_kind=source.kind)
         manifest = _manifest(cfg, source, stage, onnx_info, parity, int8, engines)
+        manifest["parity_fp16"] = parity_fp16.to_dict() if parity_fp16 else None
         write_manifest(stage, manifest)
         if sign_key is not None:
             sign_bundle(stage, sign_key)
-    return ExportResult(out, manifest, parity, int8)
+    return ExportResult(out, manifest, parity, parity_fp16, int8)
+
+
+def _fp16(stage: Path, source: PolicySource, states: np.ndarray, origin: str) -> Parity:
+    """``policy.fp16.onnx`` (what TensorRT 11 builds fp16 from), checked on the CPU against the fp32 graph."""
+    write_fp16(stage / POLICY_ONNX, stage / FP16_ONNX, INPUT, OUTPUT)
+    fp32 = stage / POLICY_ONNX
+    parity = measure_parity(
+        stage / FP16_ONNX,
+        lambda obs: onnx_actions(fp32, obs),
+        POLICY_ONNX,
+        states,
+        origin,
+        tolerance("fp16", source.spec.action_low, source.spec.action_high),
+    )
+    require_parity(parity)
+    return parity
 
 
 def _int8(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any]:
@@ -169,7 +203,7 @@ def _engines(cfg: ExportConfig, stage: Path, int8: dict[str, Any] | None) -> dic
         elif reason is not None:
             engines[precision] = {"status": "deferred", "reason": reason, "build": DEFERRED}
         else:
-            onnx_path, cache = engine_inputs(stage, precision, tensorrt_major())
+            onnx_path, cache = engine_inputs(stage, precision, tensorrt_version())
             info = build_engine(
                 onnx_path,
                 stage / plan_name(precision),

@@ -1,22 +1,26 @@
-"""TensorRT engines from the bundle's ONNX, with the TensorRT Python API (8.5 on JetPack 5, and 10.x).
+"""TensorRT engines from the bundle's ONNX, with the TensorRT Python API: 8.5/8.6 (JetPack 5), 10.x and 11.x.
 
 ``sac-export`` calls ``build_engine`` when tensorrt and a CUDA device are present; the edge runtime calls
 the same function on the device on first run (engines are specific to a GPU and a TensorRT version).
-Every engine gets: an optimisation profile for batch 1..64 (opt 1, the control loop's batch), a workspace
-limit, a timing cache loaded from and saved beside the plan, and the REFIT flag so on-device fine-tuning
-can swap weights in place. INT8 is explicit Q/DQ (``policy.int8.onnx``) on TensorRT >= 10, where implicit
-calibration is deprecated (10.1); on 8.x the fp32 graph plus ``calib.cache`` through an
-``IInt8EntropyCalibrator2`` that only returns the cache (so TensorRT never asks for data).
+The generation (``trt_generations.py``) decides the ONNX, the precision flags and the INT8 source; every
+engine gets two optimisation profiles for batch 1..64 (profile 0 for ``act``'s context, profile 1 for
+``act_batch``'s: on 8.5 a second context on a one-profile engine has no profile and its enqueues fail,
+NvInferRuntime.h / NVIDIA/TensorRT#1590), a workspace limit, a timing cache loaded from and saved beside
+the plan, detailed profiling verbosity so the engine inspector can say which layers run INT8, and the
+REFIT flag only when asked for (on-device fine-tuning): the TensorRT 11.3 docs warn that REFIT can drop a
+GEMM bias, and every engine is compared with the ONNX before it serves anyway (the edge runtime's parity
+gate).
 
-API notes (TensorRT Python API docs; onnx-tensorrt): ``EXPLICIT_BATCH`` is required by the ONNX parser on
-8.x and gone in 10; ``build_serialized_network`` returns None on failure; ``num_io_tensors`` and
-``get_tensor_name`` exist from 8.5. Nothing here imports tensorrt at module import time.
+Every TensorRT call whose result can fail (parse, profile, timing cache, build, deserialise) is checked;
+a failure is one ``SacEdgeError``/``InternalError`` line with TensorRT's own last message. Nothing here
+imports tensorrt at module import time.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,9 +28,12 @@ from typing import Any, NamedTuple
 from sac_edge.common.atomic import atomic_write_bytes
 from sac_edge.common.errors import InternalError, SacEdgeError
 
+from .trt_generations import Generation, generation
+
 PRECISIONS = ("fp32", "fp16", "int8")
 TIMING_CACHE = "timing.cache"
 DEFAULT_WORKSPACE = 512 << 20
+PROFILES = 2  # profile 0: act's context, profile 1: act_batch's context
 # cuda.h CUdevice_attribute values (stable driver ABI)
 _CC_MAJOR, _CC_MINOR = 75, 76
 
@@ -47,13 +54,20 @@ class EngineInfo(NamedTuple):
     plan: Path
     precision: str
     tensorrt_version: str
+    generation: str  # "8.5/8.6", "10.x", "11.x"
     device: str
     compute_capability: str
+    onnx: str  # the bundle file it was built from
     flags: tuple[str, ...]
+    refit: bool
     int8_source: str | None  # "explicit Q/DQ" or "calib.cache"
-    profile: dict[str, list[int]]  # input name -> min/opt/max batch
+    calib_header: str | None  # the calib.cache header TensorRT was given (8.x implicit INT8)
+    profile: dict[str, list[int]]  # input name -> min/opt/max batch (the same for every profile)
+    profiles: int
     workspace_bytes: int
     io_tensors: tuple[str, ...]
+    layers: int  # from the engine inspector
+    int8_layers: int  # layers whose inspector record names an Int8 tensor
     plan_bytes: int
     build_s: float
 
@@ -96,20 +110,19 @@ def tensorrt_unavailable() -> str | None:
     return None
 
 
-def tensorrt_major() -> int:
+def tensorrt_version() -> str:
     import tensorrt as trt
 
-    return int(trt.__version__.split(".")[0])
+    return str(trt.__version__)
 
 
-def engine_inputs(bundle: Path, precision: str, trt_major: int) -> tuple[Path, Path | None]:
-    """The ONNX (and calibration cache) an engine of ``precision`` is built from, for this TensorRT."""
-    if precision != "int8":
-        return bundle / "policy.onnx", None
+def engine_inputs(bundle: Path, precision: str, version: str) -> tuple[Path, Path | None]:
+    """The ONNX (and calibration cache) an engine of ``precision`` is built from, for TensorRT ``version``."""
+    gen = generation(version)
     cache = bundle / "calib.cache"
-    if trt_major >= 10 or not cache.is_file():
-        return bundle / "policy.int8.onnx", None
-    return bundle / "policy.onnx", cache
+    has_cache = cache.is_file()
+    onnx = bundle / gen.onnx_name(precision, has_cache)
+    return onnx, cache if gen.uses_calib_cache(precision, has_cache) else None
 
 
 def build_engine(
@@ -121,12 +134,14 @@ def build_engine(
     batch: tuple[int, int, int] = (1, 1, 64),
     workspace_bytes: int = DEFAULT_WORKSPACE,
     timing_cache: Path | None = None,
+    refit: bool = False,
 ) -> EngineInfo:
     """Build ``plan_path`` from ``onnx_path`` at ``precision`` (fp32|fp16|int8); batch = (min, opt, max).
 
-    INT8 uses the graph's Q/DQ nodes, or ``calib_cache`` (implicit calibration, TensorRT 8.x) when given.
-    The timing cache defaults to ``timing.cache`` beside the plan. A parse or build failure is an
-    InternalError carrying TensorRT's own messages.
+    ``onnx_path`` must be what ``engine_inputs`` names for this TensorRT (``policy.fp16.onnx`` for fp16 on
+    11.x, the Q/DQ graph for int8 on 10/11); ``calib_cache`` is implicit INT8 (8.x only). The timing cache
+    defaults to ``timing.cache`` beside the plan. ``refit`` adds ``BuilderFlag.REFIT`` (fine-tuning only).
+    A parse or build failure is an InternalError carrying TensorRT's own messages.
     """
     if precision not in PRECISIONS:
         raise SacEdgeError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
@@ -135,72 +150,132 @@ def build_engine(
         raise SacEdgeError(f"cannot build a TensorRT engine: {reason}")
     import tensorrt as trt
 
+    gen = generation(trt.__version__)
     device = cuda_device()
     assert device is not None
+    if not onnx_path.is_file():
+        raise SacEdgeError(f"{onnx_path} is missing; re-export the bundle with this sac-export to build {precision}")
+    if calib_cache is not None and not gen.implicit_int8:
+        raise SacEdgeError(f"TensorRT {gen.name} has no implicit INT8 calibration; build int8 from policy.int8.onnx")
     started = time.perf_counter()
     logger = _logger(trt)
-    builder = trt.Builder(logger)
-    major = int(trt.__version__.split(".")[0])
-    network = builder.create_network(0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    builder = _require(trt.Builder(logger), logger, "create a builder")
+    flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH) if gen.explicit_batch_flag else 0
+    network = _require(builder.create_network(flags), logger, "create a network")
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(onnx_path.read_bytes()):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise InternalError(f"TensorRT cannot parse {onnx_path.name}: {errors or _last(logger)}")
-    config = builder.create_builder_config()
+    config = _require(builder.create_builder_config(), logger, "create a builder config")
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
-    profile = builder.create_optimization_profile()
-    shapes: dict[str, list[int]] = {}
-    for i in range(network.num_inputs):
-        tensor = network.get_input(i)
-        features = tuple(tensor.shape)[1:]
-        profile.set_shape(tensor.name, *[(b, *features) for b in batch])
-        shapes[tensor.name] = list(batch)
-    config.add_optimization_profile(profile)
-    flags = ["REFIT"]
-    config.set_flag(trt.BuilderFlag.REFIT)
-    if precision == "fp16":
-        flags.append("FP16")
-        config.set_flag(trt.BuilderFlag.FP16)
-    int8_source, calibrator = None, None  # the calibrator must outlive the build
-    if precision == "int8":
-        flags.append("INT8")
-        config.set_flag(trt.BuilderFlag.INT8)
-        if calib_cache is not None:
-            calibrator = _cache_calibrator(trt, calib_cache.read_bytes())
-            config.int8_calibrator = calibrator
-            config.set_calibration_profile(profile)
-            int8_source = "calib.cache"
-        elif not _has_qdq(trt, network):
-            raise SacEdgeError(f"{onnx_path.name} has no Q/DQ nodes; INT8 needs policy.int8.onnx or a calib.cache")
-        else:
-            int8_source = "explicit Q/DQ"
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    shapes, profile = _add_profiles(builder, network, config, batch, logger)
+    used = _set_precision(trt, gen, config, network, precision, onnx_path)
+    if refit:
+        config.set_flag(trt.BuilderFlag.REFIT)
+        used.append("REFIT")
+    calibrator, header = None, None  # the calibrator must outlive the build
+    if calib_cache is not None and precision == "int8":
+        from sac_edge.calibration.cache import for_tensorrt
+
+        data = for_tensorrt(calib_cache, trt.__version__)
+        header = data.split(b"\n", 1)[0].decode()
+        calibrator = _cache_calibrator(trt, data)
+        config.int8_calibrator = calibrator
+        _check(config.set_calibration_profile(profile), logger, "set the calibration profile")
+    int8_source = None if precision != "int8" else ("calib.cache" if calibrator is not None else "explicit Q/DQ")
     cache_path = timing_cache or plan_path.with_name(TIMING_CACHE)
     cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
-    config.set_timing_cache(cache, False)
+    if cache is None or not config.set_timing_cache(cache, False):
+        cache = _require(config.create_timing_cache(b""), logger, "create an empty timing cache")
+        _check(config.set_timing_cache(cache, False), logger, f"use a timing cache ({cache_path.name} is ignored)")
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise InternalError(f"TensorRT could not build the {precision} engine: {_last(logger)}")
     plan = bytes(serialized)
-    atomic_write_bytes(plan_path, plan)
-    atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
     engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
     if engine is None:
         raise InternalError(f"TensorRT cannot load the {precision} engine it just built: {_last(logger)}")
+    atomic_write_bytes(plan_path, plan)
+    atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
     io_tensors = tuple(engine.get_tensor_name(i) for i in range(engine.num_io_tensors))
+    layers, int8_layers = _inspect(trt, engine)
     return EngineInfo(
         plan_path,
         precision,
         trt.__version__,
+        gen.name,
         device.name,
         device.compute_capability,
-        tuple(flags),
+        onnx_path.name,
+        tuple(used),
+        refit,
         int8_source,
+        header,
         shapes,
+        int(engine.num_optimization_profiles),
         workspace_bytes,
         io_tensors,
+        layers,
+        int8_layers,
         len(plan),
         round(time.perf_counter() - started, 3),
     )
+
+
+def _add_profiles(
+    builder: Any, network: Any, config: Any, batch: tuple[int, int, int], logger: Any
+) -> tuple[dict[str, list[int]], Any]:
+    """``PROFILES`` identical batch profiles (one per execution context); returns the shapes and profile 0."""
+    shapes: dict[str, list[int]] = {}
+    first = None
+    for index in range(PROFILES):
+        profile = builder.create_optimization_profile()
+        for i in range(network.num_inputs):
+            tensor = network.get_input(i)
+            features = tuple(tensor.shape)[1:]
+            profile.set_shape(tensor.name, *[(b, *features) for b in batch])
+            shapes[tensor.name] = list(batch)
+        if config.add_optimization_profile(profile) != index:
+            raise InternalError(f"TensorRT refused optimisation profile {index} (batch {batch}): {_last(logger)}")
+        first = first or profile
+    return shapes, first
+
+
+def _set_precision(trt: Any, gen: Generation, config: Any, network: Any, precision: str, onnx_path: Path) -> list[str]:
+    """The builder flags ``precision`` needs on ``gen`` (none on 11.x: the graph's types decide)."""
+    if precision == "int8" and not gen.implicit_int8 and not _has_qdq(trt, network):
+        raise SacEdgeError(f"{onnx_path.name} has no Q/DQ nodes; TensorRT {gen.name} builds INT8 from policy.int8.onnx")
+    if precision == "fp32" or not gen.precision_flags:
+        return []
+    flag = "FP16" if precision == "fp16" else "INT8"
+    config.set_flag(getattr(trt.BuilderFlag, flag))
+    return [flag]
+
+
+def _inspect(trt: Any, engine: Any) -> tuple[int, int]:
+    """Layers and layers with an Int8 tensor, from the engine inspector's JSON (detailed verbosity)."""
+    inspector = engine.create_engine_inspector()
+    if inspector is None:
+        return 0, 0
+    try:
+        info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+    except ValueError:
+        return 0, 0
+    layers = info.get("Layers", []) if isinstance(info, dict) else []
+    return len(layers), sum("int8" in json.dumps(layer).lower() for layer in layers)
+
+
+def _require(value: Any, logger: Any, what: str) -> Any:
+    """``value`` unless TensorRT returned None for it (one line with TensorRT's last message)."""
+    if value is None:
+        raise InternalError(f"TensorRT could not {what}: {_last(logger)}")
+    return value
+
+
+def _check(ok: bool, logger: Any, what: str) -> None:
+    if not ok:
+        raise InternalError(f"TensorRT could not {what}: {_last(logger)}")
 
 
 def _logger(trt: Any) -> Any:

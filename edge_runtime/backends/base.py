@@ -131,6 +131,9 @@ class BackendOptions:
     """Intra-op threads (onnxruntime, torch): 1 keeps latency steady on a shared edge CPU."""
     engine_dir: Path | None = None
     """Where TensorRT plans are cached (default: ``BUNDLE/engines``)."""
+    refit: bool = False
+    """Build TensorRT engines refittable (``--finetune`` swaps weights in place); off otherwise, since REFIT
+    can cost speed and, per the TensorRT 11.3 docs, drop a GEMM bias."""
 
 
 class Backend(abc.ABC):
@@ -142,6 +145,8 @@ class Backend(abc.ABC):
     def __init__(self, spec: PolicySpec) -> None:
         self.spec = spec
         self.swaps = 0
+        self.parity: dict[str, Any] | None = None
+        """The last engine parity gate's figures (``parity_gate.EngineParity.to_dict``), for gated backends."""
 
     @abc.abstractmethod
     def act(self, obs: np.ndarray) -> np.ndarray:
@@ -157,7 +162,8 @@ class Backend(abc.ABC):
 
     def describe(self) -> dict[str, Any]:
         """Backend, precision and whatever identifies the runtime (extended by each backend)."""
-        return {"backend": self.name, "precision": self.precision, "swaps": self.swaps}
+        out = {"backend": self.name, "precision": self.precision, "swaps": self.swaps}
+        return {**out, "parity": self.parity} if self.parity is not None else out
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends free with the GC
         """Release device resources early (optional)."""

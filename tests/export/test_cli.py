@@ -45,7 +45,14 @@ def test_export_writes_verified_bundle_and_json(
     assert summary["bundle"] == str(out) and summary["parity_max_abs"] <= 1e-5
     assert "parity vs torch" in stdout
     manifest = read_manifest(out)
-    assert set(manifest["files"]) == {"policy.onnx", "learner.safetensors", "export_config.json"}
+    assert set(manifest["files"]) == {
+        "policy.onnx",
+        "policy.fp16.onnx",
+        "parity_states.npy",
+        "learner.safetensors",
+        "export_config.json",
+    }
+    assert manifest["parity_fp16"]["passed"] and manifest["parity_fp16"]["max_abs"] > 0
     for entry in manifest["files"].values():
         assert len(entry["sha256"]) == 64 and entry["bytes"] > 0
     assert manifest["parity"]["states"] == 10_000 and manifest["parity"]["passed"]

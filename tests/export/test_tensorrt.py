@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.export.fp16_onnx import write_fp16
 from sac_edge.export.onnx_export import export_policy
 from sac_edge.export.source import load_source
 from sac_edge.export.tensorrt import (
@@ -18,15 +19,19 @@ from sac_edge.export.tensorrt import (
     engine_inputs,
     plan_name,
     tensorrt_unavailable,
+    tensorrt_version,
 )
 
 
 def test_engine_inputs_per_tensorrt_version(tmp_path: Path) -> None:
-    assert engine_inputs(tmp_path, "fp16", 8) == (tmp_path / "policy.onnx", None)
-    assert engine_inputs(tmp_path, "int8", 8) == (tmp_path / "policy.int8.onnx", None)  # no cache: Q/DQ
+    assert engine_inputs(tmp_path, "fp16", "8.5.2") == (tmp_path / "policy.onnx", None)
+    assert engine_inputs(tmp_path, "int8", "8.5.2") == (tmp_path / "policy.int8.onnx", None)  # no cache: Q/DQ
     (tmp_path / "calib.cache").write_text("TRT-8502-EntropyCalibration2\n")
-    assert engine_inputs(tmp_path, "int8", 8) == (tmp_path / "policy.onnx", tmp_path / "calib.cache")
-    assert engine_inputs(tmp_path, "int8", 10) == (tmp_path / "policy.int8.onnx", None)
+    assert engine_inputs(tmp_path, "int8", "8.6.1") == (tmp_path / "policy.onnx", tmp_path / "calib.cache")
+    assert engine_inputs(tmp_path, "int8", "10.3.0") == (tmp_path / "policy.int8.onnx", None)
+    assert engine_inputs(tmp_path, "fp16", "10.3.0") == (tmp_path / "policy.onnx", None)
+    assert engine_inputs(tmp_path, "fp16", "11.4.0") == (tmp_path / "policy.fp16.onnx", None)  # strongly typed
+    assert engine_inputs(tmp_path, "int8", "11.4.0") == (tmp_path / "policy.int8.onnx", None)
     assert plan_name("int8") == "policy.int8.plan"
 
 
@@ -50,6 +55,7 @@ def onnx_file(pendulum_run: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     source = load_source(str(pendulum_run))
     path = tmp_path_factory.mktemp("trt") / "policy.onnx"
     export_policy(source.policy, source.spec.obs_dim, path)
+    write_fp16(path, path.with_name("policy.fp16.onnx"), "obs", "action")  # what TensorRT 11 builds fp16 from
     return path
 
 
@@ -80,9 +86,10 @@ def _ort(path: Path, obs: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize(("precision", "tol"), [("fp32", 1e-4), ("fp16", 2e-2)])
 def test_build_engine_matches_onnxruntime(onnx_file: Path, precision: str, tol: float) -> None:
     plan = onnx_file.with_name(plan_name(precision))
-    info = build_engine(onnx_file, plan, precision, batch=(1, 1, 64), workspace_bytes=64 << 20)
+    source, _ = engine_inputs(onnx_file.parent, precision, tensorrt_version())
+    info = build_engine(source, plan, precision, batch=(1, 1, 64), workspace_bytes=64 << 20)
     assert plan.is_file() and (plan.parent / TIMING_CACHE).is_file()
-    assert "REFIT" in info.flags and info.profile == {"obs": [1, 1, 64]}
+    assert "REFIT" not in info.flags and info.profile == {"obs": [1, 1, 64]} and info.profiles == 2
     assert info.io_tensors == ("obs", "action") and info.tensorrt_version and info.compute_capability
     obs = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
     for batch in (1, 64):
@@ -104,7 +111,7 @@ def test_engine_is_refittable_by_onnx_initializer_names(onnx_file: Path) -> None
     import tensorrt as trt
 
     plan = onnx_file.with_name("refit.plan")
-    build_engine(onnx_file, plan, "fp32", workspace_bytes=64 << 20)
+    build_engine(onnx_file, plan, "fp32", workspace_bytes=64 << 20, refit=True)
     logger = trt.Logger(trt.Logger.WARNING)
     engine = trt.Runtime(logger).deserialize_cuda_engine(plan.read_bytes())
     names = set(trt.Refitter(engine, logger).get_all_weights())
@@ -115,14 +122,13 @@ def test_engine_is_refittable_by_onnx_initializer_names(onnx_file: Path) -> None
 def test_int8_engine_from_bundle(pendulum_run: Path, tmp_path: Path) -> None:
     """The INT8 engine from what the bundle carries for this TensorRT (Q/DQ on 10, calib.cache on 8.x)."""
     from sac_edge.export.cli import main
-    from sac_edge.export.tensorrt import tensorrt_major
 
     bundle = tmp_path / "bundle"
     args = [str(pendulum_run), "--out", str(bundle), "--int8", "--calib-samples", "256", "--gate-episodes", "2"]
     assert main([*args, "--engine", "never"]) == 0
     if not (bundle / "policy.int8.onnx").is_file():
         pytest.skip("the gate rejected INT8 for this policy")
-    onnx_path, cache = engine_inputs(bundle, "int8", tensorrt_major())
+    onnx_path, cache = engine_inputs(bundle, "int8", tensorrt_version())
     plan = tmp_path / "policy.int8.plan"
     info = build_engine(onnx_path, plan, "int8", calib_cache=cache, workspace_bytes=64 << 20)
     assert info.int8_source == ("calib.cache" if cache else "explicit Q/DQ") and "INT8" in info.flags

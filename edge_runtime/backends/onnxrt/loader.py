@@ -8,6 +8,7 @@ from pathlib import Path
 from sac_edge.common.errors import SacEdgeError
 
 from ..base import Backend, BackendKind, BackendOptions, Bundle
+from ..parity_gate import check_backend, require
 from .runner import OrtBackend, import_ort
 
 
@@ -47,8 +48,18 @@ def _open_cpu(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
     )
 
 
+def gated(backend: OrtBackend, bundle: Bundle) -> Backend:
+    """``backend`` once the parity gate passed on it (closed and a ParityError otherwise)."""
+    try:
+        backend.parity = require(check_backend(backend, bundle, "session"), "not served").to_dict()
+    except BaseException:
+        backend.close()
+        raise
+    return backend
+
+
 def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    return OrtBackend(
+    backend = OrtBackend(
         "onnxruntime-cuda",
         bundle,
         precision,
@@ -56,6 +67,7 @@ def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backe
         ["CUDAExecutionProvider", "CPUExecutionProvider"],
         options,
     )
+    return gated(backend, bundle)
 
 
 def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
@@ -67,7 +79,7 @@ def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
         "trt_fp16_enable": precision != "fp32",
         "trt_int8_enable": precision == "int8",
     }
-    return OrtBackend(
+    backend = OrtBackend(
         "onnxruntime-tensorrt",
         bundle,
         precision,
@@ -75,6 +87,7 @@ def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
         [("TensorrtExecutionProvider", trt_options), "CUDAExecutionProvider", "CPUExecutionProvider"],
         options,
     )
+    return gated(backend, bundle)
 
 
 CPU = BackendKind("onnxruntime", lambda: _unavailable("CPUExecutionProvider"), _onnx_precisions, _open_cpu)

@@ -5,6 +5,11 @@ default) and batch-1 runs go through an IOBinding bound to two OrtValues that wr
 arrays, so the hot path copies the observation in and reads the action out of the same memory every
 call. A weight swap builds a second session whose initializers are overridden with
 ``SessionOptions.add_initializer`` (the graph file is unchanged) and publishes it with one assignment.
+
+A swapped session never uses the TensorRT execution provider's engine cache: onnxruntime keys that cache by
+the model file name, graph names and versions, not by weight values, so it would load the engine built
+with the old weights. On the GPU providers the swapped session goes through the parity gate with the new
+weights before it is published.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import numpy as np
 from sac_edge.common.errors import SacEdgeError
 
 from ..base import Backend, BackendOptions, Bundle, SwapReport, check_weights
+from ..parity_gate import GATED_BACKENDS, require, verify
 
 INPUT, OUTPUT = "obs", "action"
 
@@ -37,6 +43,16 @@ def import_ort() -> Any:
     return onnxruntime
 
 
+def swap_providers(providers: list[Any]) -> list[Any]:
+    """``providers`` with the TensorRT execution provider's engine cache off (for sessions with new weights)."""
+    out: list[Any] = []
+    for entry in providers:
+        if isinstance(entry, tuple) and entry[0] == "TensorrtExecutionProvider":
+            entry = (entry[0], {**entry[1], "trt_engine_cache_enable": False})
+        out.append(entry)
+    return out
+
+
 class OrtBackend(Backend):
     """One precision of the bundle on one onnxruntime execution-provider list."""
 
@@ -45,7 +61,7 @@ class OrtBackend(Backend):
     ) -> None:
         super().__init__(bundle.spec)
         self.name, self.precision, self.model = name, precision, model
-        self._providers, self._threads = providers, options.threads
+        self._providers, self._threads, self._bundle = providers, options.threads, bundle
         ort = import_ort()
         self._obs = np.zeros((1, bundle.spec.obs_dim), np.float32)
         self._action = np.zeros((1, bundle.spec.act_dim), np.float32)
@@ -75,8 +91,9 @@ class OrtBackend(Backend):
             value = ort.OrtValue.ortvalue_from_numpy(arr)
             so.add_initializer(key, value)
             values.append(value)
+        providers = swap_providers(self._providers) if initializers else self._providers
         try:
-            session = ort.InferenceSession(str(self.model), so, providers=self._providers)
+            session = ort.InferenceSession(str(self.model), so, providers=providers)
         except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph types
             raise SacEdgeError(f"{self.model}: onnxruntime cannot load it ({str(err).splitlines()[0]})") from None
         binding = session.io_binding()
@@ -122,6 +139,17 @@ class OrtBackend(Backend):
             weights, {k: s for k, (s, _) in known.items()}, {k: d for k, (_, d) in known.items()}
         )
         runner = self._build(use)
+        if self.name in GATED_BACKENDS:
+            parity = verify(
+                lambda obs: runner.session.run([OUTPUT], {INPUT: obs})[0],
+                None,
+                self._bundle,
+                self.name,
+                self.precision,
+                "swap",
+                use,
+            )
+            self.parity = require(parity, "the swap was not applied").to_dict()
         self._retired, self._runner = self._runner, runner  # the old one is freed on the next swap, here
         self.swaps += 1
         return SwapReport(len(use), ignored, time.perf_counter() - start)

@@ -1,108 +1,203 @@
-"""CUDA memory and streams for the TensorRT runner, through cuda-python or pycuda.
+"""CUDA memory, streams and context for the TensorRT runner, through cuda-python or pycuda.
 
-cuda-python is what TensorRT 10's samples use (``samples/python/common_runtime.py``); pycuda is what
-JetPack 5's samples use, so it is taken where cuda-python is absent.
+One context strategy for both: the device's *primary* context, made current on whichever thread touches
+CUDA or TensorRT (the control thread's ``act``, the learner thread's weight swap, a benchmark thread).
+``ensure()`` is called at the top of every such entry point; it does the work once per thread:
+
+- cuda-python (``cuda.bindings.runtime``; ``cuda.cudart`` before 12.6.1, removed in 13): the runtime API
+  binds the primary context of the current device on first use in a thread; ``ensure`` makes that
+  explicit with a checked ``cudaSetDevice``.
+- pycuda (JetPack 5's samples): ``pycuda.autoinit`` is *not* used, since it makes a non-primary context
+  current on the importing thread only, and a weight swap on the learner thread would run with no context;
+  instead the primary context is retained once and pushed on each new thread.
+
+Versions (edge-facts.md; cuda-python's release notes): cuda-python's major version follows the CUDA
+toolkit's, so a CUDA 12 driver (JetPack 6) needs cuda-python < 13; ``open_cuda`` checks the installed
+major against the driver's and says which to install. Stream handles are read with
+``cuda.bindings.utils.get_cuda_native_handle`` where it exists (``int(cudaStream_t)`` is deprecated in 13).
+Every call's status is checked and a failure is one ``SacEdgeError`` line.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import importlib.util
+import threading
+from importlib import metadata
 from typing import Any
 
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.versions import parse_version
 
 from ..base import missing_package
 
 
-class CudaPython:
-    """CUDA runtime calls through cuda-python (``cuda.bindings.runtime``, or ``cuda.cudart`` before 12.6)."""
-
-    def __init__(self) -> None:
+def _runtime_module() -> Any | None:
+    """cuda-python's runtime bindings (new layout first), or None when cuda-python is not installed."""
+    for name in ("cuda.bindings.runtime", "cuda.cudart"):
         try:
-            from cuda.bindings import runtime as cudart
-        except ImportError:
-            from cuda import cudart
-        self.rt = cudart
-        self.stream = int(self._check(cudart.cudaStreamCreate()))
+            if importlib.util.find_spec(name) is not None:
+                return importlib.import_module(name)
+        except (ImportError, ValueError):  # a bare "cuda" namespace package from another distribution
+            continue
+    return None
+
+
+def cuda_python_version() -> str | None:
+    for dist in ("cuda-bindings", "cuda-python"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_cuda_python(installed: str | None, driver_cuda: int) -> str | None:
+    """Why cuda-python ``installed`` cannot drive a CUDA ``driver_cuda`` driver (e.g. 12060), else None."""
+    if installed is None:
+        return None
+    major, driver_major = parse_version(installed, "cuda-python")[0], driver_cuda // 1000
+    if major > driver_major:
+        return (
+            f"cuda-python {installed} needs a CUDA {major} driver, this device's driver is CUDA {driver_major}; "
+            f"pip install 'cuda-python<{driver_major + 1}'"
+        )
+    return None
+
+
+class CudaPython:
+    """CUDA runtime calls through cuda-python, on the primary context of ``device``."""
+
+    def __init__(self, rt: Any, device: int = 0) -> None:
+        self.rt, self.device = rt, device
+        self._local = threading.local()
+        self.ensure()
+        reason = check_cuda_python(
+            cuda_python_version(), int(self._check(rt.cudaDriverGetVersion(), "get the driver version"))
+        )
+        if reason is not None:
+            raise SacEdgeError(reason)
+        self._stream = self._check(rt.cudaStreamCreate(), "create a stream")
+        self.stream = _handle(self._stream)
         self._owned: list[tuple[str, int]] = []
 
-    def _check(self, result: Any) -> Any:
+    def _check(self, result: Any, what: str) -> Any:
         err, *rest = result if isinstance(result, tuple) else (result,)
         if err != self.rt.cudaError_t.cudaSuccess:
-            raise SacEdgeError(f"CUDA runtime error {err}")
+            raise SacEdgeError(f"CUDA could not {what}: {err} (check the device with nvidia-smi or tegrastats)")
         return rest[0] if len(rest) == 1 else rest
 
+    def ensure(self) -> None:
+        """Make the device's primary context current on this thread (once per thread)."""
+        if not getattr(self._local, "ready", False):
+            self._check(self.rt.cudaSetDevice(self.device), f"select CUDA device {self.device}")
+            self._local.ready = True
+
     def device_alloc(self, nbytes: int) -> int:
-        ptr = int(self._check(self.rt.cudaMalloc(nbytes)))
+        ptr = int(self._check(self.rt.cudaMalloc(nbytes), f"allocate {nbytes} bytes of device memory"))
         self._owned.append(("device", ptr))
         return ptr
 
     def pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        ptr = int(self._check(self.rt.cudaMallocHost(nbytes)))
+        ptr = int(self._check(self.rt.cudaMallocHost(nbytes), f"allocate {nbytes} bytes of pinned memory"))
         self._owned.append(("host", ptr))
         raw = (ctypes.c_byte * nbytes).from_address(ptr)
         return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
     def htod(self, dst: int, src: np.ndarray) -> None:
         kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
-        self._check(self.rt.cudaMemcpyAsync(dst, src.ctypes.data, src.nbytes, kind, self.stream))
+        self._check(self.rt.cudaMemcpyAsync(dst, src.ctypes.data, src.nbytes, kind, self._stream), "copy to the device")
 
     def dtoh(self, dst: np.ndarray, src: int) -> None:
         kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        self._check(self.rt.cudaMemcpyAsync(dst.ctypes.data, src, dst.nbytes, kind, self.stream))
+        self._check(self.rt.cudaMemcpyAsync(dst.ctypes.data, src, dst.nbytes, kind, self._stream), "copy to the host")
 
     def sync(self) -> None:
-        self._check(self.rt.cudaStreamSynchronize(self.stream))
+        self._check(self.rt.cudaStreamSynchronize(self._stream), "finish the stream")
 
     def close(self) -> None:
+        self.ensure()
         for where, ptr in reversed(self._owned):
-            self.rt.cudaFreeHost(ptr) if where == "host" else self.rt.cudaFree(ptr)
+            self._check(self.rt.cudaFreeHost(ptr) if where == "host" else self.rt.cudaFree(ptr), "free memory")
         self._owned.clear()
-        self.rt.cudaStreamDestroy(self.stream)
+        self._check(self.rt.cudaStreamDestroy(self._stream), "destroy the stream")
 
 
 class PyCuda:
-    """The same calls through pycuda (``pycuda.autoinit`` makes the context), as on JetPack 5."""
+    """The same calls through pycuda, on the retained primary context pushed on each thread that needs it."""
 
-    def __init__(self) -> None:
-        import pycuda.autoinit  # noqa: F401 - creates and pushes the CUDA context
+    def __init__(self, device: int = 0) -> None:
         import pycuda.driver as cuda
 
         self.cuda = cuda
+        self._local = threading.local()
+        try:
+            cuda.init()
+            self._context = cuda.Device(device).retain_primary_context()
+        except cuda.Error as err:
+            raise SacEdgeError(f"pycuda cannot open CUDA device {device}: {err}") from None
+        self.ensure()
         self._stream = cuda.Stream()
         self.stream = int(self._stream.handle)
         self._owned: list[Any] = []
 
+    def ensure(self) -> None:
+        """Push the primary context on this thread (once per thread; it stays current there)."""
+        if not getattr(self._local, "ready", False):
+            self._context.push()
+            self._local.ready = True
+
     def device_alloc(self, nbytes: int) -> int:
-        mem = self.cuda.mem_alloc(nbytes)
+        mem = self._guard(lambda: self.cuda.mem_alloc(nbytes), f"allocate {nbytes} bytes of device memory")
         self._owned.append(mem)
         return int(mem)
 
     def pinned(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        return self.cuda.pagelocked_empty(shape, dtype)
+        out: np.ndarray = self._guard(lambda: self.cuda.pagelocked_empty(shape, dtype), "allocate pinned memory")
+        return out
 
     def htod(self, dst: int, src: np.ndarray) -> None:
-        self.cuda.memcpy_htod_async(dst, src, self._stream)
+        self._guard(lambda: self.cuda.memcpy_htod_async(dst, src, self._stream), "copy to the device")
 
     def dtoh(self, dst: np.ndarray, src: int) -> None:
-        self.cuda.memcpy_dtoh_async(dst, src, self._stream)
+        self._guard(lambda: self.cuda.memcpy_dtoh_async(dst, src, self._stream), "copy to the host")
 
     def sync(self) -> None:
-        self._stream.synchronize()
+        self._guard(self._stream.synchronize, "finish the stream")
+
+    def _guard(self, call: Any, what: str) -> Any:
+        try:
+            return call()
+        except self.cuda.Error as err:
+            raise SacEdgeError(f"CUDA could not {what}: {err}") from None
 
     def close(self) -> None:
+        self.ensure()
         for mem in self._owned:
             mem.free()
         self._owned.clear()
 
 
+def _handle(stream: Any) -> int:
+    """The stream's address as an int (``get_cuda_native_handle`` from cuda-bindings 12.9/13, else int())."""
+    try:
+        from cuda.bindings.utils import get_cuda_native_handle
+    except ImportError:
+        return int(stream)
+    return int(get_cuda_native_handle(stream))
+
+
 def open_cuda() -> CudaPython | PyCuda:
-    if importlib.util.find_spec("cuda") is not None:
-        return CudaPython()
+    """cuda-python when its runtime bindings import, else pycuda; a one-line error naming what to install."""
+    rt = _runtime_module()
+    if rt is not None:
+        return CudaPython(rt)
     if importlib.util.find_spec("pycuda") is not None:
         return PyCuda()
-    raise missing_package("tensorrt", "cuda-python", "pip install cuda-python, or pycuda on JetPack 5")
+    raise missing_package(
+        "tensorrt", "cuda-python", "pip install 'cuda-python<13' on CUDA 12 (JetPack 6), or pycuda on JetPack 5"
+    )

@@ -31,20 +31,25 @@ class PlanKey(NamedTuple):
     compute_capability: str
     onnx_sha256: str
     precision: str
+    calib_sha256: str = ""  # the calib.cache an implicit-INT8 (8.x) plan was built with, "" for none
+    refit: bool = False  # built with BuilderFlag.REFIT (only when fine-tuning asks for it)
+    profiles: int = 2  # optimisation profiles: one per execution context (export.tensorrt.PROFILES)
 
     def tag(self) -> str:
-        """File-name key: ``trt10.8.0-nvidia-h200-sm90``."""
+        """File-name key: ``trt10.8.0-nvidia-h200-sm90`` (``-refit`` for a refittable plan)."""
         device = re.sub(r"[^a-z0-9]+", "-", self.device.lower()).strip("-")
-        return f"trt{self.tensorrt}-{device}-sm{self.compute_capability.replace('.', '')}"
+        refit = "-refit" if self.refit else ""
+        return f"trt{self.tensorrt}-{device}-sm{self.compute_capability.replace('.', '')}{refit}"
 
 
 def plan_mismatch(recorded: Mapping[str, Any], key: PlanKey) -> str | None:
     """Why a plan recorded as ``recorded`` must not be loaded here (None when it matches ``key``).
 
     ``recorded`` uses the sidecar keys (``tensorrt``, ``device``, ``compute_capability``, ``onnx_sha256``,
-    ``precision``); the manifest's per-engine ``tensorrt_version`` (export's EngineInfo) is read as
-    ``tensorrt``. A record without the ONNX hash (a plan shipped in the bundle, built from the bundle's own
-    ONNX) is judged on the rest.
+    ``precision``, ``calib_sha256``, ``refit``, ``profiles``); the manifest's per-engine ``tensorrt_version``
+    (export's EngineInfo) is read as ``tensorrt``. A record without the ONNX or cache hash (a plan shipped
+    in the bundle, built from the bundle's own files) is judged on the rest; one without ``refit`` or
+    ``profiles`` (an older plan) is rebuilt.
     """
     got = dict(recorded)
     if "tensorrt" not in got and "tensorrt_version" in got:
@@ -52,7 +57,7 @@ def plan_mismatch(recorded: Mapping[str, Any], key: PlanKey) -> str | None:
     for field in PlanKey._fields:
         want = getattr(key, field)
         have = got.get(field)
-        if field == "onnx_sha256" and have is None:
+        if field in ("onnx_sha256", "calib_sha256") and have is None:
             continue
         if have is None or str(have) != str(want):
             return f"built for {field}={have!r}, this is {want!r}"
@@ -94,3 +99,29 @@ def write_sidecar(plan: Path, key: PlanKey, build: Mapping[str, Any]) -> None:
     atomic_write_json(
         plan.with_suffix(".json"), {**key._asdict(), "plan_sha256": sha256_file(plan), "build": dict(build)}
     )
+
+
+def record_parity(plan: Path, parity: Mapping[str, Any], delete_plan: bool) -> None:
+    """Add the parity gate's figures to ``plan``'s sidecar; ``delete_plan`` removes a plan that failed, so
+    it is rebuilt next time while the sidecar keeps why (for ``sac-edge doctor``)."""
+    sidecar = plan.with_suffix(".json")
+    record = read_json_or_none(sidecar) or {}
+    atomic_write_json(sidecar, {**record, "parity": dict(parity), "plan_deleted": delete_plan})
+    if delete_plan:
+        plan.unlink(missing_ok=True)
+
+
+def parity_records(engine_dir: Path) -> list[dict[str, Any]]:
+    """Every cached plan's last parity-gate figures (for ``sac-edge doctor``), sorted by file name."""
+    out = []
+    for sidecar in sorted(engine_dir.glob("policy.*.json")) if engine_dir.is_dir() else []:
+        record = read_json_or_none(sidecar)
+        if record and "parity" in record:
+            out.append(
+                {
+                    "plan": sidecar.with_suffix(".plan").name,
+                    **record["parity"],
+                    "plan_deleted": record.get("plan_deleted"),
+                }
+            )
+    return out

@@ -1,17 +1,27 @@
-"""TensorRT engine backend: plans built on the target from the bundle's ONNX, cached, never loaded stale.
+"""TensorRT engine backend: plans built on the target from the bundle's ONNX, cached, proven before they serve.
 
 A plan is loaded only when its record matches this machine (``plans.py``); anything else is rebuilt
-from the ONNX with ``sac_edge.export.tensorrt.build_engine`` and cached as
-``BUNDLE/engines/policy.<precision>.<trtX-device-smNN>.plan`` (+ ``.json``).
+from the ONNX the TensorRT generation takes (``export.trt_generations``) with
+``sac_edge.export.tensorrt.build_engine`` and cached as ``BUNDLE/engines/policy.<precision>.<tag>.plan``
+(+ ``.json``). Every engine, built or cached, then goes through the parity gate (``parity_gate.py``); one
+that disagrees with the fp32 ONNX is not served, a cached plan is deleted and the figures stay in its
+sidecar.
 
-Inference follows the TensorRT 8.5+/10 tensor API (``num_io_tensors``, ``set_input_shape``,
-``set_tensor_address``, ``execute_async_v3``; edge-facts.md, TensorRT Python API docs): device buffers
-and pinned host buffers are allocated once, and batch 1 runs copy in, execute, copy out, synchronise on
-its own stream; ``act_batch`` uses a second stream, context and device buffers (an execution context must
-not be used from two threads at once), so it may run beside the loop's ``act``. CUDA memory goes
-through ``cuda.py``.
-A weight swap deserialises a fresh engine from the plan, refits it (the plan must be refittable), and
-publishes it with one assignment.
+Inference follows the TensorRT 8.5+/10/11 tensor API (``num_io_tensors``, ``set_input_shape``,
+``set_tensor_address``, ``execute_async_v3``): device buffers and pinned host buffers are allocated once.
+The engine has two optimisation profiles: ``act`` (batch 1, the control loop) runs on a context with
+profile 0 on its own stream; ``act_batch`` (the gate, benchmarks, any thread) on a second context with
+profile 1, its own stream and device buffers, under a lock. On 8.5 a second context on a one-profile
+engine has no profile and its enqueues fail (NvInferRuntime.h; NVIDIA/TensorRT#1590), so profiles are
+selected explicitly and every bool result (``set_optimization_profile_async``, ``set_input_shape``,
+``set_tensor_address``, ``execute_async_v3``, refits) is checked: a failure is one ``SacEdgeError`` line,
+never uninitialised output. CUDA goes through ``cuda.py`` (the primary context, current on any thread).
+
+A weight swap (only on a plan built refittable, ``BackendOptions.refit``, which ``--finetune`` sets)
+deserialises a fresh engine from the plan, refits it, checks it with the parity gate against the fp32 ONNX
+with the same weights, and publishes it with one assignment. An INT8 swap whose set the refitter cannot
+take completely (per-channel scales it does not know, weights it reports missing) is rebuilt from the
+graph with the new initializers instead, never half-applied.
 """
 
 from __future__ import annotations
@@ -28,23 +38,30 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import sha256_file
 
 from ..base import Backend, BackendOptions, Bundle, SwapReport, missing_package
+from ..parity_gate import ParityError, check_backend, require, verify
 from .cuda import open_cuda
-from .plans import PlanKey, cached_plan_paths, find_plan, write_sidecar
+from .plans import PlanKey, cached_plan_paths, find_plan, record_parity, write_sidecar
 
 INPUT, OUTPUT = "obs", "action"
 MAX_BATCH = 64
 
 
 class _Engine(NamedTuple):
-    """One generation: an engine with its batch-1 and batch-n execution contexts."""
+    """One generation: an engine with its batch-1 (profile 0) and batch-n (profile 1) execution contexts."""
 
     engine: Any
     context: Any
     batch_context: Any
 
 
+def _ok(result: Any, what: str) -> None:
+    """A TensorRT call's bool (or None) result as a one-line error."""
+    if not result:
+        raise SacEdgeError(f"TensorRT could not {what}; delete BUNDLE/engines to rebuild, or use --backend onnxruntime")
+
+
 class TensorRTBackend(Backend):
-    """A TensorRT engine with preallocated pinned host and device buffers on one stream."""
+    """A TensorRT engine with preallocated pinned host and device buffers, two contexts on two streams."""
 
     name = "tensorrt"
 
@@ -54,27 +71,44 @@ class TensorRTBackend(Backend):
             import tensorrt as trt
         except ImportError:
             raise missing_package("tensorrt", "tensorrt", "install TensorRT's Python bindings") from None
-        self.trt, self.precision = trt, precision
+        from sac_edge.export.tensorrt import PROFILES, cuda_device, engine_inputs
+        from sac_edge.export.trt_generations import generation
+
+        self.trt, self.precision, self.bundle = trt, precision, bundle
+        self.generation = generation(trt.__version__)
+        self.refittable = options.refit
         self.cuda = open_cuda()
+        self._batch_cuda = open_cuda()
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
-        from sac_edge.export.tensorrt import cuda_device, engine_inputs
-
         device = cuda_device()
         if device is None:
             raise SacEdgeError("backend 'tensorrt' needs a CUDA device (libcuda reports none)")
-        onnx, calib = engine_inputs(bundle.path, precision, int(trt.__version__.split(".")[0]))
-        if not onnx.is_file():
-            raise SacEdgeError(f"{bundle.path}: {onnx.name} is missing; cannot build a TensorRT {precision} engine")
-        key = PlanKey(trt.__version__, device.name, device.compute_capability, sha256_file(onnx), precision)
-        engine_dir = options.engine_dir or bundle.path / "engines"
-        plan, self.skipped = find_plan(bundle, key, engine_dir)
+        self.onnx, self.calib = engine_inputs(bundle.path, precision, trt.__version__)
+        if not self.onnx.is_file():
+            raise SacEdgeError(
+                f"{bundle.path}: {self.onnx.name} is missing; TensorRT {self.generation.name} builds {precision} "
+                "from it (re-export the bundle with this sac-export)"
+            )
+        calib_sha = sha256_file(self.calib) if self.calib is not None else ""
+        key = PlanKey(
+            trt.__version__,
+            device.name,
+            device.compute_capability,
+            sha256_file(self.onnx),
+            precision,
+            calib_sha,
+            options.refit,
+            PROFILES,
+        )
+        self.key, self.engine_dir = key, options.engine_dir or bundle.path / "engines"
+        plan, self.skipped = find_plan(bundle, key, self.engine_dir)
         self.device = f"{device.name} (sm {device.compute_capability})"
         self.built = plan is None
-        if plan is None:
-            plan = self._build(onnx, calib, key, engine_dir)
-        self.plan = plan
-        self._plan_bytes = plan.read_bytes()
+        self.plan = self._build(self.onnx, key) if plan is None else plan
+        self._plan_bytes = self.plan.read_bytes()
+        self._batch_lock = threading.Lock()
+        self._weights: dict[str, np.ndarray] = {}
         self._runner = self._load(None)
         self._retired: _Engine | None = None
         dims = bundle.spec.obs_dim, bundle.spec.act_dim
@@ -84,94 +118,184 @@ class TensorRTBackend(Backend):
         self._host_out = self.cuda.pinned((1, dims[1]), self._out_dtype)
         self._dev_in = self.cuda.device_alloc(self._host_in.nbytes)
         self._dev_out = self.cuda.device_alloc(self._host_out.nbytes)
-        # act_batch (the gate, benchmarks, another thread while the loop calls act) has its own stream and
-        # device buffers, so it never overwrites act's; its callers share them under a lock.
-        self._batch_cuda = open_cuda()
         self._batch_in = self._batch_cuda.device_alloc(self._host_in.nbytes * MAX_BATCH)
         self._batch_out = self._batch_cuda.device_alloc(self._host_out.nbytes * MAX_BATCH)
-        self._batch_lock = threading.Lock()
         self._action = np.zeros(dims[1], np.float32)
         self._bind(self._runner)
-        self._weights: dict[str, np.ndarray] = {}
+        self._gate("build" if self.built else "cached plan")
 
-    def _build(self, onnx: Path, calib: Path | None, key: PlanKey, engine_dir: Path) -> Path:
-        """Build with export's builder (refittable, batch 1..MAX_BATCH) into the cache, then the sidecar."""
+    def _gate(self, when: str) -> None:
+        """The parity gate on the engine just loaded; a failing cached plan is deleted (sidecar kept)."""
+        parity = check_backend(self, self.bundle, when)
+        cached = self.plan.parent == self.engine_dir
+        if cached:
+            record_parity(self.plan, parity.to_dict(), delete_plan=not parity.passed)
+        if not parity.passed:
+            self.close()
+            raise ParityError(parity, "plan deleted, not served" if cached else "not served")
+        self.parity = parity.to_dict()
+
+    def _build(self, onnx: Path, key: PlanKey) -> Path:
+        """Build with export's builder (batch 1..MAX_BATCH, REFIT only if asked) into the cache + sidecar."""
         from sac_edge.export.tensorrt import build_engine
 
-        plan, _ = cached_plan_paths(engine_dir, key)
-        engine_dir.mkdir(parents=True, exist_ok=True)
+        plan, _ = cached_plan_paths(self.engine_dir, key)
+        self.engine_dir.mkdir(parents=True, exist_ok=True)
+        self.cuda.ensure()
         info = build_engine(
             onnx,
             plan,
             key.precision,
-            calib_cache=calib,
+            calib_cache=self.calib,
             batch=(1, 1, MAX_BATCH),
-            timing_cache=engine_dir / "timing.cache",
+            timing_cache=self.engine_dir / "timing.cache",
+            refit=key.refit,
         )
         write_sidecar(plan, key, info.to_dict())
         return plan
 
     def _load(self, weights: Mapping[str, np.ndarray] | None) -> _Engine:
+        """A fresh engine from the plan (refitted with ``weights``), its two contexts on their profiles."""
+        self.cuda.ensure()
         engine = self.runtime.deserialize_cuda_engine(self._plan_bytes)
         if engine is None:
             raise SacEdgeError(f"{self.plan}: TensorRT could not deserialise the plan (delete it to rebuild)")
+        if engine.num_optimization_profiles < 2:
+            raise SacEdgeError(f"{self.plan}: the plan has one optimisation profile; delete it to rebuild")
         if weights:
-            refitter = self.trt.Refitter(engine, self.logger)
-            for name, arr in weights.items():
-                if not refitter.set_named_weights(name, self.trt.Weights(arr)):
-                    raise SacEdgeError(f"swap_weights: TensorRT refused weights {name!r} (wrong name or size)")
-            if not refitter.refit_cuda_engine():
-                raise SacEdgeError(f"swap_weights: refit failed (missing: {refitter.get_missing_weights()})")
-        return _Engine(engine, engine.create_execution_context(), engine.create_execution_context())
+            self._refit(engine, weights)
+        contexts = []
+        for profile, cuda in enumerate((self.cuda, self._batch_cuda)):
+            context = engine.create_execution_context()
+            if context is None:
+                raise SacEdgeError(f"{self.plan}: TensorRT could not create an execution context (out of memory?)")
+            _ok(context.set_optimization_profile_async(profile, cuda.stream), f"select optimisation profile {profile}")
+            cuda.sync()
+            contexts.append(context)
+        return _Engine(engine, contexts[0], contexts[1])
+
+    def _refit(self, engine: Any, weights: Mapping[str, np.ndarray]) -> None:
+        refitter = self.trt.Refitter(engine, self.logger)
+        for name, arr in weights.items():
+            if not refitter.set_named_weights(name, self.trt.Weights(arr)):
+                raise SacEdgeError(f"swap_weights: TensorRT refused weights {name!r} (wrong name, size or type)")
+        missing = list(refitter.get_missing_weights())
+        if missing:
+            raise SacEdgeError(f"swap_weights: the refit lacks weights {', '.join(missing[:5])}")
+        _ok(refitter.refit_cuda_engine(), "refit the engine")
 
     def _bind(self, runner: _Engine) -> None:
-        runner.context.set_input_shape(INPUT, (1, self.spec.obs_dim))
-        runner.context.set_tensor_address(INPUT, self._dev_in)
-        runner.context.set_tensor_address(OUTPUT, self._dev_out)
+        self.cuda.ensure()
+        _ok(runner.context.set_input_shape(INPUT, (1, self.spec.obs_dim)), "set the input shape")
+        _ok(runner.context.set_tensor_address(INPUT, self._dev_in), "bind the input")
+        _ok(runner.context.set_tensor_address(OUTPUT, self._dev_out), "bind the output")
 
     def act(self, obs: np.ndarray) -> np.ndarray:
+        self.cuda.ensure()
         np.copyto(self._host_in[0], obs.reshape(-1), casting="unsafe")
         runner = self._runner
         self.cuda.htod(self._dev_in, self._host_in)
-        runner.context.execute_async_v3(self.cuda.stream)
+        if not runner.context.execute_async_v3(self.cuda.stream):
+            raise SacEdgeError("TensorRT could not enqueue the engine (act); use --backend onnxruntime")
         self.cuda.dtoh(self._host_out, self._dev_out)
         self.cuda.sync()
         np.copyto(self._action, self._host_out[0], casting="unsafe")
         return self._action
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        out = []
-        cuda = self._batch_cuda
         with self._batch_lock:
-            runner = self._runner  # one generation for the whole call, kept alive across a concurrent swap
-            ctx = runner.batch_context
-            ctx.set_tensor_address(INPUT, self._batch_in)
-            ctx.set_tensor_address(OUTPUT, self._batch_out)
-            for start in range(0, len(obs), MAX_BATCH):  # the engine's profile stops at MAX_BATCH
-                chunk = np.ascontiguousarray(obs[start : start + MAX_BATCH], dtype=self._in_dtype)
-                result = np.empty((len(chunk), self.spec.act_dim), self._out_dtype)
-                ctx.set_input_shape(INPUT, chunk.shape)
-                cuda.htod(self._batch_in, chunk)
-                ctx.execute_async_v3(cuda.stream)
-                cuda.dtoh(result, self._batch_out)
-                cuda.sync()
-                out.append(result.astype(np.float32))
+            return self._run_batch(self._runner, obs)  # one generation for the whole call
+
+    def _run_batch(self, runner: _Engine, obs: np.ndarray) -> np.ndarray:
+        """``obs`` through ``runner``'s profile-1 context in chunks of MAX_BATCH (caller holds the lock)."""
+        cuda, ctx, out = self._batch_cuda, runner.batch_context, []
+        cuda.ensure()
+        _ok(ctx.set_tensor_address(INPUT, self._batch_in), "bind the batch input")
+        _ok(ctx.set_tensor_address(OUTPUT, self._batch_out), "bind the batch output")
+        for start in range(0, len(obs), MAX_BATCH):  # the engine's profile stops at MAX_BATCH
+            chunk = np.ascontiguousarray(obs[start : start + MAX_BATCH], dtype=self._in_dtype)
+            result = np.empty((len(chunk), self.spec.act_dim), self._out_dtype)
+            _ok(ctx.set_input_shape(INPUT, chunk.shape), f"set the batch shape {chunk.shape}")
+            cuda.htod(self._batch_in, chunk)
+            _ok(ctx.execute_async_v3(cuda.stream), "enqueue the engine (act_batch)")
+            cuda.dtoh(result, self._batch_out)
+            cuda.sync()
+            out.append(result.astype(np.float32))
         return np.concatenate(out) if out else np.empty((0, self.spec.act_dim), np.float32)
 
     def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
         start = time.perf_counter()
-        if not self._runner.engine.refittable:
-            raise SacEdgeError(f"{self.plan.name}: engine is not refittable ({self.precision}); rebuild to swap")
+        if not self.refittable:
+            raise SacEdgeError(f"{self.plan.name}: engine was built without REFIT; swaps need sac-edge run --finetune")
+        self.cuda.ensure()
         refitter = self.trt.Refitter(self._runner.engine, self.logger)
         known = set(refitter.get_all_weights())
-        use = {k: np.asarray(v, dtype=np.float32, order="C") for k, v in weights.items() if k in known}
+        dtypes = self._initializer_dtypes()
+        use = {k: np.asarray(v, dtype=dtypes.get(k, np.float32), order="C") for k, v in weights.items() if k in known}
         ignored = tuple(sorted(set(weights) - known))
-        merged = {**self._weights, **use}
-        runner = self._load(merged)
+        when = "refit"
+        if self.precision == "int8" and ignored:
+            runner, merged, when = self._rebuild(weights), {}, "rebuild"
+        else:
+            merged = {**self._weights, **use}
+            runner = self._load(merged)
+        self._bind_batch_checked(runner, weights, when)
         self._bind(runner)
         self._retired, self._runner, self._weights = self._runner, runner, merged
         self.swaps += 1
-        return SwapReport(len(use), ignored, time.perf_counter() - start)
+        return SwapReport(
+            len(use) if when == "refit" else len(weights),
+            () if when == "rebuild" else ignored,
+            time.perf_counter() - start,
+        )
+
+    def _bind_batch_checked(self, runner: _Engine, weights: Mapping[str, np.ndarray], when: str) -> None:
+        """The parity gate on ``runner`` (its batch context) with the new weights, before it is published."""
+        with self._batch_lock:
+            parity = verify(
+                lambda obs: self._run_batch(runner, obs), None, self.bundle, self.name, self.precision, when, weights
+            )
+        self.parity = require(parity, "the swap was not applied").to_dict()
+
+    def _rebuild(self, weights: Mapping[str, np.ndarray]) -> _Engine:
+        """A new engine built from the source graph with ``weights`` as its initializers (INT8 swaps the
+        refitter cannot take completely); it replaces the plan bytes later refits start from."""
+        import onnx
+        from onnx import numpy_helper
+
+        from sac_edge.export.tensorrt import build_engine
+
+        model = onnx.load(str(self.onnx))
+        for init in model.graph.initializer:
+            if init.name in weights:
+                dtype = numpy_helper.to_array(init).dtype
+                init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype), init.name))
+        work = self.engine_dir / "swap"
+        work.mkdir(parents=True, exist_ok=True)
+        source, plan = work / self.onnx.name, work / f"policy.{self.precision}.plan"
+        source.write_bytes(model.SerializeToString())
+        self.cuda.ensure()
+        build_engine(
+            source,
+            plan,
+            self.precision,
+            calib_cache=self.calib,
+            batch=(1, 1, MAX_BATCH),
+            timing_cache=self.engine_dir / "timing.cache",
+            refit=True,
+        )
+        self._plan_bytes = plan.read_bytes()
+        return self._load(None)
+
+    def _initializer_dtypes(self) -> dict[str, Any]:
+        """The source graph's float initializer dtypes (fp16 in policy.fp16.onnx): refit weights match them."""
+        if not hasattr(self, "_dtypes"):
+            import onnx
+            from onnx import numpy_helper
+
+            graph = onnx.load(str(self.onnx), load_external_data=False).graph
+            self._dtypes = {i.name: numpy_helper.to_array(i).dtype for i in graph.initializer}
+        return self._dtypes
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -180,6 +304,8 @@ class TensorRTBackend(Backend):
             "built": self.built,
             "skipped_plans": self.skipped,
             "tensorrt": self.trt.__version__,
+            "generation": self.generation.name,
+            "refit": self.refittable,
             "device": self.device,
         }
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
-from sac_edge.edge_runtime.backends.base import open_bundle
+from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.backends.trt.plans import (
     PlanKey,
@@ -36,13 +37,25 @@ def test_plan_mismatch_names_the_field() -> None:
     assert "onnx_sha256" in str(plan_mismatch({**KEY._asdict(), "onnx_sha256": "00"}, KEY))
     assert "precision" in str(plan_mismatch({**KEY._asdict(), "precision": "int8"}, KEY))
     # export's manifest record: tensorrt_version, no ONNX hash
-    shipped = {"tensorrt_version": "8.5.2", "device": "Xavier", "compute_capability": "7.2", "precision": "fp16"}
+    shipped = {
+        "tensorrt_version": "8.5.2",
+        "device": "Xavier",
+        "compute_capability": "7.2",
+        "precision": "fp16",
+        "refit": False,
+        "profiles": 2,
+    }
     assert plan_mismatch(shipped, KEY) is None
+    assert "refit" in str(plan_mismatch(shipped, KEY._replace(refit=True)))  # --finetune needs a REFIT plan
+    assert "calib_sha256" in str(plan_mismatch({**KEY._asdict(), "calib_sha256": "00"}, KEY))
+    old = {k: v for k, v in shipped.items() if k != "profiles"}  # a one-profile plan from before: rebuilt
+    assert "profiles" in str(plan_mismatch(old, KEY))
     assert plan_mismatch({k: v for k, v in shipped.items() if k != "device"}, KEY) is not None
 
 
 def test_key_tag_is_a_safe_file_name() -> None:
     assert PlanKey("10.8.0.43", "NVIDIA H200 (PCIe)", "9.0", "x", "fp32").tag() == "trt10.8.0.43-nvidia-h200-pcie-sm90"
+    assert KEY._replace(refit=True).tag().endswith("-refit")
 
 
 def _cache(tmp_path: Path, key: PlanKey) -> Path:
@@ -95,6 +108,8 @@ def test_plan_shipped_in_the_bundle_is_checked_against_its_manifest_record(
             "device": "Xavier",
             "compute_capability": "7.2",
             "precision": "fp16",
+            "refit": False,
+            "profiles": 2,
         }
     }
     write_manifest(root, manifest)
@@ -111,6 +126,7 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path: Path, pendulum_bundle: Pa
     bundle = open_bundle(root)
     trt_backend = open_backend(bundle, "tensorrt", "fp32")
     assert trt_backend.describe()["built"] is True
+    assert trt_backend.describe()["parity"]["passed"] and trt_backend.describe()["parity"]["when"] == "build"
     ort = open_backend(bundle, "onnxruntime", "fp32")
     obs = np.random.default_rng(0).standard_normal((70, 3)).astype(np.float32)
     np.testing.assert_allclose(trt_backend.act_batch(obs), ort.act_batch(obs), atol=1e-4)
@@ -130,13 +146,59 @@ def test_tensorrt_refit_swap(tmp_path: Path, pendulum_bundle: Path) -> None:
     root = tmp_path / "bundle"
     shutil.copytree(pendulum_bundle, root)
     bundle = open_bundle(root)
-    trt_backend, ort = open_backend(bundle, "tensorrt", "fp32"), open_backend(bundle, "onnxruntime", "fp32")
+    trt_backend = open_backend(bundle, "tensorrt", "fp32", BackendOptions(refit=True))
+    ort = open_backend(bundle, "onnxruntime", "fp32")
     weights = {k: v * -0.5 for k, v in load_file(str(root / "learner.safetensors")).items() if k.startswith("actor.")}
     trt_backend.swap_weights(weights)
     ort.swap_weights(weights)
     obs = np.array([0.1, 0.2, 0.3], np.float32)
     np.testing.assert_allclose(trt_backend.act(obs), ort.act(obs), atol=1e-4)
+    assert trt_backend.parity is not None and trt_backend.parity["when"] == "refit" and trt_backend.parity["passed"]
     trt_backend.close()
+    with pytest.raises(SacEdgeError, match="without REFIT"):  # a plan built for serving only
+        open_backend(bundle, "tensorrt", "fp32").swap_weights(weights)
+
+
+@pytest.mark.tensorrt
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_tensorrt_every_precision_passes_the_gate_and_act_batch_is_real(
+    tmp_path: Path, pendulum_bundle: Path, precision: str
+) -> None:
+    root = tmp_path / "bundle"
+    shutil.copytree(pendulum_bundle, root)
+    backend = open_backend(open_bundle(root), "tensorrt", precision)
+    parity = backend.describe()["parity"]
+    assert parity["passed"] and parity["states"] > 0, parity
+    sidecar = json.loads(backend.plan.with_suffix(".json").read_text())
+    assert sidecar["parity"]["passed"] and sidecar["build"]["profiles"] == 2
+    backend.close()
+
+
+@pytest.mark.tensorrt
+def test_tensorrt_plan_that_disagrees_is_deleted_and_not_served(tmp_path: Path, pendulum_bundle: Path) -> None:
+    """A cached plan built from a graph with a perturbed bias, recorded as if it were the bundle's."""
+    import onnx
+    from onnx import numpy_helper
+
+    from sac_edge.edge_runtime.backends.parity_gate import ParityError
+    from sac_edge.export.tensorrt import build_engine
+
+    root = tmp_path / "bundle"
+    shutil.copytree(pendulum_bundle, root)
+    good = open_backend(open_bundle(root), "tensorrt", "fp32")
+    plan, key = good.plan, good.key
+    good.close()
+    model = onnx.load(str(root / "policy.onnx"))
+    bias = [i for i in model.graph.initializer if i.name.endswith("bias")][-1]
+    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + np.float32(0.5), bias.name))
+    wrong = tmp_path / "wrong.onnx"
+    onnx.save(model, str(wrong))
+    build_engine(wrong, plan, "fp32", batch=(1, 1, 64))
+    write_sidecar(plan, key, {"note": "built from a perturbed graph"})
+    with pytest.raises(ParityError, match="plan deleted, not served"):
+        open_backend(open_bundle(root), "tensorrt", "fp32")
+    assert not plan.exists()
+    assert json.loads(plan.with_suffix(".json").read_text())["parity"]["passed"] is False
 
 
 @pytest.mark.tensorrt

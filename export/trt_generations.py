@@ -1,0 +1,74 @@
+"""One code path per TensorRT generation, chosen once from ``tensorrt.__version__``.
+
+=========  ===========================================  ============================================
+generation  fp16                                          int8
+=========  ===========================================  ============================================
+8.5/8.6    ``policy.onnx`` + ``BuilderFlag.FP16``         ``policy.onnx`` + ``calib.cache`` (implicit,
+           (weak typing, EXPLICIT_BATCH network)          header rewritten to this TensorRT's version)
+                                                          + ``BuilderFlag.INT8``; Q/DQ graph without
+                                                          a cache
+10.x       ``policy.onnx`` + ``BuilderFlag.FP16``         ``policy.int8.onnx`` (explicit Q/DQ) +
+                                                          ``BuilderFlag.INT8`` (calibration deprecated
+                                                          in 10.1)
+11.x       ``policy.fp16.onnx`` (strongly typed: fp16     ``policy.int8.onnx`` (Q/DQ), no precision
+           tensors in the graph), no precision flag       flag
+=========  ===========================================  ============================================
+
+Sources: "Migrating from TensorRT 10.x to 11.x" (NVIDIA docs, 11.3/11.4: ``BuilderFlag.FP16/INT8``,
+``IBuilderConfig.int8_calibrator``/``set_calibration_profile`` and ``platform_has_fast_fp16/int8`` removed,
+networks always strongly typed); "Migrating from TensorRT 8.x to 10.x" (``EXPLICIT_BATCH`` no longer
+needed); TensorRT 10.1 release notes (implicit quantization deprecated). TensorRT below 8.5 lacks the
+name-based tensor API (``execute_async_v3``, ``set_input_shape``) the runner uses, so it is refused.
+Pure Python: the choice is testable without TensorRT.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.versions import parse_version
+
+SUPPORTED = "8.5/8.6, 10.x or 11.x"
+
+
+class Generation(NamedTuple):
+    """How engines are built on one TensorRT generation."""
+
+    name: str  # "8.5/8.6", "10.x", "11.x": what the manifest and `sac-edge doctor` show
+    explicit_batch_flag: bool  # create_network needs EXPLICIT_BATCH (8.x)
+    precision_flags: bool  # weak typing: BuilderFlag.FP16 / INT8 exist and enable the precision
+    implicit_int8: bool  # calib.cache through an IInt8EntropyCalibrator2 (8.x only, here)
+    fp16_onnx: bool  # fp16 comes from policy.fp16.onnx (strong typing) rather than a flag
+
+    def onnx_name(self, precision: str, has_calib_cache: bool) -> str:
+        """The bundle file an engine of ``precision`` is built from on this generation."""
+        if precision == "fp16" and self.fp16_onnx:
+            return "policy.fp16.onnx"
+        if precision == "int8" and not (self.implicit_int8 and has_calib_cache):
+            return "policy.int8.onnx"
+        return "policy.onnx"
+
+    def uses_calib_cache(self, precision: str, has_calib_cache: bool) -> bool:
+        return precision == "int8" and self.implicit_int8 and has_calib_cache
+
+
+TRT8 = Generation("8.5/8.6", True, True, True, False)
+TRT10 = Generation("10.x", False, True, False, False)
+TRT11 = Generation("11.x", False, False, False, True)
+GENERATIONS = (TRT8, TRT10, TRT11)
+
+
+def generation(version: str) -> Generation:
+    """The code path for TensorRT ``version``; an unsupported one is a one-line error naming the fix."""
+    major, minor, _ = parse_version(version)
+    if major == 8 and minor >= 5:
+        return TRT8
+    if major == 10:
+        return TRT10
+    if major == 11:
+        return TRT11
+    raise SacEdgeError(
+        f"TensorRT {version} is not supported; install TensorRT {SUPPORTED} "
+        "(JetPack 5.1 ships 8.5.2), or use --backend onnxruntime"
+    )

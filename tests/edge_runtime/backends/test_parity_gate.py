@@ -1,0 +1,146 @@
+"""The engine parity gate, with real onnxruntime sessions standing in for the engine under test: the
+bundle's own graph passes, a graph with a perturbed bias (what a dropped GEMM bias or a stale engine cache
+serves) fails, is not served, and --backend auto goes on to the next candidate with the reason."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
+from sac_edge.edge_runtime.backends.autoselect import autoselect
+from sac_edge.edge_runtime.backends.base import BackendKind, BackendOptions, Bundle, open_bundle
+from sac_edge.edge_runtime.backends.onnxrt.loader import gated
+from sac_edge.edge_runtime.backends.onnxrt.runner import OrtBackend, swap_providers
+from sac_edge.edge_runtime.backends.parity_gate import (
+    ParityError,
+    check_backend,
+    gate_states,
+    reference_actions,
+    require,
+)
+from sac_edge.edge_runtime.backends.registry import KINDS
+from sac_edge.edge_runtime.backends.trt.plans import parity_records, record_parity
+
+CPU = ["CPUExecutionProvider"]
+
+
+def _perturbed(bundle: Bundle, out: Path, delta: float = 0.5) -> Path:
+    """policy.onnx with its last layer's bias shifted by ``delta`` (everything else identical)."""
+    model = onnx.load(str(bundle.path / "policy.onnx"))
+    bias = [i for i in model.graph.initializer if i.name.endswith("bias")][-1]
+    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + np.float32(delta), bias.name))
+    onnx.save(model, str(out))
+    return out
+
+
+def _engine(bundle: Bundle, model: Path, precision: str = "fp32", name: str = "engine-under-test") -> OrtBackend:
+    return OrtBackend(name, bundle, precision, model, CPU, BackendOptions())
+
+
+def test_the_reference_itself_passes_with_zero_error(pendulum_bundle: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    parity = check_backend(_engine(bundle, bundle.path / "policy.onnx"), bundle, "session")
+    assert parity.passed and parity.max_abs == 0.0 and parity.rule == "max abs action error"
+    assert "seeded normal" in parity.state_source  # this fixture bundle predates parity_states.npy
+
+
+def test_a_perturbed_bias_fails_the_gate_in_one_line(pendulum_bundle: Path, tmp_path: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    wrong = _engine(bundle, _perturbed(bundle, tmp_path / "wrong.onnx"))
+    parity = check_backend(wrong, bundle, "build")
+    assert not parity.passed and parity.max_abs > parity.limit
+    with pytest.raises(ParityError, match=r"parity gate FAILED for engine-under-test/fp32 \(build\)") as err:
+        require(parity, "plan deleted, not served")
+    assert "\n" not in str(err.value) and err.value.exit_code == 1 and err.value.parity == parity
+    # fp16's wider tolerance does not hide it either
+    assert not check_backend(_engine(bundle, tmp_path / "wrong.onnx", "fp16"), bundle, "build").passed
+
+
+def test_a_tiny_perturbation_passes_fp16_but_not_fp32(pendulum_bundle: Path, tmp_path: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    model = _perturbed(bundle, tmp_path / "close.onnx", delta=5e-3)  # ~1e-2 in env units (range 4)
+    assert not check_backend(_engine(bundle, model, "fp32"), bundle, "build").passed  # fp32 tol 1e-3 * 4
+    assert check_backend(_engine(bundle, model, "fp16"), bundle, "build").passed
+
+
+def test_int8_is_judged_by_the_accuracy_gate_rule(pendulum_bundle: Path, tmp_path: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    parity = check_backend(_engine(bundle, bundle.path / "policy.int8.onnx", "int8"), bundle, "build")
+    assert parity.passed and parity.rule == "mean action error / range" and parity.limit == 0.01
+    assert parity.max_abs > 0  # int8 really differs; the rule is the mean, not the max
+
+
+def test_held_out_states_come_from_the_bundle(pendulum_bundle: Path, tmp_path: Path) -> None:
+    root = tmp_path / "bundle"
+    shutil.copytree(pendulum_bundle, root)
+    states = np.random.default_rng(3).normal(size=(100, 3)).astype(np.float32)
+    np.save(root / "parity_states.npy", states)
+    manifest = read_manifest(root)
+    manifest["files"]["parity_states.npy"] = file_entry(root, "parity_states.npy", kind="parity-states")
+    write_manifest(root, manifest)
+    bundle = open_bundle(root)
+    got, source = gate_states(bundle)
+    np.testing.assert_array_equal(got, states)
+    assert source == "parity_states.npy"
+
+
+def test_reference_uses_the_swapped_weights(pendulum_bundle: Path) -> None:
+    from safetensors.numpy import load_file
+
+    bundle = open_bundle(pendulum_bundle)
+    states, _ = gate_states(bundle)
+    weights = {k: v * -0.5 for k, v in load_file(str(bundle.path / "learner.safetensors")).items()}
+    swapped = _engine(bundle, bundle.path / "policy.onnx", name="onnxruntime-cuda")  # a gated name
+    swapped.swap_weights(weights)  # the swap itself is gated against the reference with the same weights
+    assert swapped.parity is not None and swapped.parity["passed"] and swapped.parity["when"] == "swap"
+    np.testing.assert_allclose(swapped.act_batch(states), reference_actions(bundle, states, weights), atol=1e-6)
+    assert not np.allclose(reference_actions(bundle, states), reference_actions(bundle, states, weights))
+
+
+def test_auto_falls_back_past_a_backend_that_fails_the_gate(
+    pendulum_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    wrong = _perturbed(bundle, tmp_path / "wrong.onnx")
+
+    def open_wrong(b: Bundle, precision: str, options: BackendOptions) -> OrtBackend:
+        return gated(OrtBackend("onnxruntime-tensorrt", b, precision, wrong, CPU, options), b)  # type: ignore[return-value]
+
+    kind = BackendKind("onnxruntime-tensorrt", lambda: None, lambda b: ("fp32",), open_wrong)
+    monkeypatch.setitem(KINDS, "onnxruntime-tensorrt", kind)
+    lines: list[str] = []
+    chosen, figures = autoselect(
+        bundle, BackendOptions(), ["fp32"], ["onnxruntime-tensorrt", "onnxruntime"], 20, 5, lines.append
+    )
+    assert (chosen.name, chosen.precision) == ("onnxruntime", "fp32")
+    refused = [m for m in figures if m.backend == "onnxruntime-tensorrt"]
+    assert refused and "parity gate FAILED" in str(refused[0].refusal) and "not served" in str(refused[0].refusal)
+    assert any("onnxruntime-tensorrt/fp32: skipped (parity gate FAILED" in line for line in lines)
+    chosen.close()
+
+
+def test_failed_plan_is_deleted_and_its_figures_stay_for_doctor(tmp_path: Path, pendulum_bundle: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    parity = check_backend(_engine(bundle, _perturbed(bundle, tmp_path / "w.onnx")), bundle, "cached plan")
+    plan = tmp_path / "engines" / "policy.fp32.trt10.3.0-orin-sm87.plan"
+    plan.parent.mkdir()
+    plan.write_bytes(b"engine")
+    plan.with_suffix(".json").write_text('{"precision": "fp32"}')
+    record_parity(plan, parity.to_dict(), delete_plan=True)
+    assert not plan.exists()
+    (record,) = parity_records(tmp_path / "engines")
+    assert record["plan"] == plan.name and record["passed"] is False and record["plan_deleted"] is True
+    assert record["max_abs"] == parity.max_abs
+
+
+def test_swapped_sessions_never_use_the_trt_engine_cache() -> None:
+    providers = [("TensorrtExecutionProvider", {"trt_engine_cache_enable": True, "trt_fp16_enable": True}), "CPU"]
+    swapped = swap_providers(providers)
+    assert swapped[0] == ("TensorrtExecutionProvider", {"trt_engine_cache_enable": False, "trt_fp16_enable": True})
+    assert swapped[1] == "CPU" and providers[0][1]["trt_engine_cache_enable"] is True  # the original is untouched

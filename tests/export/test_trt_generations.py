@@ -1,0 +1,122 @@
+"""One TensorRT code path per generation, and the API-surface check of each path.
+
+The build runs here against ``fake_tensorrt``, a module exposing exactly one generation's Python names:
+these tests check NAMES, NOT BEHAVIOUR (that no path touches a name its TensorRT lacks, e.g. the
+``BuilderFlag.FP16`` that TensorRT 11 removed, and which flags/inputs each path chooses). Engines built
+for real are the ``tensorrt``-marked tests in test_tensorrt.py and the runtime parity gate on a device.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from fake_tensorrt import REMOVED_IN_11, SURFACE, fake_tensorrt
+
+from sac_edge.calibration.cache import read_cache, trt_version_code, write_cache
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.export import tensorrt as builder
+from sac_edge.export.trt_generations import TRT8, TRT10, TRT11, generation
+
+
+@pytest.mark.parametrize(
+    ("version", "gen"), [("8.5.2.2", TRT8), ("8.6.1", TRT8), ("10.3.0", TRT10), ("10.13.2.6", TRT10), ("11.4.0", TRT11)]
+)
+def test_generation_is_chosen_from_the_version(version: str, gen: object) -> None:
+    assert generation(version) is gen
+
+
+@pytest.mark.parametrize("version", ["8.4.1", "7.1.3", "12.0.0", "nightly"])
+def test_unsupported_tensorrt_is_one_line_naming_the_fix(version: str) -> None:
+    with pytest.raises(SacEdgeError) as err:
+        generation(version)
+    assert "\n" not in str(err.value) and ("8.5/8.6, 10.x or 11.x" in str(err.value) or "reinstall" in str(err.value))
+
+
+def test_the_documented_surfaces() -> None:
+    """TensorRT 11 lacks what its migration guide removed; 8.5 and 10 have it (fake_tensorrt cites both)."""
+    assert SURFACE["8.5.2"] >= REMOVED_IN_11 and SURFACE["10.3.0"] >= REMOVED_IN_11
+    assert not REMOVED_IN_11 & SURFACE["11.4.0"]
+    for names in SURFACE.values():  # the name-based execution API the runner uses exists from 8.5 on
+        assert {"IExecutionContext.execute_async_v3", "IExecutionContext.set_optimization_profile_async"} <= names
+
+
+def _bundle(root: Path) -> Path:
+    for name in ("policy.onnx", "policy.fp16.onnx", "policy.int8.onnx"):
+        (root / name).write_bytes(b"graph")  # the fake parser does not read it
+    write_cache(root / "calib.cache", {"obs": 0.01, "h": 0.02})
+    return root
+
+
+def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, precision: str) -> tuple[object, list[str]]:
+    module, used = fake_tensorrt(version)
+    monkeypatch.setitem(sys.modules, "tensorrt", module)
+    monkeypatch.setattr(builder, "tensorrt_unavailable", lambda: None)
+    monkeypatch.setattr(builder, "cuda_device", lambda index=0: builder.CudaDevice("Fake GPU", "9.0"))
+    root = _bundle(tmp_path)
+    onnx, cache = builder.engine_inputs(root, precision, version)
+    info = builder.build_engine(onnx, root / f"{precision}.plan", precision, calib_cache=cache, refit=True)
+    return info, used
+
+
+@pytest.mark.parametrize("version", sorted(SURFACE))
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_each_generation_path_uses_only_its_own_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, precision: str
+) -> None:
+    info, used = _build(tmp_path, monkeypatch, version, precision)
+    names = {u for u in used if not u.startswith("set_flag:") and not u.endswith("__init__")}
+    assert names <= SURFACE[version]
+    assert info.profiles == 2 and info.refit and "REFIT" in info.flags  # type: ignore[attr-defined]
+    gen = generation(version)
+    assert info.generation == gen.name  # type: ignore[attr-defined]
+    if version.startswith("11"):
+        assert not REMOVED_IN_11 & set(used)
+        assert info.flags == ("REFIT",)  # type: ignore[attr-defined]  strongly typed: no precision flags
+    elif precision != "fp32":
+        assert precision.upper() in info.flags  # type: ignore[attr-defined]
+
+
+def test_the_inputs_and_int8_source_per_generation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fp16_11, _ = _build(tmp_path, monkeypatch, "11.4.0", "fp16")
+    assert fp16_11.onnx == "policy.fp16.onnx"  # type: ignore[attr-defined]
+    fp16_10, _ = _build(tmp_path, monkeypatch, "10.3.0", "fp16")
+    assert fp16_10.onnx == "policy.onnx"  # type: ignore[attr-defined]
+    int8_8, used = _build(tmp_path, monkeypatch, "8.5.2", "int8")
+    assert int8_8.onnx == "policy.onnx" and int8_8.int8_source == "calib.cache"  # type: ignore[attr-defined]
+    assert int8_8.calib_header == "TRT-8502-EntropyCalibration2"  # type: ignore[attr-defined]
+    assert "IBuilderConfig.set_calibration_profile" in used
+    int8_86, _ = _build(tmp_path, monkeypatch, "8.6.1", "int8")
+    assert int8_86.calib_header == "TRT-8601-EntropyCalibration2"  # type: ignore[attr-defined]  re-headed, not skipped
+    for version in ("10.3.0", "11.4.0"):
+        info, used = _build(tmp_path, monkeypatch, version, "int8")
+        assert info.onnx == "policy.int8.onnx" and info.int8_source == "explicit Q/DQ"  # type: ignore[attr-defined]
+        assert "IBuilderConfig.int8_calibrator" not in used
+
+
+def test_the_check_can_fail_the_10x_path_on_11(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same build forced onto the 10.x path against TensorRT 11's names hits the removed flag."""
+    monkeypatch.setattr(builder, "generation", lambda version: TRT10)
+    with pytest.raises(AttributeError, match=r"BuilderFlag\.FP16"):
+        _build(tmp_path, monkeypatch, "11.4.0", "fp16")
+
+
+def test_refit_is_off_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, used = fake_tensorrt("10.3.0")
+    monkeypatch.setitem(sys.modules, "tensorrt", module)
+    monkeypatch.setattr(builder, "tensorrt_unavailable", lambda: None)
+    monkeypatch.setattr(builder, "cuda_device", lambda index=0: builder.CudaDevice("Fake GPU", "9.0"))
+    root = _bundle(tmp_path)
+    info = builder.build_engine(root / "policy.onnx", root / "x.plan", "fp32")
+    assert not info.refit and "REFIT" not in info.flags and "set_flag:BuilderFlag.REFIT" not in used
+
+
+def test_calib_cache_header_follows_the_tensorrt_version(tmp_path: Path) -> None:
+    from sac_edge.calibration.cache import for_tensorrt
+
+    assert (trt_version_code("8.5.2.2"), trt_version_code("8.6.1"), trt_version_code("8.4.1")) == (8502, 8601, 8401)
+    write_cache(tmp_path / "calib.cache", {"obs": 0.5})
+    (tmp_path / "86.cache").write_bytes(for_tensorrt(tmp_path / "calib.cache", "8.6.1.6"))
+    cache = read_cache(tmp_path / "86.cache")
+    assert cache.trt_version == 8601 and cache.scales == read_cache(tmp_path / "calib.cache").scales
