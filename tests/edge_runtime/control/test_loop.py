@@ -268,7 +268,7 @@ def test_misses_from_a_slow_env_are_blamed_on_the_env(pendulum_bundle: Path) -> 
     summary = loop.run()
     causes = summary["miss_causes"]
     assert summary["deadline_misses"] >= 20  # 25 slow steps, each past its deadline
-    assert causes["env"] >= 15 and causes["env"] == max(causes.values())  # a loaded host adds late wake-ups
+    assert causes["env"] >= 15  # most of the 25 (a loaded host adds late wake-ups, blamed on the wake-up)
     hist = summary["histogram_us"]  # bin i counts [edges[i], edges[i + 1]) microseconds
     assert sum(hist["step"][hist["edges"].index(5000) :]) >= 20
 
