@@ -136,23 +136,27 @@ class TensorRTBackend(Backend):
         self.parity = parity.to_dict()
 
     def _build(self, onnx: Path, key: PlanKey) -> Path:
-        """Build with export's builder (batch 1..MAX_BATCH, REFIT only if asked) into the cache + sidecar."""
-        from sac_edge.export.tensorrt import build_engine
-
+        """Build into the cache, then the sidecar."""
         plan, _ = cached_plan_paths(self.engine_dir, key)
         self.engine_dir.mkdir(parents=True, exist_ok=True)
+        info = self._build_plan(onnx, plan, key.refit)
+        write_sidecar(plan, key, info.to_dict())
+        return plan
+
+    def _build_plan(self, onnx: Path, plan: Path, refit: bool) -> Any:
+        """Export's builder on this thread's CUDA context: batch 1..MAX_BATCH, REFIT only if asked."""
+        from sac_edge.export.tensorrt import build_engine
+
         self.cuda.ensure()
-        info = build_engine(
+        return build_engine(
             onnx,
             plan,
-            key.precision,
+            self.precision,
             calib_cache=self.calib,
             batch=(1, 1, MAX_BATCH),
             timing_cache=self.engine_dir / "timing.cache",
-            refit=key.refit,
+            refit=refit,
         )
-        write_sidecar(plan, key, info.to_dict())
-        return plan
 
     def _load(self, weights: Mapping[str, np.ndarray] | None) -> _Engine:
         """A fresh engine from the plan (refitted with ``weights``), its two contexts on their profiles."""
@@ -263,8 +267,6 @@ class TensorRTBackend(Backend):
         import onnx
         from onnx import numpy_helper
 
-        from sac_edge.export.tensorrt import build_engine
-
         model = onnx.load(str(self.onnx))
         for init in model.graph.initializer:
             if init.name in weights:
@@ -274,16 +276,7 @@ class TensorRTBackend(Backend):
         work.mkdir(parents=True, exist_ok=True)
         source, plan = work / self.onnx.name, work / f"policy.{self.precision}.plan"
         source.write_bytes(model.SerializeToString())
-        self.cuda.ensure()
-        build_engine(
-            source,
-            plan,
-            self.precision,
-            calib_cache=self.calib,
-            batch=(1, 1, MAX_BATCH),
-            timing_cache=self.engine_dir / "timing.cache",
-            refit=True,
-        )
+        self._build_plan(source, plan, refit=True)
         self._plan_bytes = plan.read_bytes()
         return self._load(None)
 
