@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sac_edge.common.config import build_parser, config_dict
-from sac_edge.common.errors import SacEdgeError, run_cli
+from sac_edge.common.errors import InternalError, SacEdgeError, run_cli
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.summary import emit_json
 from sac_edge.train.config import TrainConfig
@@ -132,6 +132,8 @@ def _main(argv: Sequence[str] | None) -> int:
     write_summary(summary, sweep_dir)
     plot_curves(curves(outcomes), sweep_dir / CURVES, f"{train.env}: {len(outcomes)} trials")
     _report(summary, sweep_dir, sweep.json)
+    if summary["trials"] and summary["errors"] == summary["trials"]:
+        raise InternalError("every trial failed (their errors are above); fix the first and run again")
     if summary["unfinished"]:
         print(
             f"{PROG}: interrupted with {summary['unfinished']} trials unfinished (the summary covers the others); "
