@@ -109,16 +109,20 @@ def ray_session(address: str | None, cpus: int, resources: dict[str, float]) -> 
 class _Progress(tune.Callback):
     """One stderr line as each trial ends."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.done = total, 0
+    def __init__(self, total: int, total_steps: int) -> None:
+        self.total, self.total_steps, self.done = total, total_steps, 0
 
     def _line(self, trial: Any, what: str) -> None:
         self.done += 1
         print(f"sac-sweep: [{self.done}/{self.total}] {_name(trial)}: {what}", file=sys.stderr, flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        ret = (trial.last_result or {}).get(EVAL)
-        self._line(trial, "no evaluation" if ret is None else f"return {ret:.1f}")
+        last = trial.last_result or {}
+        if last.get(EVAL) is None:
+            self._line(trial, "no evaluation")
+        else:
+            stopped = f" (stopped at step {last[STEP]})" if last[STEP] < self.total_steps else ""
+            self._line(trial, f"return {last[EVAL]:.1f}{stopped}")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._line(trial, "failed")
@@ -177,12 +181,13 @@ def run_trials(
                 trial_dirname_creator=_name,
             ),
             run_config=tune.RunConfig(
-                name=TUNE_DIR, storage_path=storage, verbose=0, callbacks=[_Progress(len(trials))]
+                name=TUNE_DIR, storage_path=storage, verbose=0, callbacks=[_Progress(len(trials), base.total_steps)]
             ),
         )
     outcomes = []
     grid = tuner.fit()
-    for result in (grid[i] for i in range(len(grid))):  # a trial that never reported has no config, but always its directory
+    # A trial that never reported has no config, but always its directory.
+    for result in (grid[i] for i in range(len(grid))):
         frame = result.metrics_dataframe
         rows = [] if frame is None or EVAL not in frame else frame[[STEP, EVAL]].itertuples(index=False, name=None)
         curve = [(int(step), float(ret)) for step, ret in rows]
