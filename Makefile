@@ -21,7 +21,7 @@ lint: venv
 	$(BIN)/ruff check .
 
 typecheck: venv
-	$(BIN)/mypy common train export calibration edge_runtime bench
+	$(BIN)/mypy common train export calibration edge_runtime sweep bench
 
 unit: venv
 	$(BIN)/python -m pytest -q
@@ -43,4 +43,4 @@ bench: venv
 	$(BIN)/python bench/edge_loop.py
 
 clean:
-	rm -rf runs bundles .pytest_cache .mypy_cache .ruff_cache
+	rm -rf runs bundles sweeps .pytest_cache .mypy_cache .ruff_cache

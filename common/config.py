@@ -1,7 +1,8 @@
 """One frozen dataclass per command; its field docs become ``--help`` and it is saved beside artifacts.
 
 A field's help text is ``field(metadata={"help": ...})``; ``choices`` may be given the same way. Booleans
-become ``--flag/--no-flag``; a field named in ``positional`` becomes a positional argument.
+become ``--flag/--no-flag``; a field named in ``positional`` becomes a positional argument; a tuple field
+with ``metadata={"repeat": True}`` takes one or more values per flag and may be repeated.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def build_parser(
         flag = "--" + f.name.replace("_", "-")
         if tp is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, **kwargs)
+        elif typing.get_origin(tp) is tuple and f.metadata.get("repeat"):
+            parser.add_argument(flag, action="extend", nargs="+", default=list(default or ()), **kwargs)
         elif typing.get_origin(tp) is tuple:
             parser.add_argument(
                 flag,
@@ -84,6 +87,31 @@ def build_parser(
         else:
             parser.add_argument(flag, type=tp, default=default, **kwargs)
     return parser
+
+
+def parse_value(cls: type[Any], name: str, text: str) -> Any:
+    """``text`` parsed as the command line would parse ``--name`` of the dataclass ``cls``.
+
+    Raises ``KeyError`` for a field ``cls`` does not have and ``ValueError`` (naming the expected type or
+    choices) for a value that does not parse.
+    """
+    fld = {f.name: f for f in dataclasses.fields(cls) if f.init}[name]
+    tp = _base_type(typing.get_type_hints(cls)[name])
+    if tp is bool:
+        parse: Callable[[str], Any] = _parse_bool
+    elif typing.get_origin(tp) is tuple:
+        parse = _tuple_parser(typing.get_args(tp)[0])
+    else:
+        parse = tp
+    try:
+        value = parse(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        kind = "a comma-separated list" if typing.get_origin(tp) is tuple else getattr(tp, "__name__", str(tp))
+        raise ValueError(f"expected {kind}, got {text!r}") from None
+    choices = fld.metadata.get("choices")
+    if choices is not None and value not in choices:
+        raise ValueError(f"expected one of {', '.join(map(str, choices))}, got {text!r}")
+    return value
 
 
 def parse_config(

@@ -1,6 +1,7 @@
 """The package layout's rules, read from the source with ``ast`` (nothing is imported).
 
-- Stages import one way: ``common`` <- ``train``, ``calibration`` <- ``export`` <- ``edge_runtime``.
+- Stages import one way: ``common`` <- ``train``, ``calibration`` <- ``export`` <- ``edge_runtime``;
+  ``sweep`` sits beside them on ``common`` and ``train``.
 - Inside ``edge_runtime`` the four rooms import each other only downward (``control`` -> ``backends``;
   ``finetune`` -> ``backends``, ``budget``); only the composition root (``run.py``, ``bench.py``,
   ``cli.py``, ``config.py``) imports across all of them, and only ``cli.py`` imports ``run.py``.
@@ -18,13 +19,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("common", "train", "calibration", "export", "edge_runtime")
+STAGES = ("common", "train", "calibration", "export", "edge_runtime", "sweep")
 STAGE_MAY_IMPORT = {
     "common": set(),
     "train": {"common"},
     "calibration": {"common"},
     "export": {"common", "train", "calibration"},
     "edge_runtime": {"common", "train", "calibration", "export"},
+    "sweep": {"common", "train"},
 }
 ROOMS = ("backends", "control", "budget", "finetune")
 ROOM_MAY_IMPORT = {

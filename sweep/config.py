@@ -1,0 +1,44 @@
+"""``sac-sweep``'s own frozen config. Every other flag is a ``sac-train`` option applied to all trials; both
+are saved as ``DIR/sweep_config.json``, which ``--resume`` reads back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    env: str = field(default="Pendulum-v1", metadata={"help": "gymnasium id or module:Class, for every trial"})
+    seeds: int = field(
+        default=5, metadata={"help": "seeds per grid point: --seed, --seed + 1, ... (sac-train's --seed, default 0)"}
+    )
+    grid: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "KEY=V1,V2,... over sac-train's options (names as in sac-train --help, dashes or underscores); "
+            "several KEYs cross; a list-valued KEY separates its values with '/' (hidden=64,64/256,256)",
+            "repeat": True,
+        },
+    )
+    scheduler: str = field(
+        default="fifo",
+        metadata={
+            "help": "fifo runs every trial to the end; asha stops weak trials at evaluations",
+            "choices": [
+                "fifo",
+                "asha",
+            ],
+        },
+    )
+    max_concurrent: int = field(default=0, metadata={"help": "trials at once (0: as many as the resources allow)"})
+    address: str | None = field(
+        default=None,
+        metadata={"help": "Ray cluster to join ('auto' or ray://host:port); default: a local Ray for this sweep"},
+    )
+    cpus: int = field(default=0, metadata={"help": "CPUs of the local Ray (0: this machine's cores)"})
+    out: str = field(default="sweeps/latest", metadata={"help": "sweep directory (trials/, summary.json, curves.png)"})
+    resume: bool = field(
+        default=False, metadata={"help": "continue the sweep in --out with its saved settings (Tune's restore)"}
+    )
+    force: bool = field(default=False, metadata={"help": "replace an existing sweep in --out"})
+    json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})

@@ -1,0 +1,68 @@
+"""sac-sweep end to end on an embedded local Ray: a 2 x 2 sweep whose run dirs export, its resume, and a
+crashing trial that does not stop the others. Each sweep starts and stops its own Ray (about 10 s)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.tune")
+import ray
+
+from sac_edge.export.cli import main as export_main
+from sac_edge.sweep.cli import main
+
+HERE = Path(__file__).resolve().parent
+TINY = [
+    "--total-steps", "1000", "--learning-starts", "400", "--eval-every", "500", "--eval-episodes", "1",
+    "--hidden", "16,16", "--batch-size", "32", "--cpus", "2", "--threads", "1", "--json",
+]  # fmt: skip
+
+
+def _last_json(capsys: pytest.CaptureFixture[str]) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_tiny_sweep_run_dirs_export_and_resume_reruns_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sweep"
+    assert main(["--out", str(out), "--seeds", "2", "--grid", "actor_lr=1e-3,3e-4", *TINY]) == 0
+    result = _last_json(capsys)
+    assert not ray.is_initialized()  # the embedded Ray was shut down
+    assert result["engine"] == "ray" and result["ray_version"] == ray.__version__
+    assert (result["trials"], result["completed"], result["errors"]) == (4, 4, 0)
+    assert [c["config"] for c in result["configs"]] and {c["completed"] for c in result["configs"]} == {2}
+    assert result["best"]["run"] in {c["best_run"] for c in result["configs"]}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["configs"] == result["configs"] and (out / "curves.png").stat().st_size > 0
+    runs = sorted((out / "trials").iterdir())
+    assert [r.name for r in runs] == [f"actor_lr={lr}-seed{s}" for lr in ("1e-3", "3e-4") for s in (0, 1)]
+    for run in runs:  # ordinary run dirs: sac-train's files, the grid value in the saved config
+        config = json.loads((run / "config.json").read_text())
+        assert config["actor_lr"] == (1e-3 if "1e-3" in run.name else 3e-4) and config["seed"] == int(run.name[-1])
+        assert export_main([str(run), "--out", str(tmp_path / "bundles" / run.name)]) == 0
+        assert (tmp_path / "bundles" / run.name / "policy.onnx").is_file()
+    capsys.readouterr()
+
+    before = {r.name: (r / "metrics.csv").stat().st_mtime_ns for r in runs}
+    assert main(["--out", str(out), "--resume", "--cpus", "2", "--json"]) == 0
+    assert _last_json(capsys)["configs"] == result["configs"]
+    assert {r.name: (r / "metrics.csv").stat().st_mtime_ns for r in runs} == before
+
+
+def test_a_crashing_trial_is_reported_and_the_others_finish(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(HERE))  # the Ray workers import the env from here
+    out = tmp_path / "sweep"
+    assert main(["--out", str(out), "--env", "sweep_toy_envs:CrashOnOddSeed", "--seeds", "2", *TINY]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert (result["trials"], result["completed"], result["errors"]) == (2, 1, 1)
+    assert "trial default-seed1 failed: RuntimeError: simulator lost contact (test crash)" in captured.err
+    failed = [r for r in json.loads((out / "summary.json").read_text())["trial_results"] if r["status"] == "error"]
+    assert [Path(r["run"]).name for r in failed] == ["default-seed1"]
+    assert result["best"]["run"].endswith("default-seed0") and result["configs"][0]["per_seed"]["1"] is None
