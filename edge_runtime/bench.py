@@ -152,7 +152,7 @@ def plot(samples: dict[str, np.ndarray], power: list[tuple[float, float, str]], 
     for label in labels:
         pts = [(t, w) for t, w, lab in power if lab == label]
         if pts:
-            ax_pow.plot(*zip(*pts, strict=True), marker=".", label=label)
+            ax_pow.plot(*zip(*pts), marker=".", label=label)
     ax_pow.set_xlabel("time (s)")
     ax_pow.set_ylabel("power (W, " + ("measured" if measured else "ESTIMATED") + ")")
     ax_pow.legend(fontsize=7, ncol=2)

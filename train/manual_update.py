@@ -58,7 +58,7 @@ def _adam_step(opt: torch.optim.Optimizer, grads: list[list[Tensor]], correction
     and step counts are the optimiser's own state (``_init_adam_state``), so the checkpoint holds the same
     tensors whichever path ran.
     """
-    for i, (group, group_grads) in enumerate(zip(opt.param_groups, grads, strict=True)):
+    for i, (group, group_grads) in enumerate(zip(opt.param_groups, grads)):
         states = [opt.state[p] for p in group["params"]]
         steps = [s["step"] for s in states]
         torch._foreach_add_(steps, 1)
@@ -67,7 +67,7 @@ def _adam_step(opt: torch.optim.Optimizer, grads: list[list[Tensor]], correction
         if torch.compiler.is_compiling():
             assert corrections is not None, "the compiled update takes its Adam bias corrections as an input"
             step_size, bias2_sqrt = corrections[i, 0], corrections[i, 1]
-            for p, g, state in zip(group["params"], group_grads, states, strict=True):
+            for p, g, state in zip(group["params"], group_grads, states):
                 g = g + weight_decay * p if weight_decay else g
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 exp_avg.lerp_(g, 1.0 - beta1)
@@ -121,7 +121,7 @@ def _critic_forward(weights: list[Tensor], biases: list[Tensor], x: Tensor) -> t
     own math, in the dtype of ``weights`` and ``x``)."""
     n = weights[0].shape[0]
     acts = [x.unsqueeze(0).expand(n, -1, -1)]
-    for w, b in zip(weights[:-1], biases[:-1], strict=True):
+    for w, b in zip(weights[:-1], biases[:-1]):
         acts.append(_matmul(acts[-1], w, b).relu_())
     # The head as ``w^T h^T``, as in ``q_head``: one output row, not one column.
     return acts, _matmul(weights[-1].transpose(1, 2), acts[-1].transpose(1, 2), biases[-1]).squeeze(1).float()
@@ -205,7 +205,7 @@ class ManualUpdate:
         self._adam_steps = [t + 1.0 for t in self._adam_steps]
         rows = [
             (g["lr"] / (1.0 - g["betas"][0] ** t), math.sqrt(1.0 - g["betas"][1] ** t))
-            for (_, g), t in zip(groups, self._adam_steps, strict=True)
+            for (_, g), t in zip(groups, self._adam_steps)
         ]
         host = torch.tensor(rows, dtype=torch.float32)
         if self.sac.device.type == "cuda":
@@ -266,7 +266,7 @@ class ManualUpdate:
         trunk_in = [sac.obs_norm(torch.cat([batch.next_obs, batch.obs])).to(dt)]
         next_obs, obs = trunk_in[0][:n], trunk_in[0][n:]
         trunk_w = low([lin.weight for lin in self.trunk])
-        for w, lin in zip(trunk_w, self.trunk, strict=True):
+        for w, lin in zip(trunk_w, self.trunk):
             trunk_in.append(_matmul(trunk_in[-1], w.t(), lin.bias.to(dt)).relu_())
         feat = trunk_in[-1]
         act_dim = actor.mu.out_features

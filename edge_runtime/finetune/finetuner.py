@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import typing
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ IDLE_S = 0.002
 GIL_SWITCH_S = 1e-4
 FINETUNE_DIR = "finetune"
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = typing.Callable[[typing.Dict[str, Any]], None]
 
 
 def finetune_dir(cfg: FinetuneSettings) -> Path:

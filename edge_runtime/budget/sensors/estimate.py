@@ -45,7 +45,7 @@ class PowerModel:
     ) -> dict[str, float]:
         """Per-part watts (``idle``, ``cpu``, ``gpu``) for loads in [0, 1] and a GPU clock fraction."""
         cpu = 0.0
-        for load, mhz in zip(core_loads, core_mhz, strict=True):
+        for load, mhz in zip(core_loads, core_mhz):
             scale = mhz / self.ref_mhz if mhz and self.ref_mhz else 1.0
             cpu += self.core_w * load * scale
         gpu = self.gpu_w * (gpu_load or 0.0) * gpu_clock
