@@ -90,6 +90,8 @@ def build_parser(
             kwargs["choices"] = f.metadata["choices"]
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.name in positional:
+            if f.default is not dataclasses.MISSING:  # an optional positional
+                kwargs.update(nargs="?", default=default)
             parser.add_argument(f.name, type=tp if tp is not bool else _parse_bool, **kwargs)
             continue
         flag = "--" + f.name.replace("_", "-")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,13 @@ def write_manifest(bundle: Path, manifest: dict[str, Any]) -> None:
     atomic_write_json(bundle / MANIFEST, {**manifest, "format_version": FORMAT_VERSION})
 
 
+def _own_version() -> str:
+    try:
+        return importlib.metadata.version("sac-edge")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
     """Read a bundle's manifest; with ``verify`` check format_version and every file's sha256.
 
@@ -50,6 +58,11 @@ def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
     path = root / MANIFEST
     manifest = read_json(path, "bundle manifest", "re-export the bundle")
     version = manifest.get("format_version")
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise SacEdgeError(
+            f"{path} has format_version {version}, newer than the {FORMAT_VERSION} this sac-edge "
+            f"({_own_version()}) reads: pip install -U sac-edge, or re-export with this sac-edge's sac-export"
+        )
     if version != FORMAT_VERSION:
         raise SacEdgeError(
             f"{path} has format_version {version!r}, this sac-edge reads {FORMAT_VERSION}; "

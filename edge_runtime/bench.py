@@ -38,6 +38,11 @@ def _validate(cfg: BenchConfig) -> None:
         raise SacEdgeError(f"--batch needs positive sizes, got {cfg.batch}")
     if cfg.calls < 1 or cfg.warmup < 0 or cfg.threads < 1:
         raise SacEdgeError("--calls and --threads must be at least 1, --warmup at least 0")
+    if cfg.plot:
+        try:
+            import matplotlib  # noqa: F401  (the device install has none; fail before measuring)
+        except ImportError:
+            raise SacEdgeError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
 
 
 def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any]:

@@ -114,3 +114,12 @@ def make_bundle(
         gate = {"verdict": int8, "max_action_error": 0.01 if int8 == "accepted" else 0.5}
     write_manifest(out, {"spec": spec.to_dict(), "files": files, "gate": gate})
     return out
+
+
+if __name__ == "__main__":  # the device suite's bundles: python tests/edge_runtime/bundles.py DIR
+    import sys
+
+    from conftest import PREBUILT_BUNDLES
+
+    for name, kwargs in PREBUILT_BUNDLES.items():
+        make_bundle(Path(sys.argv[1]) / name, **kwargs)
