@@ -37,7 +37,7 @@ DEVICE_STAMP := $(DEVICE)/.installed-stamp
 DEVICE_PINS := numpy==1.24.4 onnxruntime==1.16.3 onnx==1.16.0 safetensors==0.4.0 gymnasium==1.1.0 \
 	pytest==8.3.5 pytest-timeout==2.4.0
 DEVICE_TESTS := common edge_runtime/budget edge_runtime/control edge_runtime/backends edge_runtime/test_edge_cli.py \
-	edge_runtime/test_bench.py edge_runtime/test_doctor.py
+	edge_runtime/test_bench.py edge_runtime/test_doctor.py test_imports.py
 DEVICE_WORK := runs/device
 
 $(DEVICE_STAMP): pyproject.toml

@@ -16,7 +16,8 @@ import platform
 import re
 import resource
 import sys
-from collections.abc import Callable, Iterable
+import typing
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.table import format_table
 
 from .backends.base import PRECISIONS, Bundle, open_bundle
-from .backends.registry import candidates
+from .backends.registry import KINDS, candidates
 from .budget.memory import read_nvmap, read_system_memory
 from .budget.sensors.base import SensorError
 from .budget.sensors.detect import detect_power_sensor
@@ -54,7 +55,7 @@ class Context:
     bundle: Bundle | None = None
 
 
-Probe = Callable[[Context], Iterable[Row]]
+Probe = typing.Callable[[Context], typing.Iterable[Row]]  # typing's: collections.abc's are not subscriptable on 3.8
 
 
 def _text(path: Path) -> str:
@@ -257,7 +258,7 @@ def permission_rows(ctx: Context) -> Iterable[Row]:
     )
 
 
-def _fix(precision: str, refusal: str) -> str:
+def _fix(refusal: str) -> str:
     """The one command that makes a refused backend x precision usable, where one exists."""
     if "'onnxruntime' is not installed" in refusal:
         return "pip install onnxruntime"
@@ -286,12 +287,17 @@ def bundle_rows(ctx: Context) -> Iterable[Row]:
         OK,
         "" if "int8" in graphs else "sac-export RUN --out BUNDLE --force --int8",
     )
-    for cand in candidates(ctx.bundle):
-        item = f"{cand.backend} {cand.precision}"
-        if cand.refusal is None:
-            yield Row("bundle", item, "usable", OK)
-        elif "not in the bundle" not in cand.refusal:  # a precision the backend never runs is no problem
-            yield Row("bundle", item, cand.refusal, NO, _fix(cand.precision, cand.refusal))
+    for backend in KINDS:
+        unavailable = KINDS[backend].unavailable()
+        if unavailable is not None:  # one row for the backend, not one per precision
+            yield Row("bundle", f"{backend} (any precision)", unavailable, NO, _fix(unavailable))
+            continue
+        for cand in candidates(ctx.bundle, [backend]):
+            item = f"{cand.backend} {cand.precision}"
+            if cand.refusal is None:
+                yield Row("bundle", item, "usable", OK)
+            elif "not in the bundle" not in cand.refusal:  # a precision the backend never runs is no problem
+                yield Row("bundle", item, cand.refusal, NO, _fix(cand.refusal))
 
 
 PROBES: list[Probe] = [python_rows, accelerator_rows, jetson_rows, sensor_rows, permission_rows, bundle_rows]

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from . import compat
 from .buffer import ReplayBatch
 from .policies import LOG_STD_HALF_RANGE, Actor, squash_log_std, squashed_gaussian
 from .update_types import LearnerState, UpdateMetrics
@@ -64,9 +65,13 @@ def _adam_step(opt: torch.optim.Optimizer, grads: list[list[Tensor]], correction
         torch._foreach_add_(steps, 1)
         beta1, beta2 = group["betas"]
         lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
-        if torch.compiler.is_compiling():
-            assert corrections is not None, "the compiled update takes its Adam bias corrections as an input"
-            step_size, bias2_sqrt = corrections[i, 0], corrections[i, 1]
+        if compat.is_compiling() or not compat.fused_adam(steps[0].device):
+            if corrections is None:  # eager on a torch without the fused CPU kernel
+                assert not compat.is_compiling(), "the compiled update takes its Adam bias corrections as an input"
+                t = float(steps[0])
+                step_size, bias2_sqrt = lr / (1.0 - beta1**t), math.sqrt(1.0 - beta2**t)
+            else:
+                step_size, bias2_sqrt = corrections[i, 0], corrections[i, 1]
             for p, g, state in zip(group["params"], group_grads, states):
                 g = g + weight_decay * p if weight_decay else g
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
@@ -105,7 +110,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
     a few observations) becomes a float32 multiply-sum fused into that kernel too: a GEMM at that shape
     is bound by writing its output (6% on Pendulum's 3 to 4 inputs; no gain at 12 to 23).
     """
-    if torch.compiler.is_compiling():
+    if compat.is_compiling():
         thin = a.shape[-1] <= _THIN
         out = (a.unsqueeze(-1).float() * b.unsqueeze(-3).float()).sum(-2) if thin else a @ b
         # The bias joins in float32 before the one rounding, as inside addmm (and inductor then keeps it out

@@ -369,7 +369,11 @@ def build_finetuner(
         import torch
     except ImportError:
         raise SacEdgeError("--finetune needs the Python package 'torch' (the inference-only path does not)") from None
+    from sac_edge.train import compat
     from sac_edge.train.checkpoint import load_tensors
+
+    for note in compat.notes():
+        log(f"fine-tune: {note}")
 
     from .learner import DeviceLearner, net_shape, warm_up_math
 
