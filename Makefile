@@ -31,7 +31,7 @@ test: lint typecheck unit test-device
 # The JetPack 5 generation (Xavier NX): Python 3.8 and `pip install .` as a user would (no torch; checked),
 # onnxruntime 1.16.3 (the oldest JetPack 5 onnxruntime-gpu build) and pyproject's other floors, then the
 # torch-free tests (tests marked `torch` skip) and a run + bench smoke on a bundle sac-export wrote in .venv.
-PY38 ?= $(shell pyenv prefix 3.8 2>/dev/null | head -1)/bin/python
+PY38 ?= $(shell p=$$(pyenv prefix 3.8 2>/dev/null | head -1); if [ -n "$$p" ]; then echo "$$p/bin/python"; else command -v python3.8; fi)
 DEVICE := .venv-device
 DEVICE_STAMP := $(DEVICE)/.installed-stamp
 DEVICE_PINS := numpy==1.24.4 onnxruntime==1.16.3 onnx==1.16.0 safetensors==0.4.0 gymnasium==1.1.0 \
@@ -47,7 +47,7 @@ $(DEVICE_STAMP): pyproject.toml
 	touch $(DEVICE_STAMP)
 
 test-device: venv
-	@if [ ! -x "$(PY38)" ]; then echo "test-device: skipped: no Python 3.8 ($(PY38)); pyenv install 3.8 runs it"; \
+	@if [ -z "$(PY38)" ] || [ ! -x "$(PY38)" ]; then echo "test-device: skipped: no Python 3.8 (pyenv install 3.8 runs it)"; \
 	else $(MAKE) --no-print-directory device-suite; fi
 
 device-suite: $(DEVICE_STAMP)
