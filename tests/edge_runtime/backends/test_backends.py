@@ -138,9 +138,7 @@ def test_a_graph_newer_than_onnxruntime_names_both_versions_and_the_fix(pendulum
     manifest = read_manifest(bundle, verify=False)
     manifest["files"]["policy.onnx"] = file_entry(bundle, "policy.onnx", kind="onnx", precision="fp32")
     write_manifest(bundle, manifest)
-    with pytest.raises(
-        SacEdgeError, match=r"opset 99, onnxruntime [\d.]+ supports up to \d+: pip install -U"
-    ):
+    with pytest.raises(SacEdgeError, match=r"opset 99, onnxruntime [\d.]+ supports up to \d+: pip install -U"):
         open_backend(open_bundle(bundle), "onnxruntime", "fp32")
 
 
@@ -151,3 +149,19 @@ def test_load_error_reads_the_ir_version_message() -> None:
     assert str(load_error(Path("p.onnx"), message, "1.16.3")).startswith(
         "p.onnx needs ONNX IR version 12, onnxruntime 1.16.3 supports up to 9: pip install -U onnxruntime"
     )
+
+
+def test_a_missing_optional_dependency_names_the_install(
+    pendulum_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("torch", "tensorrt") else real(name, *a)
+    )
+    bundle = open_bundle(pendulum_bundle)
+    with pytest.raises(SacEdgeError, match=r"'torch' is not installed \(pip install 'sac-edge\[finetune\]'\)"):
+        open_backend(bundle, "torch", "fp32")
+    with pytest.raises(SacEdgeError, match=r"'tensorrt' is not installed \(TensorRT >= 8.5: sudo apt install"):
+        open_backend(bundle, "tensorrt", "fp32")
