@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := runs/demo
 
-.PHONY: venv test lint typecheck unit demo bench clean
+.PHONY: venv test test-device device-suite lint typecheck unit demo bench clean
 
 # The pinned CPU torch goes in first: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -26,7 +26,43 @@ typecheck: venv
 unit: venv
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck unit
+test: lint typecheck unit test-device
+
+# The JetPack 5 generation (Xavier NX): Python 3.8 and `pip install .` as a user would (no torch; checked),
+# onnxruntime 1.16.3 (the oldest JetPack 5 onnxruntime-gpu build) and pyproject's other floors, then the
+# torch-free tests (tests marked `torch` skip) and a run + bench smoke on a bundle sac-export wrote in .venv.
+PY38 ?= $(shell p=$$(pyenv prefix 3.8 2>/dev/null | head -1); if [ -n "$$p" ]; then echo "$$p/bin/python"; else command -v python3.8; fi)
+DEVICE := .venv-device
+DEVICE_STAMP := $(DEVICE)/.installed-stamp
+DEVICE_PINS := numpy==1.24.4 onnxruntime==1.16.3 onnx==1.16.0 safetensors==0.4.0 gymnasium==1.1.0 \
+	pytest==8.3.5 pytest-timeout==2.4.0
+DEVICE_TESTS := common edge_runtime/budget edge_runtime/control edge_runtime/backends edge_runtime/test_edge_cli.py \
+	edge_runtime/test_bench.py edge_runtime/test_doctor.py test_imports.py
+DEVICE_WORK := runs/device
+
+$(DEVICE_STAMP): pyproject.toml
+	rm -rf $(DEVICE) && $(PY38) -m venv $(DEVICE)
+	$(DEVICE)/bin/python -m pip install -q --upgrade pip
+	$(DEVICE)/bin/python -m pip install -q $(DEVICE_PINS) .
+	touch $(DEVICE_STAMP)
+
+test-device: venv
+	@if [ -z "$(PY38)" ] || [ ! -x "$(PY38)" ]; then echo "test-device: skipped: no Python 3.8 (pyenv install 3.8 runs it)"; \
+	else $(MAKE) --no-print-directory device-suite; fi
+
+device-suite: $(DEVICE_STAMP)
+	$(DEVICE)/bin/python -m pip install -q --no-deps --force-reinstall .
+	@if $(DEVICE)/bin/python -c "import torch" 2>/dev/null; then echo "test-device: torch got installed"; exit 1; fi
+	rm -rf $(DEVICE_WORK)
+	$(BIN)/python tests/edge_runtime/bundles.py $(DEVICE_WORK)/bundles
+	$(BIN)/sac-train --env Pendulum-v1 --total-steps 260 --learning-starts 256 --batch-size 64 --eval-every 0 \
+		--out $(DEVICE_WORK)/run --no-progress
+	$(BIN)/sac-export $(DEVICE_WORK)/run --out $(DEVICE_WORK)/bundle --int8
+	cd tests && SAC_EDGE_TEST_BUNDLES=$(CURDIR)/$(DEVICE_WORK)/bundles ../$(DEVICE)/bin/pytest -q -p no:cacheprovider \
+		$(DEVICE_TESTS)
+	cd $(DEVICE_WORK) && ../../$(DEVICE)/bin/sac-edge run bundle --duration 2 --rate-hz 100 --json | tail -1
+	cd $(DEVICE_WORK) && ../../$(DEVICE)/bin/sac-edge bench bundle --batch 1,8 --calls 100 --json | tail -1
+	cd $(DEVICE_WORK) && ../../$(DEVICE)/bin/sac-edge doctor bundle
 
 # Train Pendulum-v1 briefly, export with the INT8 gate, run 10 s on the device path with budgets, bench,
 # then fine-tune on a shifted Pendulum (stronger gravity) while the loop keeps running.
@@ -43,4 +79,4 @@ bench: venv
 	$(BIN)/python bench/edge_loop.py
 
 clean:
-	rm -rf runs bundles sweeps .pytest_cache .mypy_cache .ruff_cache
+	rm -rf runs bundles sweeps $(DEVICE) .pytest_cache .mypy_cache .ruff_cache

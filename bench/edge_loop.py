@@ -66,9 +66,9 @@ def write_run_dir(env_id: str, out: Path, seed: int = 0) -> Path:
     actor = Actor(spec.obs_dim, spec.act_dim, spec.hidden)
     critic = CriticEnsemble(spec.obs_dim, spec.act_dim, spec.hidden)
     tensors = {f"actor.{k}": v for k, v in actor.state_dict().items()}
-    tensors |= {f"critic.{k}": v for k, v in critic.state_dict().items()}
-    tensors |= {f"critic_target.{k}": v.clone() for k, v in critic.state_dict().items()}
-    tensors |= {f"obs_norm.{k}": v for k, v in ObsNormalizer(spec.obs_dim).state_dict().items()}
+    tensors.update({f"critic.{k}": v for k, v in critic.state_dict().items()})
+    tensors.update({f"critic_target.{k}": v.clone() for k, v in critic.state_dict().items()})
+    tensors.update({f"obs_norm.{k}": v for k, v in ObsNormalizer(spec.obs_dim).state_dict().items()})
     tensors["log_alpha"] = torch.zeros(1)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "config.json", {"spec": spec.to_dict(), "env_id": env_id, "seed": seed})

@@ -97,7 +97,7 @@ class GateReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (non-finite figures become None)."""
-        return _finite(dataclasses.asdict(self) | {"float_layers": list(self.float_layers)})
+        return _finite({**dataclasses.asdict(self), "float_layers": list(self.float_layers)})
 
 
 @dataclass(frozen=True)

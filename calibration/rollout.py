@@ -3,13 +3,13 @@ returns the accuracy gate compares."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import typing
 from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
-Policy = Callable[[np.ndarray], np.ndarray]  # [batch, obs_dim] float32 -> [batch, act_dim]
+Policy = typing.Callable[[np.ndarray], np.ndarray]  # [batch, obs_dim] float32 -> [batch, act_dim]
 DEFAULT_MAX_STEPS = 1000  # for envs registered without a time limit (module:Class)
 
 

@@ -64,7 +64,7 @@ def collect_activations(
     data = np.ascontiguousarray(states, dtype=np.float32)
     for start in range(0, len(data), batch):
         values = sess.run(wanted, {feed: data[start : start + batch]})
-        for name, value in zip(wanted, values, strict=True):
+        for name, value in zip(wanted, values):
             chunks[name].append(np.asarray(value, dtype=np.float32))
     out = {n: np.concatenate(c) for n, c in chunks.items()}
     for name in names:

@@ -8,9 +8,11 @@ with ``metadata={"repeat": True}`` takes one or more values per flag and may be 
 from __future__ import annotations
 
 import argparse
+import builtins
 import dataclasses
 import json
-import types
+import re
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,15 +21,36 @@ from typing import Any, TypeVar
 from .atomic import atomic_write_json
 
 C = TypeVar("C")
+_TUPLE_OF = re.compile(r"^tuple\[\s*(\w+)\s*,\s*\.\.\.\s*\]$")
 
 
-def _base_type(tp: Any) -> Any:
-    """Strip ``X | None`` down to ``X``."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0] if len(args) == 1 else str
-    return tp
+def _field_type(cls: type[Any], annotation: Any) -> Any:
+    """The type a field's value converts to: ``X | None`` -> ``X``, ``tuple[X, ...]`` -> ``Tuple[X, ...]``.
+
+    Annotations are strings here (postponed evaluation); they are read by hand rather than evaluated,
+    since ``X | None`` and ``tuple[X, ...]`` cannot be evaluated on Python 3.8.
+    """
+    if not isinstance(annotation, str):
+        return annotation
+    names = [part.strip() for part in annotation.split("|") if part.strip() != "None"]
+    if len(names) != 1:
+        return str
+    tuple_item = _TUPLE_OF.match(names[0])
+    if tuple_item:
+        return typing.Tuple[_field_type(cls, tuple_item.group(1)), ...]  # subscriptable on Python 3.8
+    namespace = vars(sys.modules[cls.__module__])
+    return namespace[names[0]] if names[0] in namespace else getattr(builtins, names[0])
+
+
+class _BoolFlag(argparse.Action):
+    """``--flag`` / ``--no-flag`` (``argparse.BooleanOptionalAction`` needs Python 3.9)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        flag = option_strings[0]
+        super().__init__([flag, "--no-" + flag[2:]], dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
 
 
 def _parse_bool(text: str) -> bool:
@@ -58,22 +81,23 @@ def build_parser(
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
-        tp = _base_type(hints[f.name])
+        tp = _field_type(cls, f.type)
         help_text = f.metadata.get("help", "")
         kwargs: dict[str, Any] = {"help": help_text}
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.name in positional:
+            if f.default is not dataclasses.MISSING:  # an optional positional
+                kwargs.update(nargs="?", default=default)
             parser.add_argument(f.name, type=tp if tp is not bool else _parse_bool, **kwargs)
             continue
         flag = "--" + f.name.replace("_", "-")
         if tp is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, **kwargs)
+            parser.add_argument(flag, action=_BoolFlag, default=default, **kwargs)
         elif typing.get_origin(tp) is tuple and f.metadata.get("repeat"):
             parser.add_argument(flag, action="extend", nargs="+", default=list(default or ()), **kwargs)
         elif typing.get_origin(tp) is tuple:
@@ -96,7 +120,7 @@ def parse_value(cls: type[Any], name: str, text: str) -> Any:
     choices) for a value that does not parse.
     """
     fld = {f.name: f for f in dataclasses.fields(cls) if f.init}[name]
-    tp = _base_type(typing.get_type_hints(cls)[name])
+    tp = _field_type(cls, fld.type)
     if tp is bool:
         parse: Callable[[str], Any] = _parse_bool
     elif typing.get_origin(tp) is tuple:

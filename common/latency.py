@@ -27,7 +27,7 @@ def time_calls(fn: Callable[[int], object], calls: int, warmup: int) -> np.ndarr
     """Per-call wall time (ns) of ``fn(i)`` for ``calls`` timed calls after ``warmup`` untimed ones."""
     for i in range(warmup):
         fn(i)
-    out = np.empty(calls, dtype=np.int64)
+    out: np.ndarray = np.empty(calls, dtype=np.int64)
     clock = time.perf_counter_ns
     for i in range(calls):
         start = clock()
@@ -40,7 +40,7 @@ class Samples:
     """A growable int64 sample store (doubling, so appends are amortised O(1) with rare reallocations)."""
 
     def __init__(self, capacity: int = 4096) -> None:
-        self._data = np.empty(max(capacity, 16), dtype=np.int64)
+        self._data: np.ndarray = np.empty(max(capacity, 16), dtype=np.int64)
         self.count = 0
 
     def add(self, value: int) -> None:

@@ -10,6 +10,7 @@ any file the process can read, and would let a bundle serve a graph from elsewhe
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -53,6 +54,13 @@ def write_manifest(bundle: Path, manifest: dict[str, Any]) -> None:
     atomic_write_json(bundle / MANIFEST, {**manifest, "format_version": FORMAT_VERSION})
 
 
+def _own_version() -> str:
+    try:
+        return importlib.metadata.version("sac-edge")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
     """Read a bundle's manifest, validate its schema and confine every file name to the bundle; with
     ``verify`` also check every file's sha256.
@@ -65,6 +73,11 @@ def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
     path = root / MANIFEST
     manifest = read_json(path, "bundle manifest", _FIX, max_bytes=MAX_MANIFEST_BYTES)
     version = manifest.get("format_version")
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise SacEdgeError(
+            f"{path} has format_version {version}, newer than the {FORMAT_VERSION} this sac-edge "
+            f"({_own_version()}) reads: pip install -U sac-edge, or re-export with this sac-edge's sac-export"
+        )
     if version != FORMAT_VERSION:
         raise SacEdgeError(
             f"{path} has format_version {repr(version)[:20]}, this sac-edge reads {FORMAT_VERSION}; "

@@ -18,6 +18,6 @@ def format_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     """Left-aligned columns separated by two spaces, with a rule under the header."""
     cells = [[str(h) for h in header], *[[_cell(v) for v in row] for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -8,7 +8,7 @@
 - ``finetune/``: learner, experience ring, promotion/rollback and last-good store, weight swap, sizing,
   dynamics shift. A new fine-tuning rule goes here.
 
-``run.py``, ``bench.py``, ``cli.py`` and ``config.py`` compose the rooms and are the only modules that
+``run.py``, ``bench.py``, ``doctor.py``, ``cli.py`` and ``config.py`` compose the rooms and are the only modules that
 import across all of them. Rooms import ``sac_edge.common`` and each other only downward: ``control`` may
 use ``backends``; ``finetune`` may use ``backends`` and ``budget``; ``backends`` and ``budget`` use no room.
 Other stages (``train``, ``export``, ``calibration``) are imported lazily, where torch or TensorRT is

@@ -45,6 +45,11 @@ def _validate(cfg: BenchConfig) -> None:
         check_output_path(cfg.plot, "--plot")
     if cfg.calls < 1 or cfg.warmup < 0 or cfg.threads < 1:
         raise SacEdgeError("--calls and --threads must be at least 1, --warmup at least 0")
+    if cfg.plot:
+        try:
+            import matplotlib  # noqa: F401  (the device install has none; fail before measuring)
+        except ImportError:
+            raise SacEdgeError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
 
 
 def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any]:
@@ -159,7 +164,7 @@ def plot(samples: dict[str, np.ndarray], power: list[tuple[float, float, str]], 
     for label in labels:
         pts = [(t, w) for t, w, lab in power if lab == label]
         if pts:
-            ax_pow.plot(*zip(*pts, strict=True), marker=".", label=label)
+            ax_pow.plot(*zip(*pts), marker=".", label=label)
     ax_pow.set_xlabel("time (s)")
     ax_pow.set_ylabel("power (W, " + ("measured" if measured else "ESTIMATED") + ")")
     ax_pow.legend(fontsize=7, ncol=2)

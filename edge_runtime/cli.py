@@ -1,4 +1,5 @@
-"""``sac-edge``: ``run`` (the control loop on a bundle) and ``bench`` (backend x precision x batch figures).
+"""``sac-edge``: ``run`` (the control loop on a bundle), ``bench`` (backend x precision x batch figures) and
+``doctor`` (what this device is and what will run on it).
 
 Conventions (DESIGN.md): with ``--json`` the last stdout line is one JSON object; errors are one line on
 stderr with exit code 2 (bad input) or 1 (internal); Ctrl-C / SIGTERM during ``run`` stop the loop
@@ -14,17 +15,18 @@ from sac_edge.common.config import parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
 from sac_edge.common.summary import emit_json
 
-from .config import BenchConfig, RunConfig
+from .config import BenchConfig, DoctorConfig, RunConfig
 
 PROG = "sac-edge"
-USAGE = f"""usage: {PROG} {{run,bench}} BUNDLE [options] | {PROG} keygen NAME
+USAGE = f"""usage: {PROG} {{run,bench,doctor}} BUNDLE [options] | {PROG} keygen NAME
 
   run     drive an environment with the bundle's policy at a fixed rate, within budgets
   bench   latency, throughput, energy and memory per backend x precision x batch
+  doctor  Python, onnxruntime, TensorRT, CUDA, Jetson release, sensors, permissions; what the bundle can run
   keygen  write an Ed25519 key pair: NAME (private, for sac-export --sign-key) and NAME.pub (for a
           --trusted-keys directory)
 
-'{PROG} run --help' and '{PROG} bench --help' list the options."""
+'{PROG} COMMAND --help' lists a command's options."""
 
 
 def log(message: str) -> None:
@@ -65,6 +67,17 @@ def _keygen(argv: Sequence[str]) -> int:
     return 0
 
 
+def _doctor(argv: Sequence[str]) -> int:
+    from .doctor import doctor_command, doctor_json, doctor_table
+
+    cfg = parse_config(DoctorConfig, argv, f"{PROG} doctor", DoctorConfig.__doc__ or "", positional=("bundle",))
+    rows = doctor_command(cfg)
+    print(doctor_table(rows), flush=True)
+    if cfg.json:
+        emit_json(doctor_json(rows))
+    return 0
+
+
 def _main(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -77,7 +90,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return _bench(rest)
     if command == "keygen":
         return _keygen(rest)
-    raise SacEdgeError(f"unknown command {command!r}; use run, bench or keygen ({PROG} --help)")
+    if command == "doctor":
+        return _doctor(rest)
+    raise SacEdgeError(f"unknown command {command!r}; use run, bench, doctor or keygen ({PROG} --help)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -175,3 +175,16 @@ class BenchConfig:
     )
     verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    """``sac-edge doctor [BUNDLE]``: what this device is and, with a bundle, which backend x precision will run."""
+
+    bundle: str | None = field(
+        default=None, metadata={"help": "bundle directory written by sac-export (optional: the device alone)"}
+    )
+    sensor_root: str = field(
+        default="/", metadata={"help": "filesystem root the device files are read under (a copied device tree)"}
+    )
+    json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})

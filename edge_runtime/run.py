@@ -155,7 +155,7 @@ def _run_with(
         elif last is not None:
             resumed = install_last_good(WeightSwapper(backends, bundle), last)
         summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log)
-        summary |= {"telemetry_records": telemetry.records + 1, "resume": resumed}
+        summary.update(telemetry_records=telemetry.records + 1, resume=resumed)
         if tuner is not None:
             summary["finetune"] = tuner.summary()
         telemetry.write({"type": "summary", **summary})
@@ -236,7 +236,8 @@ def _drive(
         env.close()
     if tuner is not None and tuner.error:
         log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
-    return summary | {
+    return {
+        **summary,
         "env": env_name,
         "shift": getattr(env, "shift", None),
         "auto": [m._asdict() for m in figures if m.refusal is None or "unavailable" not in m.refusal],

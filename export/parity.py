@@ -80,7 +80,7 @@ def measure_parity(
     tol: float = PARITY_TOL,
 ) -> Parity:
     """Compare the ONNX actions with ``reference`` on ``states``."""
-    got = onnx_actions(onnx_path, states).astype(np.float64)
+    got: np.ndarray = onnx_actions(onnx_path, states).astype(np.float64)
     want = np.asarray(reference(states), dtype=np.float64)
     if got.shape != want.shape:
         raise InternalError(f"parity: ONNX actions have shape {got.shape}, the reference {want.shape}")

@@ -169,7 +169,7 @@ def _check_spaces(
             raise SacEdgeError(f"{path}: recorded {key} shape {shape} does not match the weights ({dim})")
     space = data.get("action_space")
     if isinstance(space, dict):
-        for name, bound in zip(("low", "high"), act_bounds, strict=True):
+        for name, bound in zip(("low", "high"), act_bounds):
             recorded = _parse_numpy_repr(space.get(name))
             if recorded is not None and (recorded.shape != bound.shape or not np.allclose(recorded, bound)):
                 raise SacEdgeError(

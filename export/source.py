@@ -4,7 +4,7 @@ validated up front so a bad input is a one-line error before anything is written
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import typing
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,7 +20,7 @@ from sac_edge.train.policies import InferencePolicy
 
 from .sb3 import is_sb3_zip, load_sb3_zip, sb3_reference
 
-Reference = Callable[[np.ndarray], np.ndarray]  # raw obs [batch, obs_dim] -> env-unit actions
+Reference = typing.Callable[[np.ndarray], np.ndarray]  # raw obs [batch, obs_dim] -> env-unit actions
 
 
 class PolicySource(NamedTuple):

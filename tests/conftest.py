@@ -23,6 +23,8 @@ def _why_missing(marker: str) -> str | None:
         if importlib.util.find_spec("tensorrt") is None:
             return "needs the tensorrt Python package (not installed)"
         return None if _cuda() else "needs a CUDA device for TensorRT (none here)"
+    if marker == "torch":
+        return None if importlib.util.find_spec("torch") else "needs torch (not installed: the device install)"
     if marker == "jetson":
         return None if Path("/etc/nv_tegra_release").exists() else "needs a Jetson (no /etc/nv_tegra_release)"
     return None
@@ -31,7 +33,7 @@ def _why_missing(marker: str) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reasons: dict[str, str | None] = {}
     for item in items:
-        for marker in ("gpu", "tensorrt", "jetson"):
+        for marker in ("gpu", "tensorrt", "torch", "jetson"):
             if item.get_closest_marker(marker) is None:
                 continue
             if marker not in reasons:

@@ -35,7 +35,7 @@ ROOM_MAY_IMPORT = {
     "control": {"backends"},
     "finetune": {"backends", "budget"},
 }
-COMPOSITION_ROOT = {"run", "bench", "cli", "config"}
+COMPOSITION_ROOT = {"run", "bench", "cli", "config", "doctor"}
 
 
 def module_name(path: Path) -> str:

@@ -49,7 +49,7 @@ class ReplayBuffer:
         skip = max(0, k - self.capacity)  # more rows than fit: only the newest survive, as one by one
         pos = (self.pos + skip) % self.capacity
         head = min(k - skip, self.capacity - pos)  # rows before the wrap; the rest go to the start
-        for name, value in zip(self.FIELDS, (obs, actions, rewards, next_obs, dones), strict=True):
+        for name, value in zip(self.FIELDS, (obs, actions, rewards, next_obs, dones)):
             src, dst = torch.as_tensor(np.asarray(value, dtype=np.float32)[skip:]), getattr(self, name)
             dst[pos : pos + head].copy_(src[:head], non_blocking=True)
             if head < len(src):

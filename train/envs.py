@@ -80,7 +80,7 @@ def restore_env_state(vec: gym.vector.VectorEnv, states: list[dict[str, Any]]) -
     """Put captured states back into a freshly reset SyncVectorEnv. False if not possible."""
     if not isinstance(vec, gym.vector.SyncVectorEnv) or len(states) != len(vec.envs):
         return False
-    for env, state in zip(vec.envs, states, strict=True):
+    for env, state in zip(vec.envs, states):
         raw: Any = env.unwrapped
         raw.np_random.bit_generator.state = state["rng"]
         limit = _time_limit(env)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from . import compat
 from .buffer import ReplayBatch
 from .policies import LOG_STD_HALF_RANGE, Actor, squash_log_std, squashed_gaussian
 from .update_types import LearnerState, UpdateMetrics
@@ -58,16 +59,20 @@ def _adam_step(opt: torch.optim.Optimizer, grads: list[list[Tensor]], correction
     and step counts are the optimiser's own state (``_init_adam_state``), so the checkpoint holds the same
     tensors whichever path ran.
     """
-    for i, (group, group_grads) in enumerate(zip(opt.param_groups, grads, strict=True)):
+    for i, (group, group_grads) in enumerate(zip(opt.param_groups, grads)):
         states = [opt.state[p] for p in group["params"]]
         steps = [s["step"] for s in states]
         torch._foreach_add_(steps, 1)
         beta1, beta2 = group["betas"]
         lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
-        if torch.compiler.is_compiling():
-            assert corrections is not None, "the compiled update takes its Adam bias corrections as an input"
-            step_size, bias2_sqrt = corrections[i, 0], corrections[i, 1]
-            for p, g, state in zip(group["params"], group_grads, states, strict=True):
+        if compat.is_compiling() or not compat.fused_adam(steps[0].device):
+            if corrections is None:  # eager on a torch without the fused CPU kernel
+                assert not compat.is_compiling(), "the compiled update takes its Adam bias corrections as an input"
+                t = float(steps[0])
+                step_size, bias2_sqrt = lr / (1.0 - beta1**t), math.sqrt(1.0 - beta2**t)
+            else:
+                step_size, bias2_sqrt = corrections[i, 0], corrections[i, 1]
+            for p, g, state in zip(group["params"], group_grads, states):
                 g = g + weight_decay * p if weight_decay else g
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 exp_avg.lerp_(g, 1.0 - beta1)
@@ -105,7 +110,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
     a few observations) becomes a float32 multiply-sum fused into that kernel too: a GEMM at that shape
     is bound by writing its output (6% on Pendulum's 3 to 4 inputs; no gain at 12 to 23).
     """
-    if torch.compiler.is_compiling():
+    if compat.is_compiling():
         thin = a.shape[-1] <= _THIN
         out = (a.unsqueeze(-1).float() * b.unsqueeze(-3).float()).sum(-2) if thin else a @ b
         # The bias joins in float32 before the one rounding, as inside addmm (and inductor then keeps it out
@@ -121,7 +126,7 @@ def _critic_forward(weights: list[Tensor], biases: list[Tensor], x: Tensor) -> t
     own math, in the dtype of ``weights`` and ``x``)."""
     n = weights[0].shape[0]
     acts = [x.unsqueeze(0).expand(n, -1, -1)]
-    for w, b in zip(weights[:-1], biases[:-1], strict=True):
+    for w, b in zip(weights[:-1], biases[:-1]):
         acts.append(_matmul(acts[-1], w, b).relu_())
     # The head as ``w^T h^T``, as in ``q_head``: one output row, not one column.
     return acts, _matmul(weights[-1].transpose(1, 2), acts[-1].transpose(1, 2), biases[-1]).squeeze(1).float()
@@ -205,7 +210,7 @@ class ManualUpdate:
         self._adam_steps = [t + 1.0 for t in self._adam_steps]
         rows = [
             (g["lr"] / (1.0 - g["betas"][0] ** t), math.sqrt(1.0 - g["betas"][1] ** t))
-            for (_, g), t in zip(groups, self._adam_steps, strict=True)
+            for (_, g), t in zip(groups, self._adam_steps)
         ]
         host = torch.tensor(rows, dtype=torch.float32)
         if self.sac.device.type == "cuda":
@@ -266,7 +271,7 @@ class ManualUpdate:
         trunk_in = [sac.obs_norm(torch.cat([batch.next_obs, batch.obs])).to(dt)]
         next_obs, obs = trunk_in[0][:n], trunk_in[0][n:]
         trunk_w = low([lin.weight for lin in self.trunk])
-        for w, lin in zip(trunk_w, self.trunk, strict=True):
+        for w, lin in zip(trunk_w, self.trunk):
             trunk_in.append(_matmul(trunk_in[-1], w.t(), lin.bias.to(dt)).relu_())
         feat = trunk_in[-1]
         act_dim = actor.mu.out_features

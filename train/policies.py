@@ -8,7 +8,6 @@ scale to the env's bounds); evaluation in training and the ONNX export both use 
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -145,7 +144,7 @@ class CriticEnsemble(nn.Module):
         dims = [obs_dim + act_dim, *hidden, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
-        for fan_in, fan_out in itertools.pairwise(dims):
+        for fan_in, fan_out in zip(dims, dims[1:]):
             bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default init, per critic
             self.weights.append(nn.Parameter(torch.empty(n_critics, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(n_critics, 1, fan_out).uniform_(-bound, bound)))
@@ -157,7 +156,7 @@ class CriticEnsemble(nn.Module):
         bs = [b.detach() if detach_params else b for b in self.biases]
         x = torch.cat([obs, act], dim=-1)
         h = torch.baddbmm(bs[0], x.unsqueeze(0).expand(self.n_critics, -1, -1), ws[0]).relu_()
-        hidden = [t for pair in zip(ws[1:-1], bs[1:-1], strict=True) for t in pair]  # w1, b1, w2, b2, ...
+        hidden = [t for pair in zip(ws[1:-1], bs[1:-1]) for t in pair]  # w1, b1, w2, b2, ...
         if self.grad_checkpoint and torch.is_grad_enabled():
             for seg in checkpoint_segments(len(hidden) // 2):
                 h = checkpoint(_hidden_layers, h, *hidden[2 * seg.start : 2 * seg.stop], use_reentrant=False)

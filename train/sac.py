@@ -20,6 +20,7 @@ from torch import Tensor
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.spec import PolicySpec
 
+from . import compat
 from .buffer import ReplayBatch, ReplayBuffer
 from .config import TrainConfig
 from .manual_update import ManualUpdate
@@ -50,9 +51,11 @@ def use_manual_backward(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.backward == "manual"
 
 
-def _adam(params: Any, lr: float, capturable: bool) -> torch.optim.Adam:
-    """Adam with the fused kernel (CPU and CUDA), capturable when a CUDA graph replays it."""
-    return torch.optim.Adam(params, lr=lr, fused=True, capturable=capturable)
+def _adam(params: Any, lr: float, capturable: bool, device: torch.device) -> torch.optim.Adam:
+    """Adam with the fused kernel (CPU and CUDA; foreach on a torch without the CPU one), capturable when a
+    CUDA graph replays it."""
+    fused = compat.fused_adam(device)
+    return torch.optim.Adam(params, lr=lr, fused=fused, foreach=not fused, capturable=capturable)
 
 
 class SAC:
@@ -77,14 +80,14 @@ class SAC:
         self.target_entropy = -float(spec.act_dim)
 
         capturable = cfg.cuda_graphs
-        self.critic_opt = _adam(self.critic.parameters(), cfg.critic_lr, capturable)
+        self.critic_opt = _adam(self.critic.parameters(), cfg.critic_lr, capturable, device)
         # Actor and temperature step together: their losses share no parameters, so one backward of the
         # sum and one fused Adam call give exactly the two separate steps, with less dispatch overhead.
         groups: list[dict[str, Any]] = [{"params": list(self.actor.parameters()), "lr": cfg.actor_lr}]
         if cfg.autotune:
             groups.append({"params": [self.log_alpha], "lr": cfg.alpha_lr})
-        self.actor_opt = _adam(groups, cfg.actor_lr, capturable)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
+        self.actor_opt = _adam(groups, cfg.actor_lr, capturable, device)
+        self.scaler = compat.grad_scaler(device, enabled=cfg.amp == "fp16")
 
         # CUDA graphs replay the default generator's Philox offsets correctly; elsewhere a private one.
         if cfg.cuda_graphs:
@@ -176,6 +179,8 @@ class SAC:
 
     def prepare_fast_path(self) -> None:
         """Apply ``--compile`` and/or ``--cuda-graphs``; call once the buffer holds data."""
+        if self.cfg.compile:
+            compat.check_compile()
         if self.cfg.compile and self._manual is not None:
             self._manual.compile()
         elif self.cfg.compile:

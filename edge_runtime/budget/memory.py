@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
+import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 from .sensors.base import Clock, SensorError
 
 NVMAP_MAPS = Path("sys/kernel/debug/nvmap/iovmm/maps")
-CudaMemoryFn = Callable[[], tuple[int, int]]
+CudaMemoryFn = typing.Callable[[], typing.Tuple[int, int]]
 _KB_LINE = re.compile(r"^([A-Za-z0-9_()]+):\s+(\d+)(?:\s*kB)?\s*$")
 _SIZE = re.compile(r"^(\d+)([KMG])$")
 _UNIT_KB = {"K": 1, "M": 1024, "G": 1024 * 1024}

@@ -290,7 +290,7 @@ class ControlLoop:
         if self.monitor is not None:
             tick = self.monitor.tick(elapsed_ns / 1e9)
             self._note_memory(tick.memory)
-            record |= {"memory": tick.memory, "power": tick.power, "governor": tick.governor}
+            record.update(memory=tick.memory, power=tick.power, governor=tick.governor)
             for event in tick.events:
                 self.events.append(event)
                 self.emit({"type": "event", "t_s": record["t_s"], **event})

@@ -77,7 +77,7 @@ class ActionGuard:
         self.high = np.asarray(high, dtype=np.float32)
         self.safe = np.clip(np.zeros_like(self.low), self.low, self.high)
         self._out = self.safe.copy()
-        self._bounds = list(zip(self.low.tolist(), self.high.tolist()))  # noqa: B905 (same shape; py38)
+        self._bounds = list(zip(self.low.tolist(), self.high.tolist()))
         self.nonfinite = 0
         self.clipped = 0
 
@@ -90,7 +90,7 @@ class ActionGuard:
         """
         values = []
         clipped = False
-        for v, (lo, hi) in zip(action.reshape(-1).tolist(), self._bounds):  # noqa: B905 (act_dim each; py38)
+        for v, (lo, hi) in zip(action.reshape(-1).tolist(), self._bounds):
             if not lo <= v <= hi:  # also true for NaN
                 if not math.isfinite(v):
                     self.nonfinite += 1

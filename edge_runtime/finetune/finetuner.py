@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import typing
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ STAGING_ROWS = 8192
 IDLE_S = 0.002
 GIL_SWITCH_S = 1e-4
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = typing.Callable[[typing.Dict[str, Any]], None]
 
 
 def finetune_dir(cfg: FinetuneSettings) -> Path:
@@ -372,7 +373,11 @@ def build_finetuner(
         import torch
     except ImportError:
         raise SacEdgeError("--finetune needs the Python package 'torch' (the inference-only path does not)") from None
+    from sac_edge.train import compat
     from sac_edge.train.checkpoint import load_tensors
+
+    for note in compat.notes():
+        log(f"fine-tune: {note}")
 
     from .learner import DeviceLearner, net_shape, warm_up_math
 

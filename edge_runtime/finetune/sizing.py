@@ -28,7 +28,6 @@ of one core at the control rate, from a timed update at the chosen batch.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -77,7 +76,7 @@ def row_bytes(net: NetShape) -> int:
 
 
 def _mlp_params(dims: Sequence[int]) -> int:
-    return sum(a * b + b for a, b in itertools.pairwise(dims))
+    return sum(a * b + b for a, b in zip(dims, dims[1:]))
 
 
 def learner_state_bytes(net: NetShape) -> int:

@@ -44,9 +44,9 @@ def learner_tensors(spec: PolicySpec, seed: int = 0) -> dict[str, torch.Tensor]:
     norm = ObsNormalizer(spec.obs_dim)
     norm.update(torch.randn(256, spec.obs_dim, dtype=torch.float64) * 2.0 + 0.5)
     tensors = {f"actor.{k}": v for k, v in actor.state_dict().items()}
-    tensors |= {f"critic.{k}": v for k, v in critic.state_dict().items()}
-    tensors |= {f"critic_target.{k}": v.clone() for k, v in critic.state_dict().items()}
-    tensors |= {f"obs_norm.{k}": v for k, v in norm.state_dict().items()}
+    tensors.update({f"critic.{k}": v for k, v in critic.state_dict().items()})
+    tensors.update({f"critic_target.{k}": v.clone() for k, v in critic.state_dict().items()})
+    tensors.update({f"obs_norm.{k}": v for k, v in norm.state_dict().items()})
     tensors["log_alpha"] = torch.zeros(1)
     return tensors
 
@@ -114,3 +114,12 @@ def make_bundle(
         gate = {"verdict": int8, "max_action_error": 0.01 if int8 == "accepted" else 0.5}
     write_manifest(out, {"spec": spec.to_dict(), "files": files, "gate": gate, "source": {"kind": "test"}})
     return out
+
+
+if __name__ == "__main__":  # the device suite's bundles: python tests/edge_runtime/bundles.py DIR
+    import sys
+
+    from conftest import PREBUILT_BUNDLES
+
+    for name, kwargs in PREBUILT_BUNDLES.items():
+        make_bundle(Path(sys.argv[1]) / name, **kwargs)

@@ -12,6 +12,7 @@ from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
 from sac_edge.edge_runtime.cli import main
 
 
+@pytest.mark.torch
 def test_bench_table_json_and_plot(pendulum_bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     rc = main(
@@ -53,6 +54,14 @@ def test_bench_table_json_and_plot(pendulum_bundle: Path, tmp_path: Path, capsys
         assert r["energy_mj_per_inference"] is None or r["energy_mj_per_inference"] >= 0
     assert json.loads(out.read_text())["rows"] == rows
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_plot_without_matplotlib_is_a_one_line_error(
+    pendulum_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # what `import matplotlib` sees without it
+    assert main(["bench", str(pendulum_bundle), "--plot", str(tmp_path / "b.png"), "--calls", "5"]) == 2
+    assert "pip install matplotlib" in capsys.readouterr().err
 
 
 def test_auto_picks_the_lowest_p99_among_gated_candidates(rejected_bundle: Path) -> None:

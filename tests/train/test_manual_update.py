@@ -115,3 +115,21 @@ def test_manual_update_records_no_autograd_graph():
     metrics = sac.step()
     assert all(t.grad_fn is None for t in metrics)
     assert all(p.grad is None for p in [*sac.actor.parameters(), *sac.critic.parameters()])
+
+
+@pytest.mark.parametrize("backward", ["manual", "autograd"])
+def test_torch_21_adam_matches_the_fused_kernel(monkeypatch, backward):
+    """On torch < 2.4 (JetPack 5's 2.1) there is no fused CPU Adam: the written-out / foreach Adam that runs
+    instead keeps the same state and takes the same steps."""
+    from sac_edge.train import compat
+
+    fused = _filled(replace(BASE, backward=backward))
+    for _ in range(10):
+        fused.step()
+    monkeypatch.setattr(compat, "FUSED_CPU_ADAM", False)  # what torch 2.1 has
+    old = _filled(replace(BASE, backward=backward))
+    for _ in range(10):
+        old.step()
+    assert fused.critic_opt.defaults["fused"] and not old.critic_opt.defaults["fused"]
+    assert any("no fused CPU Adam" in note for note in compat.notes())
+    _assert_same_state(fused, old, rtol=1e-4, atol=1e-5)

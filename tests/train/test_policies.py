@@ -42,7 +42,7 @@ def test_ensemble_equals_independent_mlps():
     x = torch.cat([obs, act], -1)
     for i in range(2):
         h = x
-        for layer, (w, b) in enumerate(zip(critic.weights, critic.biases, strict=True)):
+        for layer, (w, b) in enumerate(zip(critic.weights, critic.biases)):
             h = h @ w[i] + b[i]
             if layer < len(critic.weights) - 1:
                 h = h.relu()
@@ -65,7 +65,7 @@ def test_grad_checkpoint_gives_same_gradients():
     obs, act = torch.randn(7, 3), torch.randn(7, 1)
     plain(obs, act).sum().backward()
     ckpt(obs, act).sum().backward()
-    for a, b in zip(plain.parameters(), ckpt.parameters(), strict=True):
+    for a, b in zip(plain.parameters(), ckpt.parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-6)
 
 

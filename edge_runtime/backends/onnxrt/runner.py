@@ -14,6 +14,7 @@ weights before it is published.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,24 @@ class _Runner(NamedTuple):
     session: Any
     binding: Any
     keep_alive: tuple[Any, ...]
+
+
+_TOO_NEW = (
+    (re.compile(r"Opset (\d+) is under development.*till opset (\d+)", re.S), "ai.onnx opset"),
+    (re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)"), "ONNX IR version"),
+)
+
+
+def load_error(model: Path, message: str, ort_version: str) -> SacEdgeError:
+    """One line for a graph onnxruntime cannot load; a graph newer than it supports names both versions."""
+    for pattern, what in _TOO_NEW:
+        match = pattern.search(message)
+        if match:
+            return SacEdgeError(
+                f"{model} needs {what} {match.group(1)}, onnxruntime {ort_version} supports up to {match.group(2)}: "
+                "pip install -U onnxruntime (onnxruntime-gpu on a Jetson), or export with an older sac-export"
+            )
+    return SacEdgeError(f"{model}: onnxruntime cannot load it ({message.splitlines()[0]})")
 
 
 def import_ort() -> Any:
@@ -95,7 +114,7 @@ class OrtBackend(Backend):
         try:
             session = ort.InferenceSession(str(self.model), so, providers=providers)
         except Exception as err:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise SacEdgeError(f"{self.model}: onnxruntime cannot load it ({str(err).splitlines()[0]})") from None
+            raise load_error(self.model, str(err), ort.__version__) from None
         binding = session.io_binding()
         binding.bind_ortvalue_input(INPUT, self._obs_value)
         binding.bind_ortvalue_output(OUTPUT, self._action_value)

@@ -11,7 +11,9 @@ from .runner import LEARNER_KIND, TorchBackend
 
 
 def _unavailable() -> str | None:
-    return None if importlib.util.find_spec("torch") is not None else "the Python package 'torch' is not installed"
+    if importlib.util.find_spec("torch") is None:
+        return "the Python package 'torch' is not installed (pip install 'sac-edge[finetune]')"
+    return None
 
 
 def _precisions(bundle: Bundle) -> tuple[str, ...]:

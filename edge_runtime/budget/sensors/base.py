@@ -9,10 +9,10 @@ can point them at a fixture tree laid out like the real sysfs.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
+import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +20,7 @@ from typing import Any
 
 from sac_edge.common.errors import SacEdgeError
 
-Clock = Callable[[], float]
+Clock = typing.Callable[[], float]
 
 
 class SensorError(SacEdgeError):
@@ -98,7 +98,7 @@ def total_from_rails(rails_w: Mapping[str, float], total_rails: Sequence[str] = 
 def energy_between(readings: Sequence[PowerReading]) -> float:
     """Joules over a series of readings: counter deltas where both ends have one, else the trapezoid rule."""
     joules = 0.0
-    for a, b in itertools.pairwise(readings):
+    for a, b in zip(readings, readings[1:]):
         if a.energy_j is not None and b.energy_j is not None:
             joules += b.energy_j - a.energy_j
         else:

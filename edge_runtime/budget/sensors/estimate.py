@@ -45,7 +45,7 @@ class PowerModel:
     ) -> dict[str, float]:
         """Per-part watts (``idle``, ``cpu``, ``gpu``) for loads in [0, 1] and a GPU clock fraction."""
         cpu = 0.0
-        for load, mhz in zip(core_loads, core_mhz, strict=True):
+        for load, mhz in zip(core_loads, core_mhz):
             scale = mhz / self.ref_mhz if mhz and self.ref_mhz else 1.0
             cpu += self.core_w * load * scale
         gpu = self.gpu_w * (gpu_load or 0.0) * gpu_clock
@@ -72,8 +72,14 @@ def model_for(root: Path) -> PowerModel:
     """Xavier NX figures for its nvpmodel mode (default 15 W) when the device tree says Xavier NX, else generic."""
     if "Xavier NX" not in _text(root / "proc/device-tree/model").replace("\x00", ""):
         return GENERIC_HOST
+    mode = nvpmodel_mode(root)
+    return XAVIER_NX_15W if mode is None else XAVIER_NX_MODELS.get(mode, XAVIER_NX_15W)
+
+
+def nvpmodel_mode(root: Path) -> int | None:
+    """The nvpmodel mode id from ``root/var/lib/nvpmodel/status`` (``pmode:0002 ...``), None when absent."""
     match = _PMODE.search(_text(root / "var/lib/nvpmodel/status"))
-    return XAVIER_NX_MODELS.get(int(match.group(1)), XAVIER_NX_15W) if match else XAVIER_NX_15W
+    return int(match.group(1)) if match else None
 
 
 def read_cpu_times(root: Path) -> dict[int, tuple[int, int]]:

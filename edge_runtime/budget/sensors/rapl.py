@@ -68,7 +68,7 @@ class RaplSensor(PowerSensor):
         self._zones: list[_Zone] = []
         entries = sorted(p for p in base.iterdir() if _ZONE.match(p.name)) if base.is_dir() else []
         names = [_zone_name(p / "name") for p in entries]
-        for path, name in zip(entries, names, strict=True):
+        for path, name in zip(entries, names):
             energy = path / "energy_uj"
             if not name or not energy.exists():
                 continue

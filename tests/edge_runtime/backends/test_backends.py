@@ -12,7 +12,7 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.edge_runtime.backends.base import Backend, check_weights, open_bundle
 from sac_edge.edge_runtime.backends.registry import candidates, open_backend, refusal
 
-BACKENDS = ("onnxruntime", "torch")
+BACKENDS = ("onnxruntime", pytest.param("torch", marks=pytest.mark.torch))
 
 
 @pytest.fixture(params=BACKENDS)
@@ -20,6 +20,7 @@ def backend(request: pytest.FixtureRequest, pendulum_bundle: Path) -> Backend:
     return open_backend(open_bundle(pendulum_bundle), request.param, "fp32")
 
 
+@pytest.mark.torch
 def test_ort_and_torch_agree(pendulum_bundle: Path) -> None:
     bundle = open_bundle(pendulum_bundle)
     ort, torch_ = open_backend(bundle, "onnxruntime", "fp32"), open_backend(bundle, "torch", "fp32")
@@ -109,6 +110,7 @@ def test_int8_runs_only_when_the_gate_accepted(pendulum_bundle: Path, rejected_b
         open_backend(open_bundle(rejected_bundle), "onnxruntime", "int8")
 
 
+@pytest.mark.torch
 def test_refusals_name_the_reason(pendulum_bundle: Path) -> None:
     bundle = open_bundle(pendulum_bundle)
     assert "not in the bundle" in str(refusal(bundle, "onnxruntime", "fp16"))
@@ -119,3 +121,47 @@ def test_refusals_name_the_reason(pendulum_bundle: Path) -> None:
         refusal(bundle, "tflite", "fp32")
     usable = {(c.backend, c.precision) for c in candidates(bundle) if c.refusal is None}
     assert {("onnxruntime", "fp32"), ("onnxruntime", "int8"), ("torch", "fp32")} <= usable
+
+
+def test_a_graph_newer_than_onnxruntime_names_both_versions_and_the_fix(pendulum_bundle: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import onnx
+
+    from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
+
+    bundle = tmp_path / "future"
+    shutil.copytree(pendulum_bundle, bundle)
+    model = onnx.load(str(bundle / "policy.onnx"))
+    model.opset_import[0].version = 99  # as a future sac-export might stamp it
+    onnx.save(model, str(bundle / "policy.onnx"))
+    manifest = read_manifest(bundle, verify=False)
+    manifest["files"]["policy.onnx"] = file_entry(bundle, "policy.onnx", kind="onnx", precision="fp32")
+    write_manifest(bundle, manifest)
+    with pytest.raises(SacEdgeError, match=r"opset 99, onnxruntime [\d.]+ supports up to \d+: pip install -U"):
+        open_backend(open_bundle(bundle), "onnxruntime", "fp32")
+
+
+def test_load_error_reads_the_ir_version_message() -> None:
+    from sac_edge.edge_runtime.backends.onnxrt.runner import load_error
+
+    message = "Load model failed: Unsupported model IR version: 12, max supported IR version: 9"  # onnxruntime 1.16
+    assert str(load_error(Path("p.onnx"), message, "1.16.3")).startswith(
+        "p.onnx needs ONNX IR version 12, onnxruntime 1.16.3 supports up to 9: pip install -U onnxruntime"
+    )
+
+
+def test_a_missing_optional_dependency_names_the_install(
+    pendulum_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("torch", "tensorrt") else real(name, *a)
+    )
+    bundle = open_bundle(pendulum_bundle)
+    with pytest.raises(SacEdgeError, match=r"'torch' is not installed \(pip install 'sac-edge\[finetune\]'\)"):
+        open_backend(bundle, "torch", "fp32")
+    with pytest.raises(SacEdgeError, match=r"'tensorrt' is not installed \(TensorRT >= 8.5: sudo apt install"):
+        open_backend(bundle, "tensorrt", "fp32")

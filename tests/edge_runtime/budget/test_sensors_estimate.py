@@ -20,7 +20,7 @@ def jp5(tmp_path: Path) -> Path:
 def write_stat(root: Path, busy: list[int], idle: list[int]) -> None:
     """A /proc/stat whose per-core user and idle jiffies are ``busy`` and ``idle``."""
     lines = [f"cpu  {sum(busy)} 0 0 {sum(idle)} 0 0 0 0 0 0"]
-    lines += [f"cpu{i} {b} 0 0 {d} 0 0 0 0 0 0" for i, (b, d) in enumerate(zip(busy, idle, strict=True))]
+    lines += [f"cpu{i} {b} 0 0 {d} 0 0 0 0 0 0" for i, (b, d) in enumerate(zip(busy, idle))]
     (root / "proc/stat").write_text("\n".join(lines) + "\nctxt 1\n")
 
 

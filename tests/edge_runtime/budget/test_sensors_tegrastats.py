@@ -126,10 +126,8 @@ def test_tegrastats_sensor_runs_the_binary_and_follows_its_lines(tmp_path: Path)
 def test_tegrastats_sensor_reports_a_failing_or_missing_binary(tmp_path: Path) -> None:
     with pytest.raises(SensorError, match="cannot run"):
         TegrastatsSensor(tmp_path / "nope")
-    with (
-        TegrastatsSensor(fake_tegrastats(tmp_path, "", exit_code=3), first_line_timeout_s=5) as sensor,
-        pytest.raises(SensorError, match="cannot open power rails"),
-    ):
+    sensor = TegrastatsSensor(fake_tegrastats(tmp_path, "", exit_code=3), first_line_timeout_s=5)
+    with sensor, pytest.raises(SensorError, match="cannot open power rails"):
         sensor.read()
 
 

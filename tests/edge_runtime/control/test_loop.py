@@ -170,9 +170,13 @@ def test_sigterm_stops_cleanly_with_a_summary(pendulum_bundle: Path, tmp_path: P
 
 
 def test_onnxruntime_run_never_imports_torch(pendulum_bundle: Path) -> None:
+    """The device path (run --backend auto, bench on onnxruntime, doctor) with torch installed but unused."""
+    bundle = str(pendulum_bundle)
     code = (
         "import sys; from sac_edge.edge_runtime.cli import main; "
-        f"rc = main(['run', {str(pendulum_bundle)!r}, '--backend', 'onnxruntime', '--duration', '0.3', '--json']); "
+        f"assert main(['bench', {bundle!r}, '--backends', 'onnxruntime', '--calls', '5', '--batch', '1']) == 0; "
+        f"assert main(['doctor', {bundle!r}]) == 0; "
+        f"rc = main(['run', {bundle!r}, '--duration', '0.3', '--auto-calls', '20', '--json']); "
         "assert rc == 0; assert 'torch' not in sys.modules, 'torch was imported'"
     )
     proc = subprocess.run(
