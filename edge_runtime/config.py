@@ -187,4 +187,8 @@ class DoctorConfig:
     sensor_root: str = field(
         default="/", metadata={"help": "filesystem root the device files are read under (a copied device tree)"}
     )
+    trusted_keys: str | None = field(
+        default=None,
+        metadata={"help": "directory of trusted public keys: report whether the bundle's signature verifies"},
+    )
     json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})

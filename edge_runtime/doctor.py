@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.signing import SIGNED, TRUSTED, UNSIGNED, signature_state
 from sac_edge.common.table import format_table
 
 from .backends.base import PRECISIONS, Bundle, open_bundle
 from .backends.registry import KINDS, candidates
+from .backends.trt.plans import parity_records
 from .budget.memory import read_nvmap, read_system_memory
 from .budget.sensors.base import SensorError
 from .budget.sensors.detect import detect_power_sensor
@@ -53,6 +55,7 @@ class Context:
 
     root: Path
     bundle: Bundle | None = None
+    trusted_keys: str | None = None
 
 
 Probe = typing.Callable[[Context], typing.Iterable[Row]]  # typing's: collections.abc's are not subscriptable on 3.8
@@ -88,13 +91,31 @@ def python_rows(ctx: Context) -> Iterable[Row]:
     yield Row("software", "onnxruntime", f"{ort.__version__}: {', '.join(ort.get_available_providers())}", OK)
 
 
+def tensorrt_row(version: str) -> Row:
+    """The installed TensorRT and the code path its generation takes (``export/trt_generations.py``)."""
+    from sac_edge.export.trt_generations import generation
+
+    try:
+        gen = generation(version)
+    except SacEdgeError as err:
+        return Row("software", "tensorrt", f"{version}: {err}", NO, "install TensorRT 8.5/8.6, 10.x or 11.x")
+    how = (
+        "implicit INT8 from calib.cache, FP16 flag"
+        if gen.implicit_int8
+        else "Q/DQ INT8, FP16 flag"
+        if gen.precision_flags
+        else "strongly typed: FP16 from policy.fp16.onnx, INT8 from Q/DQ"
+    )
+    return Row("software", "tensorrt", f"{version} (generation {gen.name}: {how})", OK)
+
+
 def accelerator_rows(ctx: Context) -> Iterable[Row]:
     if importlib.util.find_spec("tensorrt") is None:
         yield Row("software", "tensorrt", "not installed", WARN, "sudo apt install python3-libnvinfer (JetPack)")
     else:
         import tensorrt
 
-        yield Row("software", "tensorrt", str(tensorrt.__version__), OK)
+        yield tensorrt_row(str(tensorrt.__version__))
     cuda = ctx.root / "usr/local/cuda"
     version_json = _text(cuda / "version.json")
     if version_json:
@@ -287,6 +308,24 @@ def bundle_rows(ctx: Context) -> Iterable[Row]:
         OK,
         "" if "int8" in graphs else "sac-export RUN --out BUNDLE --force --int8",
     )
+    sig = signature_state(ctx.bundle.path, ctx.trusted_keys)
+    yield Row(
+        "bundle",
+        "signature",
+        f"{sig.state}" + (f" (key {sig.key_id})" if sig.key_id else "") + f": {sig.detail}",
+        {TRUSTED: OK, SIGNED: INFO, UNSIGNED: INFO}.get(sig.state, NO),
+        "" if sig.state in (TRUSTED, SIGNED) else "sac-export RUN --out BUNDLE --force --sign-key KEY",
+    )
+    for record in parity_records(ctx.bundle.path / "engines"):
+        passed = bool(record.get("passed"))
+        yield Row(
+            "bundle",
+            f"engine {record['plan']}",
+            f"parity gate {'passed' if passed else 'failed, plan deleted'} ({record.get('when')}): "
+            f"{record.get('rule')} {record.get('value')} vs limit {record.get('limit')}",
+            OK if passed else NO,
+            "" if passed else "sac-edge run BUNDLE --backend auto (rebuilds it; the onnxruntime path serves meanwhile)",
+        )
     for backend in KINDS:
         unavailable = KINDS[backend].unavailable()
         if unavailable is not None:  # one row for the backend, not one per precision
@@ -306,7 +345,7 @@ PROBES: list[Probe] = [python_rows, accelerator_rows, jetson_rows, sensor_rows, 
 def doctor_command(cfg: DoctorConfig) -> list[Row]:
     """Every probe's rows for the device under ``cfg.sensor_root`` (and ``cfg.bundle`` when given)."""
     bundle = open_bundle(cfg.bundle) if cfg.bundle else None
-    ctx = Context(Path(cfg.sensor_root), bundle)
+    ctx = Context(Path(cfg.sensor_root), bundle, cfg.trusted_keys)
     if not ctx.root.is_dir():
         raise SacEdgeError(f"--sensor-root {ctx.root} is not a directory; pass / or a copied device tree")
     return [row for probe in PROBES for row in probe(ctx)]

@@ -30,6 +30,7 @@ from sac_edge.common.manifest import (
     write_manifest,
 )
 from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
+from sac_edge.common.tolerance import tolerance
 from sac_edge.train.checkpoint import save_tensors
 
 from .config import ExportConfig
@@ -42,7 +43,6 @@ from .parity import (
     measure_parity,
     onnx_actions,
     require_parity,
-    tolerance,
 )
 from .source import PolicySource
 from .tensorrt import TIMING_CACHE, build_engine, engine_inputs, plan_name, tensorrt_unavailable, tensorrt_version

@@ -7,7 +7,6 @@ fresh rollouts of the exported policy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,10 +19,6 @@ from .source import Reference
 
 PARITY_TOL = 1e-5
 GATE_STATES = 1024  # held-out rows the bundle keeps (parity_states.npy) for the edge runtime's engine gate
-# Engine / fp16 tolerances, max abs action error as a fraction of the widest action range: an fp32 engine
-# may use TF32 tensor cores on Ampere and later (TensorRT's default) and reorders sums; fp16 keeps ~3
-# decimal digits through three layers and a tanh.
-TOLERANCE_FRAC = {"fp32": 1e-3, "fp16": 1e-2}
 PARITY_SEED_OFFSET = 300_000  # rollout seeds disjoint from calibration (seed+k) and the gate (seed+200_000+k)
 WIDE_FRACTION = 0.1  # share of held-out rows with wide noise (3 std), to exercise the clamp
 
@@ -88,13 +83,6 @@ def measure_parity(
     if not np.all(np.isfinite(err)):
         raise InternalError("parity: non-finite actions on finite held-out states")
     return Parity(len(states), float(err.max()), float(err.mean()), tol, reference_name, state_source)
-
-
-def tolerance(precision: str, low: Sequence[float], high: Sequence[float]) -> float:
-    """Max abs action error allowed for an fp32 or fp16 engine/graph against the fp32 ONNX, in env units
-    (int8 is judged by the accuracy gate's mean action-error rule instead)."""
-    span = float(np.max(np.asarray(high, np.float64) - np.asarray(low, np.float64)))
-    return TOLERANCE_FRAC[precision] * span
 
 
 def require_parity(parity: Parity) -> None:

@@ -6,7 +6,7 @@ by ``sac-export`` from the parity check's held-out set) go through the backend u
 ``act_batch`` (its own context and profile) and through ``act`` on the first rows (the serving context),
 and are compared with the fp32 ONNX reference through onnxruntime's CPU provider with the same weights:
 
-- fp32 and fp16: max abs action error <= ``export.parity.tolerance`` (a fraction of the action range);
+- fp32 and fp16: max abs action error <= ``common.tolerance.tolerance`` (a fraction of the action range);
 - int8: the accuracy gate's rule, mean abs action error <= ``MAX_MEAN_ERROR_FRAC`` of the range (and
   every action finite).
 
@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sac_edge.common.errors import InternalError, SacEdgeError
+from sac_edge.common.tolerance import tolerance
 
 from .base import Backend, Bundle
 
@@ -112,7 +113,6 @@ def judge(
 ) -> EngineParity:
     """The verdict for actions ``got`` against the reference ``want``."""
     from sac_edge.calibration.gate import MAX_MEAN_ERROR_FRAC
-    from sac_edge.export.parity import tolerance
 
     low, high = bundle.spec.action_low, bundle.spec.action_high
     if got.shape != want.shape:

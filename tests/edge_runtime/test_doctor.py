@@ -72,3 +72,40 @@ def test_cli_table_and_json(pendulum_bundle: Path, capsys: pytest.CaptureFixture
         "fix": "",
     } in report["rows"]
     assert main(["doctor", "--sensor-root", str(FIXTURES / "nope")]) == 2
+
+
+def test_signature_and_engine_parity_rows(pendulum_bundle: Path, tmp_path: Path) -> None:
+    from sac_edge.common.signing import generate_keypair, load_private_key, sign_bundle
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(pendulum_bundle, bundle)
+    assert _rows(tmp_path, bundle)["signature"].value.startswith("unsigned")
+    private, public = generate_keypair(str(tmp_path / "fleet"))
+    sign_bundle(bundle, load_private_key(private))
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    shutil.copy(public, keys)
+    rows = doctor_command(DoctorConfig(bundle=str(bundle), sensor_root=str(tmp_path), trusted_keys=str(keys)))
+    sig = next(r for r in rows if r.item == "signature")
+    assert sig.status == OK and sig.value.startswith("trusted")
+    (keys / Path(public).name).unlink()
+    _, other_pub = generate_keypair(str(tmp_path / "other"))
+    shutil.copy(other_pub, keys)
+    rows = doctor_command(DoctorConfig(bundle=str(bundle), sensor_root=str(tmp_path), trusted_keys=str(keys)))
+    assert next(r for r in rows if r.item == "signature").status == "no"  # signed, but not by a trusted key
+    engines = bundle / "engines"
+    engines.mkdir()
+    record = {"passed": False, "when": "cached plan", "rule": "max_abs", "value": 0.5, "limit": 0.002}
+    (engines / "policy.fp16.trt10.3.0-orin-sm87.json").write_text(json.dumps({"parity": record}))
+    row = _rows(tmp_path, bundle)["engine policy.fp16.trt10.3.0-orin-sm87.plan"]
+    assert row.status == "no" and "failed" in row.value and "0.5" in row.value and row.fix
+
+
+def test_tensorrt_generation_row() -> None:
+    from sac_edge.edge_runtime.doctor import tensorrt_row
+
+    assert "generation 8.5/8.6: implicit INT8 from calib.cache" in tensorrt_row("8.5.2.2").value
+    assert "generation 10.x: Q/DQ INT8" in tensorrt_row("10.3.0").value
+    assert "strongly typed" in tensorrt_row("11.4.0").value
+    old = tensorrt_row("7.1.3")
+    assert old.status == "no" and old.fix

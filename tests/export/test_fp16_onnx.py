@@ -8,9 +8,10 @@ import numpy as np
 import onnx
 import pytest
 
+from sac_edge.common.tolerance import tolerance
 from sac_edge.export.fp16_onnx import to_fp16, write_fp16
 from sac_edge.export.onnx_export import INPUT, OUTPUT, check_tensorrt_ops, export_policy
-from sac_edge.export.parity import measure_parity, onnx_actions, require_parity, tolerance
+from sac_edge.export.parity import measure_parity, onnx_actions, require_parity
 from sac_edge.export.source import load_source
 
 
