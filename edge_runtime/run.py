@@ -154,10 +154,16 @@ def _run_with(
             tuner, resumed = build_finetuner(cfg, bundle, backends, probe, last, emit, log)
         elif last is not None:
             resumed = install_last_good(WeightSwapper(backends, bundle), last)
-        summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log)
+        try:
+            summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log)
+        finally:
+            if tuner is not None:  # the learner process stops and its shared memory goes, whatever happened
+                tuner.stop()
         summary |= {"telemetry_records": telemetry.records + 1, "resume": resumed}
         if tuner is not None:
             summary["finetune"] = tuner.summary()
+            if tuner.error:
+                log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
         telemetry.write({"type": "summary", **summary})
     return summary
 
@@ -185,7 +191,8 @@ def _drive(
     emit: Callable[[dict[str, Any]], None],
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """The governor, the monitor and the loop (with the fine-tuner's thread around it when there is one)."""
+    """The governor, the monitor and the loop (with the fine-tuner started before it when there is one; the
+    caller stops it)."""
     first = next(iter(backends))
     governor = None
     if cfg.mem_budget_mb is not None or cfg.power_budget_w is not None:
@@ -220,22 +227,14 @@ def _drive(
         with stop_on_signals(loop.stop):
             if tuner is not None:
                 tuner.start()
-            try:
-                for line in enter_realtime(
-                    cfg.realtime_priority, cfg.cpus, cfg.lock_memory
-                ):  # after the learner starts
-                    log(f"sac-edge run: {line}")
-                summary = loop.run()
-            finally:
-                if tuner is not None:
-                    tuner.stop()
+            for line in enter_realtime(cfg.realtime_priority, cfg.cpus, cfg.lock_memory):  # after the tuner starts
+                log(f"sac-edge run: {line}")
+            summary = loop.run()
     finally:
         if status is not None:
             status.finish()
         monitor.close()
         env.close()
-    if tuner is not None and tuner.error:
-        log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
     return summary | {
         "env": env_name,
         "shift": getattr(env, "shift", None),
