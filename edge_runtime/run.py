@@ -169,7 +169,7 @@ def _run_with(
 
 
 def locked(write: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
-    """``write`` behind a lock: the loop and the learner thread both emit telemetry records."""
+    """``write`` behind a lock: the loop and the fine-tuner's coordinator thread both emit records."""
     lock = threading.Lock()
 
     def emit(record: dict[str, Any]) -> None:

@@ -133,7 +133,7 @@ class EpisodeLog:
     """Per-episode returns tagged with the serving generation (appended by the control thread)."""
 
     def __init__(self) -> None:
-        self.generation = 0  # set by the learner thread after a swap has completed
+        self.generation = 0  # set by the coordinator thread after a swap has completed
         self.finished: deque[EpisodeRecord] = deque()  # append / popleft are thread-safe
         self._gen = 0
         self._return = 0.0

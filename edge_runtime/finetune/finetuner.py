@@ -388,6 +388,7 @@ def build_finetuner(
         },
     }
     learner = LearnerProcess(spec, tensors, settings)
+    probe.follow(learner.process.pid)  # the governor's memory figure includes the learner's
     try:
         tuner = FineTuner(
             spec,
