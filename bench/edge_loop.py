@@ -13,8 +13,8 @@ Then, side by side:
 3. in the loop: ``sac-edge run`` at 100, 500 and 1000 Hz with and without ``--warm-cache``: p50/p99
    against the hot p50 of section 1 (goal: within 1.5x), deadline misses; the torch backend at 1 kHz.
 4. fine-tuning: ``sac-edge run --finetune`` at 1 kHz against the same run without learning (goal: the
-   miss rate moves by less than 0.05 points); ``peak_rss_mb`` and ``torch_imported`` are the control
-   process's (the learner runs in a process of its own).
+   miss rate moves by less than 0.05 points); ``peak_rss_mb`` counts the learner process too,
+   ``torch_imported`` is the control process's (the learner runs in a process of its own).
 
 ``--seconds`` sets each loop run's length (default 5; the issue's figures use 8). ``--realtime-priority``
 and ``--core`` pin the loop. Prints one table per section, then one JSON line.

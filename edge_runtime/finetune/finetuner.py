@@ -44,12 +44,16 @@ from sac_edge.edge_runtime.budget.governor import Governor
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 
 from .experience import EpisodeLog, Exploration
-from .learner_process import IDLE_S, SHADOW_STATES, LearnerProcess
+from .learner_process import SHADOW_STATES, LearnerProcess
 from .promotion import LastGood, LastGoodStore, PromotionRules, judge
 from .settings import FinetuneSettings
 from .weight_swap import WeightSwapper
 
 GIL_SWITCH_S = 1e-4
+#: The coordinator wakes on a message from the learner or after this long (knobs, episodes, a dead child).
+#: Each wake takes the GIL; at normal priority on a busy CPU a thread can be preempted while holding it,
+#: and the control thread then waits for the scheduler, so it wakes rarely and waits without the GIL.
+COORDINATOR_S = 0.05
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -180,7 +184,7 @@ class FineTuner:
         try:
             while not self._stop.is_set():
                 self._send_knobs()
-                for message in self.learner.messages(timeout=IDLE_S):
+                for message in self.learner.messages(timeout=COORDINATOR_S):
                     self._on_message(message)
                 self._review()
                 failure = self.learner.failure()
@@ -370,6 +374,7 @@ def build_finetuner(
     swapper.warm_up(_actor(tensors), SHADOW_STATES)
     settings = {
         "main_baseline_mb": probe.read().budget_mb,  # everything but the learner: backends, env, the swap path
+        "loop_cpus": list(cfg.cpus),
         **{
             name: getattr(cfg, name)
             for name in (

@@ -18,7 +18,8 @@ writer), and a ``spawn`` child (``serve``) imports torch and runs ``DeviceLearne
   ``event`` (a candidate rejected before serving), ``error`` (one line); back: ``resolve`` (``promote``,
   ``rollback`` or ``skip``), after which the child may propose again.
 
-The child dies with its parent: it is a daemon process, asks the kernel for SIGKILL when the parent dies
+The child runs on the CPUs that ``--cpus`` leaves to others (all of them without ``--cpus``). It dies with
+its parent: it is a daemon process, asks the kernel for SIGKILL when the parent dies
 (``PR_SET_PDEATHSIG``, Linux) and checks its parent's pid on every iteration; it ignores SIGINT/SIGTERM,
 which the main process handles by stopping it. The main process unlinks every block it created.
 """
@@ -197,6 +198,7 @@ def serve(config_json: str, conn: Any, publish: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     cfg = json.loads(config_json)
     _die_with_parent(int(cfg["parent_pid"]))
+    _keep_off(cfg["loop_cpus"])
     try:
         ring_block, weights, control = (SharedArrays.attach(cfg["blocks"][k]) for k in ("ring", "weights", "control"))
         spec = PolicySpec.from_dict(cfg["spec"], source="the learner process's config")
@@ -223,6 +225,14 @@ def _die_with_parent(parent_pid: int) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         sys.exit(0)
+
+
+def _keep_off(loop_cpus: list[int]) -> None:
+    """Run on the CPUs the control loop is not pinned to (``--cpus``), when there are any left: the loop's
+    core then has no learner to preempt when its slot comes (measured: BENCHMARKS.md)."""
+    rest = os.sched_getaffinity(0) - set(loop_cpus)
+    if loop_cpus and rest:
+        os.sched_setaffinity(0, rest)
 
 
 class LearnerLoop:
