@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from multiprocessing import shared_memory
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-ALIGN = 64  # a cache line, so the control thread's rows and the counters do not share lines needlessly
+if TYPE_CHECKING:  # annotations only: subscripted builtins need Python 3.9 at run time, the device has 3.8
+    Layout = Sequence[tuple[str, str, tuple[int, ...]]]
 
-Layout = Sequence[tuple[str, str, tuple[int, ...]]]
+ALIGN = 64  # a cache line, so the control thread's rows and the counters do not share lines needlessly
 
 
 def layout_of(arrays: Mapping[str, np.ndarray]) -> list[tuple[str, str, tuple[int, ...]]]:
