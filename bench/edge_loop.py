@@ -13,7 +13,8 @@ Then, side by side:
 3. in the loop: ``sac-edge run`` at 100, 500 and 1000 Hz with and without ``--warm-cache``: p50/p99
    against the hot p50 of section 1 (goal: within 1.5x), deadline misses; the torch backend at 1 kHz.
 4. fine-tuning: ``sac-edge run --finetune`` at 1 kHz against the same run without learning (goal: the
-   miss rate moves by less than 0.05 points).
+   miss rate moves by less than 0.05 points); ``peak_rss_mb`` counts the learner process too,
+   ``torch_imported`` is the control process's (the learner runs in a process of its own).
 
 ``--seconds`` sets each loop run's length (default 5; the issue's figures use 8). ``--realtime-priority``
 and ``--core`` pin the loop. Prints one table per section, then one JSON line.
@@ -41,6 +42,7 @@ from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.base import Backend, open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
+from sac_edge.edge_runtime.control.loop import MISS_CAUSES
 from sac_edge.train.checkpoint import save_tensors
 from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
 
@@ -228,6 +230,7 @@ def run_loop(bundle: Path, env_id: str, args: argparse.Namespace, rate_hz: float
         "miss_pct": round(100 * s["miss_rate"], 3),
         "p50_us": s["latency_us"]["p50"],
         "p99_us": s["latency_us"]["p99"],
+        "misses_wake/infer/env/loop": "/".join(str(s["miss_causes"][c]) for c in MISS_CAUSES),
         "peak_rss_mb": round(s["peak_rss_mb"], 1),
         "torch_imported": s["torch_imported"],
     }

@@ -65,7 +65,7 @@ class RunConfig:
     power_budget_w: float | None = field(default=None, metadata={"help": "power budget enforced by the governor"})
     finetune: bool = field(
         default=False,
-        metadata={"help": "fine-tune on the device while running (SAC in a learner thread; needs torch)"},
+        metadata={"help": "fine-tune on the device while running (SAC in a learner process; needs torch)"},
     )
     resume: bool = field(
         default=False,

@@ -154,16 +154,22 @@ def _run_with(
             tuner, resumed = build_finetuner(cfg, bundle, backends, probe, last, emit, log)
         elif last is not None:
             resumed = install_last_good(WeightSwapper(backends, bundle), last)
-        summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log)
+        try:
+            summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log)
+        finally:
+            if tuner is not None:  # the learner process stops and its shared memory goes, whatever happened
+                tuner.stop()
         summary.update(telemetry_records=telemetry.records + 1, resume=resumed)
         if tuner is not None:
             summary["finetune"] = tuner.summary()
+            if tuner.error:
+                log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
         telemetry.write({"type": "summary", **summary})
     return summary
 
 
 def locked(write: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
-    """``write`` behind a lock: the loop and the learner thread both emit telemetry records."""
+    """``write`` behind a lock: the loop and the fine-tuner's coordinator thread both emit records."""
     lock = threading.Lock()
 
     def emit(record: dict[str, Any]) -> None:
@@ -185,7 +191,8 @@ def _drive(
     emit: Callable[[dict[str, Any]], None],
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """The governor, the monitor and the loop (with the fine-tuner's thread around it when there is one)."""
+    """The governor, the monitor and the loop (with the fine-tuner started before it when there is one; the
+    caller stops it)."""
     first = next(iter(backends))
     governor = None
     if cfg.mem_budget_mb is not None or cfg.power_budget_w is not None:
@@ -220,15 +227,9 @@ def _drive(
         with stop_on_signals(loop.stop):
             if tuner is not None:
                 tuner.start()
-            try:
-                for line in enter_realtime(
-                    cfg.realtime_priority, cfg.cpus, cfg.lock_memory
-                ):  # after the learner starts
-                    log(f"sac-edge run: {line}")
-                summary = loop.run()
-            finally:
-                if tuner is not None:
-                    tuner.stop()
+            for line in enter_realtime(cfg.realtime_priority, cfg.cpus, cfg.lock_memory):  # after the tuner starts
+                log(f"sac-edge run: {line}")
+            summary = loop.run()
     finally:
         if status is not None:
             status.finish()

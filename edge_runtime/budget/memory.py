@@ -186,13 +186,32 @@ class MemoryProbe:
     ) -> None:
         self.root = root
         self.pid = os.getpid() if pid is None else pid
+        self.followed: list[int] = []
         self._cuda = cuda
         self._clock = clock
         # debugfs is root-only; find out once rather than failing on every read
         self._nvmap = read_nvmap(root) is not None
 
+    def follow(self, pid: int) -> None:
+        """Count ``pid`` as part of this process (a helper it started: the fine-tuning learner process): its
+        resident, peak and NvMap memory are added to this process's; once it has exited it counts as nothing."""
+        self.followed.append(pid)
+
+    def _processes(self) -> tuple[float, float]:
+        """Resident and peak MiB of this process plus the followed ones still running (peaks summed: an upper
+        bound on the joint peak)."""
+        own = read_process_memory(self.pid, self.root)
+        rss, peak = own.rss_mb, own.peak_rss_mb
+        for pid in self.followed:
+            try:
+                other = read_process_memory(pid, self.root)
+            except SensorError:  # it has exited
+                continue
+            rss, peak = rss + other.rss_mb, peak + other.peak_rss_mb
+        return rss, peak
+
     def read(self) -> MemorySample:
-        process = read_process_memory(self.pid, self.root)
+        rss, peak = self._processes()
         table = read_nvmap(self.root) if self._nvmap else None
         allocated = reserved = None
         if self._cuda is not None:
@@ -204,9 +223,11 @@ class MemoryProbe:
             system = None
         return MemorySample(
             timestamp=self._clock(),
-            rss_mb=process.rss_mb,
-            peak_rss_mb=process.peak_rss_mb,
-            nvmap_process_mb=table.pid_kb(self.pid) / 1024.0 if table is not None else None,
+            rss_mb=rss,
+            peak_rss_mb=peak,
+            nvmap_process_mb=sum(table.pid_kb(p) for p in [self.pid, *self.followed]) / 1024.0
+            if table is not None
+            else None,
             cuda_allocated_mb=allocated,
             cuda_reserved_mb=reserved,
             system=system,

@@ -2,8 +2,8 @@
 
 On a shared or busy CPU the loop's sleeps can wake milliseconds late; a SCHED_FIFO thread preempts
 ordinary work, and ``mlockall`` (opt-in) keeps pages resident so a page fault never stalls a step. Linux
-applies the policy per thread: call this from the control thread after starting the learner thread, so
-the learner stays at normal priority. Needs root or CAP_SYS_NICE (and CAP_IPC_LOCK for large locks).
+applies the policy per thread: call this from the control thread after starting the fine-tuner's threads
+and process, so they stay at normal priority. Needs root or CAP_SYS_NICE (and CAP_IPC_LOCK for large locks).
 """
 
 from __future__ import annotations

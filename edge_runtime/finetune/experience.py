@@ -1,11 +1,12 @@
 """The control thread's side of fine-tuning: a staging ring of transitions, episode returns, exploration noise.
 
 Nothing here touches torch: the control thread copies each transition into preallocated numpy rows
-(a few microseconds) and the learner thread drains them into the replay buffer in chunks. The ring is
-single-producer / single-consumer: the producer fills row ``written % capacity`` and only then advances
-``written``; the consumer reads up to the ``written`` it saw and then advances ``read``, so neither ever
-sees a half-written row and no lock sits on the control path. When the learner falls a whole ring behind,
-new transitions are dropped and counted rather than overwriting unread rows.
+(a few microseconds) and the learner process drains them into the replay buffer in chunks; the rows live in
+shared memory (``shared.py``). The ring is single-producer / single-consumer: the producer fills row
+``written % capacity`` and only then advances ``written``; the consumer reads up to the ``written`` it saw
+and then advances ``read``, so neither ever sees a half-written row and the control path never waits.
+When the learner falls a whole ring behind, new transitions are dropped and counted rather than
+overwriting unread rows.
 
 Each finished episode (terminated or truncated) is recorded with the weight *generation* that was serving
 when it started and whether that generation served it to the end, so the promotion logic compares returns
@@ -15,7 +16,8 @@ of episodes served entirely by one weight set (an episode a swap cut in two belo
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,29 +40,61 @@ class EpisodeRecord(NamedTuple):
     """False when a weight swap happened during the episode."""
 
 
-class StagingRing:
-    """Preallocated SPSC ring between the control thread (``push``) and the learner (``drain``)."""
+def ring_layout(capacity: int, obs_dim: int, act_dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The arrays of a ``StagingRing`` (for ``shared.SharedArrays``): rows and the three counters."""
+    f32 = np.dtype(np.float32).str
+    return [
+        ("obs", f32, (capacity, obs_dim)),
+        ("next_obs", f32, (capacity, obs_dim)),
+        ("actions", f32, (capacity, act_dim)),
+        ("rewards", f32, (capacity,)),
+        ("dones", f32, (capacity,)),
+        ("counters", np.dtype(np.int64).str, (3,)),  # written, read, dropped
+    ]
 
-    def __init__(self, capacity: int, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray) -> None:
-        self.capacity = capacity
-        self.obs = np.zeros((capacity, obs_dim), np.float32)
-        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
-        self.actions = np.zeros((capacity, act_dim), np.float32)
-        self.rewards = np.zeros(capacity, np.float32)
-        self.dones = np.zeros(capacity, np.float32)
+
+class StagingRing:
+    """Preallocated SPSC ring between the control thread (``push``) and the learner (``drain``).
+
+    ``arrays`` holds the rows and counters (``ring_layout``): plain numpy arrays, or views of a shared
+    memory block so that the producer and the consumer can be different processes. The producer's
+    ``written`` is published under ``publish`` when one is given (a ``multiprocessing.Lock``, whose
+    acquire/release are the memory barriers that make the rows visible before the count on weakly ordered
+    CPUs); the producer only ever *tries* the lock, so a stalled consumer can never block the control
+    thread: a transition that finds it taken is dropped and counted.
+    """
+
+    def __init__(
+        self, arrays: Mapping[str, np.ndarray], low: np.ndarray, high: np.ndarray, publish: Any = None
+    ) -> None:
+        self.obs, self.next_obs, self.actions = arrays["obs"], arrays["next_obs"], arrays["actions"]
+        self.rewards, self.dones, self._counters = arrays["rewards"], arrays["dones"], arrays["counters"]
+        self.capacity = len(self.rewards)
         low, high = np.asarray(low, np.float32), np.asarray(high, np.float32)
         self._bias = (high + low) / 2
         self._inv_scale = 2 / (high - low)
-        self.written = 0
-        self.read = 0
-        self.dropped = 0
+        self._publish = publish
+
+    @property
+    def written(self) -> int:
+        return int(self._counters[0])
+
+    @property
+    def read(self) -> int:
+        return int(self._counters[1])
+
+    @property
+    def dropped(self) -> int:
+        return int(self._counters[2])
 
     def push(self, obs: np.ndarray, action: np.ndarray, reward: float, next_obs: np.ndarray, done: bool) -> None:
         """Copy one transition in (control thread); ``action`` in env units."""
-        if self.written - self.read >= self.capacity:
-            self.dropped += 1
+        counters = self._counters
+        written = int(counters[0])
+        if written - int(counters[1]) >= self.capacity:
+            counters[2] += 1
             return
-        i = self.written % self.capacity
+        i = written % self.capacity
         self.obs[i] = obs
         self.next_obs[i] = next_obs
         row = self.actions[i]
@@ -69,18 +103,29 @@ class StagingRing:
         np.clip(row, -1.0, 1.0, out=row)
         self.rewards[i] = reward
         self.dones[i] = 1.0 if done else 0.0
-        self.written += 1  # publish only after the row is complete
+        if self._publish is None:
+            counters[0] = written + 1  # publish only after the row is complete
+        elif self._publish.acquire(False):
+            counters[0] = written + 1
+            self._publish.release()
+        else:
+            counters[2] += 1
 
     def drain(self, limit: int | None = None) -> Transitions | None:
-        """Copies of the unread rows (learner thread), oldest first; None when there are none."""
-        start, end = self.read, self.written
+        """Copies of the unread rows (learner), oldest first; None when there are none."""
+        if self._publish is not None:
+            with self._publish:
+                end = int(self._counters[0])
+        else:
+            end = int(self._counters[0])
+        start = int(self._counters[1])
         if limit is not None:
             end = min(end, start + limit)
         if end <= start:
             return None
         idx = np.arange(start, end) % self.capacity
         out = Transitions(self.obs[idx], self.actions[idx], self.rewards[idx], self.next_obs[idx], self.dones[idx])
-        self.read = end
+        self._counters[1] = end
         return out
 
 
@@ -88,7 +133,7 @@ class EpisodeLog:
     """Per-episode returns tagged with the serving generation (appended by the control thread)."""
 
     def __init__(self) -> None:
-        self.generation = 0  # set by the learner thread after a swap has completed
+        self.generation = 0  # set by the coordinator thread after a swap has completed
         self.finished: deque[EpisodeRecord] = deque()  # append / popleft are thread-safe
         self._gen = 0
         self._return = 0.0

@@ -1,26 +1,30 @@
 """``sac-edge run --finetune``: learn on the device while the control loop runs, and swap weights in place.
 
 The control thread only calls :meth:`FineTuner.explore` and :meth:`FineTuner.observe` (the loop's
-``Experience`` hook): a noise add and a copy into a preallocated staging ring. Everything else runs in
-one learner thread with one torch intra-op thread (torch releases the GIL inside its kernels, so the loop
-keeps running between them):
+``Experience`` hook): a noise add and a copy into a preallocated staging ring in shared memory. The SAC
+updates run in a separate process (``learner_process.py``: one torch thread, its own interpreter lock),
+and a light coordinator thread here does the rest:
 
-1. drain the ring into the replay buffer (train/buffer.py) and earn update credit: ``utd`` x the
-   governor's ``update_rate_scale`` per new transition;
-2. spend credit on ``SAC.update`` (train/sac.py) at the governor's ``finetune_batch`` unless the governor
-   paused fine-tuning;
-3. every ``swap_every`` updates, once the last good weights have a full window of episodes, propose the
-   actor as a candidate: losses finite, shadow check on recent states (promotion.py), int8 re-quantisation
-   and re-check (weight_swap.py), then swap it into every loaded backend (timed);
-4. after ``promotion_window`` episodes served entirely by the candidate, promote it (saved atomically as
-   the last good weights) or roll back to the last good weights (swapped back, learner actor reset).
+1. the learner process drains the ring into the replay buffer (train/buffer.py), earns update credit
+   (``utd`` x the governor's ``update_rate_scale`` per new transition) and spends it on ``SAC.update``
+   (train/sac.py) at the governor's ``finetune_batch`` unless the governor paused fine-tuning; the
+   coordinator writes those knobs into shared memory;
+2. every ``swap_every`` updates, once the last good weights have a full window of episodes, the learner
+   checks its actor (losses finite, shadow check on recent states, promotion.py) and publishes it as a
+   candidate in shared memory; the coordinator re-quantises and re-checks it for int8 (weight_swap.py) and
+   swaps it into every loaded backend (timed);
+3. after ``promotion_window`` episodes served entirely by the candidate, the coordinator promotes it
+   (saved atomically as the last good weights: this process is the store's one writer) or rolls back to
+   the last good weights (swapped back), and tells the learner which.
 
-Every decision is a ``{"type": "finetune", ...}`` telemetry record. A failure in the learner thread stops
-learning, puts the last good weights back, and is reported in the summary; the loop keeps running.
+Every decision is a ``{"type": "finetune", ...}`` telemetry record. A failure in the learner process or
+the coordinator stops learning, puts the last good weights back, and is reported in the summary as one
+line; the loop keeps running.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import threading
 import time
@@ -40,16 +44,17 @@ from sac_edge.edge_runtime.backends.base import Backend, Bundle
 from sac_edge.edge_runtime.budget.governor import Governor
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 
-from .experience import EpisodeLog, Exploration, StagingRing
-from .promotion import LastGood, LastGoodStore, PromotionRules, judge, shadow_check
+from .experience import EpisodeLog, Exploration
+from .learner_process import SHADOW_STATES, LearnerProcess
+from .promotion import LastGood, LastGoodStore, PromotionRules, judge
 from .settings import FinetuneSettings
-from .sizing import choose_sizing, choose_utd
 from .weight_swap import WeightSwapper
 
-SHADOW_STATES = 512
-STAGING_ROWS = 8192
-IDLE_S = 0.002
 GIL_SWITCH_S = 1e-4
+#: The coordinator wakes on a message from the learner or after this long (knobs, episodes, a dead child).
+#: Each wake takes the GIL; at normal priority on a busy CPU a thread can be preempted while holding it,
+#: and the control thread then waits for the scheduler, so it wakes rarely and waits without the GIL.
+COORDINATOR_S = 0.05
 
 Emit = typing.Callable[[typing.Dict[str, Any]], None]
 
@@ -87,17 +92,17 @@ class Candidate:
 
 
 class FineTuner:
-    """The ``Experience`` the loop feeds, and the learner thread behind it."""
+    """The ``Experience`` the loop feeds, and the coordinator thread between the learner process and the
+    backends."""
 
     def __init__(
         self,
         spec: PolicySpec,
-        learner: Any,
+        learner: LearnerProcess,
         swapper: WeightSwapper,
         store: LastGoodStore,
         rules: PromotionRules,
         cfg: FinetuneSettings,
-        utd: float,
         governor: Governor | None,
         emit: Emit,
         good_state: Mapping[str, np.ndarray],
@@ -106,16 +111,16 @@ class FineTuner:
         start_generation: int = 0,
     ) -> None:
         self.spec, self.learner, self.swapper, self.store, self.rules = spec, learner, swapper, store, rules
-        self.cfg, self.utd, self.governor, self._emit = cfg, utd, governor, emit
-        self.ring = StagingRing(
-            STAGING_ROWS, spec.obs_dim, spec.act_dim, np.array(spec.action_low), np.array(spec.action_high)
-        )
+        self.cfg, self.governor, self._emit = cfg, governor, emit
+        self.ring = learner.ring
+        self.sizing: dict[str, Any] = {k: v for k, v in learner.ready.items() if k not in ("kind", "torch_notes")}
+        self.utd = float(self.sizing["utd"])
         self.episodes = EpisodeLog()
         self._explore = Exploration(
             cfg.explore_std, np.array(spec.action_low), np.array(spec.action_high), cfg.seed + 1
         )
         self.good_state = {k: np.array(v) for k, v in good_state.items()}
-        self.good_weights = {k: v for k, v in self.good_state.items() if k.startswith("actor.")}
+        self.good_weights = _actor(self.good_state)
         self.good_states = good_states
         self.start_generation = start_generation  # a resumed run continues the saved generation count
         self.good_generation = self.generation = start_generation
@@ -123,8 +128,6 @@ class FineTuner:
         self.good_returns: deque[float] = deque(maxlen=rules.window)
         self.candidate: Candidate | None = None
         self.start_step = start_step
-        self.collected = self.updates = self._since = 0
-        self.credit = 0.0
         self.counts = dict.fromkeys(
             ("candidates", "promotions", "rollbacks", "shadow_rejections", "int8_skipped", "nonfinite"), 0
         )
@@ -132,10 +135,8 @@ class FineTuner:
         self.episode_returns: list[tuple[int, float]] = []
         self.error: str | None = None
         self.last_good_sha: str | None = None
-        self._metrics: Any = None
-        self.sizing: dict[str, Any] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sac-edge-learner", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="sac-edge-finetune", daemon=True)
         self._t0 = time.monotonic()
         self._switch = sys.getswitchinterval()
 
@@ -157,11 +158,11 @@ class FineTuner:
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the learner thread, with a short GIL switch interval while it runs.
+        """Start the coordinator thread, with a short GIL switch interval while it runs.
 
         CPython lets a thread that wants the GIL wait up to the switch interval (5 ms by default) before it
-        forces the holder to yield; with the learner between torch kernels holding it, the control thread
-        would wake that late. ``GIL_SWITCH_S`` bounds that wait.
+        forces the holder to yield; with the coordinator re-quantising or swapping a candidate, the control
+        thread would wake that late. ``GIL_SWITCH_S`` bounds that wait.
         """
         self._t0 = time.monotonic()
         self._switch = sys.getswitchinterval()
@@ -169,21 +170,27 @@ class FineTuner:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the coordinator (if started) and the learner process, and unlink the shared memory."""
         self._stop.set()
-        self._thread.join()
-        sys.setswitchinterval(self._switch)
+        if self._thread.is_alive():
+            self._thread.join()
+            sys.setswitchinterval(self._switch)
+        self.learner.close()
 
     def event(self, kind: str, **fields: Any) -> None:
         self._emit({"type": "finetune", "event": kind, "t_s": round(time.monotonic() - self._t0, 3), **fields})
 
-    # -- learner thread ---------------------------------------------------------------------------
+    # -- coordinator thread -----------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._ingest()
+                self._send_knobs()
+                for message in self.learner.messages(timeout=COORDINATOR_S):
+                    self._on_message(message)
                 self._review()
-                if not self._learn_once():
-                    self._stop.wait(IDLE_S)
+                failure = self.learner.failure()
+                if failure is not None:
+                    raise SacEdgeError(failure)
         except Exception as err:  # the loop keeps running on the last good weights; reported in the summary
             self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             self.event("error", error=self.error)
@@ -192,64 +199,36 @@ class FineTuner:
             except Exception as again:  # nothing more to do than report it
                 self.error += f"; restoring the last good weights failed too ({type(again).__name__})"
 
-    def _knobs(self) -> tuple[float, int, bool]:
+    def _send_knobs(self) -> None:
         knobs = self.governor.knobs if self.governor is not None else None
+        window_ok = self.candidate is None and len(self.good_returns) >= self.rules.window
         if knobs is None or knobs.finetune_batch is None:
-            return 1.0, self.learner.sizing.batch_size, False
-        return knobs.update_rate_scale, knobs.finetune_batch, knobs.finetune_paused
+            self.learner.set_knobs(1.0, int(self.sizing["batch_size"]), False, window_ok)
+        else:
+            self.learner.set_knobs(knobs.update_rate_scale, knobs.finetune_batch, knobs.finetune_paused, window_ok)
 
-    def _ingest(self) -> None:
-        chunk = self.ring.drain()
-        if chunk is None:
-            return
-        n = len(chunk.rewards)
-        self.learner.add(chunk)
-        self.collected += n
-        scale, _, _ = self._knobs()
-        self.credit = min(self.credit + n * self.utd * scale, float(self.cfg.swap_every))
+    def _on_message(self, message: Mapping[str, Any]) -> None:
+        kind = message.get("kind")
+        if kind == "error":
+            raise SacEdgeError(f"the learner process failed: {message.get('error')}")
+        if kind == "candidate":
+            self._on_candidate(message)
+        elif kind == "event":  # rejected in the learner before serving (non-finite losses, shadow check)
+            self.counts["candidates"] += 1
+            self.counts[str(message["counter"])] += 1
+            fields = {k: v for k, v in message.items() if k in ("reason", "shadow")}
+            self.event("reject", step=self.start_step + int(message["collected"]), **fields)
 
-    def _learn_once(self) -> bool:
-        _, batch, paused = self._knobs()
-        if paused or self.learner.rows < self.cfg.learning_starts or self.credit < 1.0:
-            return False
-        self._metrics = self.learner.update(batch)
-        self.updates += 1
-        self._since += 1
-        self.credit -= 1.0
-        if (
-            self._since >= self.cfg.swap_every
-            and self.candidate is None
-            and len(self.good_returns) >= self.rules.window
-        ):
-            self._since = 0
-            self._propose()
-        return True
-
-    def _propose(self) -> None:
+    def _on_candidate(self, message: Mapping[str, Any]) -> None:
+        """The learner published a checked candidate: re-gate it for int8 and swap it in, or skip it."""
         self.counts["candidates"] += 1
-        step = self.start_step + self.collected
-        if not bool(self._metrics.finite):
-            self.counts["nonfinite"] += 1
-            self.learner.load(_torch_tensors(self.good_state))
-            self.event("reject", reason="non-finite losses; learner reset to the last good weights", step=step)
-            return
-        weights = self.learner.actor_weights()
-        states = self.learner.recent_states(SHADOW_STATES)
-        shadow = shadow_check(
-            self.learner.actions(weights, states),
-            self.learner.actions(self.good_weights, states),
-            self.spec.action_low,
-            self.spec.action_high,
-            self.rules.shadow_max_diff,
-        )
-        if not shadow.ok:
-            self.counts["shadow_rejections"] += 1
-            self.learner.load_actor(self.good_weights)
-            self.event("reject", reason=f"shadow check: {shadow.reason}", step=step, shadow=shadow._asdict())
-            return
+        step = self.start_step + int(message["collected"])
+        state, states = self.learner.candidate()
+        weights = _actor(state)
         outcome = self.swapper.push(weights, states)
         if not outcome.live:
             self.counts["int8_skipped"] += 1
+            self.learner.resolve("skip")
             self.event(
                 "skip",
                 reason=f"{outcome.reason}; candidate skipped, serving the last good weights",
@@ -258,13 +237,13 @@ class FineTuner:
             )
             return
         self._published(outcome.seconds)
-        self.candidate = Candidate(self.generation, weights, _numpy(self.learner.state()), states, self.updates, step)
+        self.candidate = Candidate(self.generation, weights, state, states, int(message["updates"]), step)
         self.event(
             "swap",
             generation=self.generation,
-            updates=self.updates,
+            updates=int(message["updates"]),
             step=step,
-            shadow=shadow._asdict(),
+            shadow=message.get("shadow"),
             **outcome.to_dict(),
         )
 
@@ -301,8 +280,7 @@ class FineTuner:
             outcome = self.swapper.push(self.good_weights, self.good_states, check=False)
             self._published(outcome.seconds)
             self.good_generation = self.generation
-            self.learner.load_actor(self.good_weights)
-            self._since = 0  # the next candidate gets a full swap_every updates from the last good weights
+            self.learner.resolve("rollback")
             self.counts["rollbacks"] += 1
             self.event("rollback", generation=cand.generation, step=cand.step, **figures, swap_s=outcome.seconds)
             return
@@ -319,18 +297,20 @@ class FineTuner:
             "bundle": str(self.cfg.bundle),
         }
         self.last_good_sha = self.store.save(cand.state, cand.states, info)
+        self.learner.resolve("promote")
         self.counts["promotions"] += 1
         self.event("promote", generation=cand.generation, step=cand.step, **figures, sha256=self.last_good_sha)
 
     # -- report -----------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         first = [r for g, r in self.episode_returns if g == self.start_generation][: self.rules.window]
+        collected, updates = self.learner.collected, self.learner.updates
         return {
-            "steps_collected": self.collected,
+            "steps_collected": collected,
             "dropped": self.ring.dropped,
-            "updates": self.updates,
+            "updates": updates,
             "utd": self.utd,
-            "achieved_utd": self.updates / self.collected if self.collected else 0.0,
+            "achieved_utd": updates / collected if collected else 0.0,
             **self.counts,
             "swaps": sum(len(v) for v in self.swap_seconds.values()),
             "swap_s": {
@@ -349,14 +329,24 @@ class FineTuner:
         }
 
 
-def _numpy(tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in tensors.items()}
+def _actor(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The actor's tensors of a learner state (keyed as the ONNX initializers, ``actor.*``)."""
+    return {k: v for k, v in state.items() if k.startswith("actor.")}
 
 
-def _torch_tensors(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    import torch
+def read_learner_tensors(bundle: Bundle) -> dict[str, np.ndarray]:
+    """The bundle's ``learner.safetensors`` as numpy arrays (the learner process gets them by shared memory)."""
+    from safetensors import SafetensorError, safe_open
 
-    return {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
+    names = bundle.files("learner")
+    if not names:
+        raise SacEdgeError(f"{bundle.path}: --finetune needs learner.safetensors, which the bundle lacks")
+    path = bundle.path / names[0]
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            return {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no iterator
+    except (SafetensorError, OSError, ValueError) as err:
+        raise SacEdgeError(f"{path}: learner tensors are corrupt or truncated ({err}); re-export the bundle") from None
 
 
 def build_finetuner(
@@ -368,78 +358,67 @@ def build_finetuner(
     emit: Emit,
     log: Callable[[str], None],
 ) -> tuple[FineTuner, dict[str, Any] | None]:
-    """Size and build the learner (torch is imported here), install the starting weights, make the tuner."""
-    try:
-        import torch
-    except ImportError:
-        raise SacEdgeError("--finetune needs the Python package 'torch' (the inference-only path does not)") from None
-    from sac_edge.train import compat
-    from sac_edge.train.checkpoint import load_tensors
-
-    for note in compat.notes():
-        log(f"fine-tune: {note}")
-
-    from .learner import DeviceLearner, net_shape, warm_up_math
-
+    """Install the starting weights, start the learner process (which imports torch and sizes itself from
+    the memory budget and this process's baseline), and make the tuner."""
+    if importlib.util.find_spec("torch") is None:
+        raise SacEdgeError("--finetune needs the Python package 'torch' (the inference-only path does not)")
     spec = bundle.spec
-    if last is not None:
-        tensors = _torch_tensors(last.tensors)
-    else:
-        names = bundle.files("learner")
-        if not names:
-            raise SacEdgeError(f"{bundle.path}: --finetune needs learner.safetensors, which the bundle lacks")
-        tensors = load_tensors(bundle.path / names[0], "learner tensors")
+    tensors = dict(last.tensors) if last is not None else read_learner_tensors(bundle)
     rules = PromotionRules(cfg.promotion_window, cfg.rollback_threshold, cfg.shadow_max_diff, cfg.rollback_noise_z)
-    torch.set_num_threads(1)
     swapper = WeightSwapper(backends, bundle)
     states = last.states if last is not None else np.zeros((0, spec.obs_dim), np.float32)
     if last is not None:
         resumed: dict[str, Any] | None = install_last_good(swapper, last)
-        start_weights = last.actor()
     else:  # the bundle's own weights: checks the graph names them like the learner
         resumed = None
-        start_weights = {k: v.detach().numpy().copy() for k, v in tensors.items() if k.startswith("actor.")}
-        swapper.push(start_weights, states, check=False)
-    swapper.warm_up(start_weights, SHADOW_STATES)
-    warm_up_math(spec)
-    baseline = probe.read().budget_mb  # everything but the learner: torch, backends, env, the swap path
-    sizing = choose_sizing(
-        net_shape(spec, tensors),
-        rows=cfg.finetune_buffer,
-        batch=cfg.finetune_batch,
-        staging=STAGING_ROWS,
-        min_rows=max(cfg.learning_starts, 1000),
-        budget_mb=cfg.mem_budget_mb,
-        baseline_mb=baseline,
-    )
-    learner = DeviceLearner(spec, tensors, sizing, cfg.finetune_lr, cfg.seed)
-    utd, utd_reason = choose_utd(cfg.finetune_utd, learner.update_seconds, cfg.rate_hz, cfg.learner_cpu)
-    state = _numpy(learner.state())
-    tuner = FineTuner(
-        spec,
-        learner,
-        swapper,
-        LastGoodStore(finetune_dir(cfg)),
-        rules,
-        cfg,
-        utd,
-        None,
-        emit,
-        state,
-        states,
-        start_step=int(last.info.get("step", 0)) if last is not None else 0,
-        start_generation=int(last.info.get("generation", 0)) if last is not None else 0,
-    )
-    tuner.sizing = {
-        **sizing.to_dict(),
-        "utd": utd,
-        "update_ms": round(learner.update_seconds * 1e3, 3),
-        "reasons": [*sizing.reasons, utd_reason],
+        swapper.push(_actor(tensors), states, check=False)
+    swapper.warm_up(_actor(tensors), SHADOW_STATES)
+    settings = {
+        "main_baseline_mb": probe.read().budget_mb,  # everything but the learner: backends, env, the swap path
+        "loop_cpus": list(cfg.cpus),
+        **{
+            name: getattr(cfg, name)
+            for name in (
+                "finetune_buffer",
+                "finetune_batch",
+                "learning_starts",
+                "mem_budget_mb",
+                "finetune_lr",
+                "seed",
+                "finetune_utd",
+                "rate_hz",
+                "learner_cpu",
+                "swap_every",
+                "shadow_max_diff",
+            )
+        },
     }
+    learner = LearnerProcess(spec, tensors, settings)
+    probe.follow(learner.process.pid)  # the governor's memory figure includes the learner's
+    try:
+        tuner = FineTuner(
+            spec,
+            learner,
+            swapper,
+            LastGoodStore(finetune_dir(cfg)),
+            rules,
+            cfg,
+            None,
+            emit,
+            tensors,
+            states,
+            start_step=int(last.info.get("step", 0)) if last is not None else 0,
+            start_generation=int(last.info.get("generation", 0)) if last is not None else 0,
+        )
+    except BaseException:
+        learner.close()
+        raise
+    for note in learner.ready.get("torch_notes", []):  # what this torch lacks, switched off (train/compat.py)
+        log(f"fine-tune: {note}")
     tuner.event("sizing", **tuner.sizing, resumed=resumed)
     log(
-        f"fine-tune sizing: {sizing.buffer_rows} rows, batch {sizing.batch_size}, "
-        f"checkpointing {sizing.grad_checkpoint}, "
-        f"utd {utd:g} ({'; '.join(tuner.sizing['reasons'])})"
+        f"fine-tune sizing: {tuner.sizing['buffer_rows']} rows, batch {tuner.sizing['batch_size']}, "
+        f"checkpointing {tuner.sizing['grad_checkpoint']}, "
+        f"utd {tuner.utd:g} ({'; '.join(tuner.sizing['reasons'])}); learner process {learner.process.pid}"
     )
     return tuner, resumed

@@ -14,15 +14,16 @@ Estimate (float32 everywhere, bytes):
   where the model says it saves memory (measured: 0.54x the activation peak of a 12-layer critic,
   ``tests/train/test_policies.py``).
 
-The room for all of it is the budget less the process's resident memory measured just before the learner
-is built (torch, the backends, the env and the swap path already resident: ``WeightSwapper.warm_up``) less
+The room for all of it is the budget less the resident memory measured just before the learner is built
+(the control process's backends, env and swap path: ``WeightSwapper.warm_up``; plus the learner process's
+torch after a warm-up update: ``learner_process.LearnerLoop.build``) less
 a 10% headroom for allocator slack. That slack is real: each later swap (session rebuilds, the int8
 re-check) leaves ~1-3 MiB more resident at first, shrinking as the allocator's free lists fill (measured
 on x86 onnxruntime fp32 + int8: +17 MiB over 12 candidates, against a 42 MiB headroom at a 416 MB budget).
 Choices, in order, until the estimate fits: the requested sizes; fewer replay rows (down to
 ``min_rows``); gradient checkpointing (where it saves memory); halving the batch (down to 32).
 If even that does not fit it is a one-line error with the figures. The update-to-data ratio is a compute
-choice, not a memory one: :func:`choose_utd` caps it so the learner thread uses at most ``learner_cpu``
+choice, not a memory one: :func:`choose_utd` caps it so the learner process uses at most ``learner_cpu``
 of one core at the control rate, from a timed update at the chosen batch.
 """
 

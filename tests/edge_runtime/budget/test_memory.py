@@ -89,3 +89,16 @@ def test_probe_budget_figure_prefers_nvmap_then_cuda(tmp_path: Path) -> None:
     (root / NVMAP_MAPS).unlink()
     assert MemoryProbe(root, pid=PID, cuda=lambda: (0, 96 * 2**20)).read().budget_mb == 170.0 + 96.0
     assert MemoryProbe(root, pid=PID).read().budget_mb == 170.0
+
+
+def test_probe_counts_a_followed_process_until_it_exits(tmp_path: Path) -> None:
+    root = jp5(tmp_path)
+    shutil.copytree(root / "proc" / str(PID), root / "proc" / "2651")
+    probe = MemoryProbe(root, pid=PID)
+    alone = probe.read()
+    probe.follow(2651)  # e.g. the fine-tuning learner process
+    both = probe.read()
+    assert both.rss_mb == 2 * alone.rss_mb and both.peak_rss_mb == 2 * alone.peak_rss_mb
+    assert both.nvmap_process_mb == alone.nvmap_process_mb + 17876 / 1024  # its NvMap client in the fixture
+    shutil.rmtree(root / "proc" / "2651")
+    assert probe.read().rss_mb == alone.rss_mb

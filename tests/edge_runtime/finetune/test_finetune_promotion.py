@@ -16,6 +16,7 @@ from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.experience import EpisodeLog, EpisodeRecord
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner
+from sac_edge.edge_runtime.finetune.learner_process import N_STATES, STATES
 from sac_edge.edge_runtime.finetune.promotion import LastGoodStore, judge, shadow_check
 
 WINDOW = 3
@@ -36,11 +37,9 @@ def _tuner(bundle_dir: Path, tmp_path: Path, **overrides: Any) -> tuple[FineTune
     backend = open_backend(bundle, "onnxruntime", "fp32")
     events: list[dict[str, Any]] = []
     tuner, _ = build_finetuner(cfg, bundle, {"fp32": backend}, MemoryProbe(), None, events.append, lambda _: None)
-    rng = np.random.default_rng(0)
-    for _ in range(300):  # some experience so there are recent states to check on
-        obs = rng.normal(0, 1, bundle.spec.obs_dim).astype(np.float32)
-        tuner.observe(obs, np.zeros(1, np.float32), -1.0, obs, False, False)
-    tuner._ingest()
+    verdicts: list[str] = []
+    tuner.learner.resolve = verdicts.append  # type: ignore[method-assign]  # what the learner process is told
+    tuner.verdicts = verdicts  # type: ignore[attr-defined]
     return tuner, backend, events
 
 
@@ -51,10 +50,28 @@ def _episodes(tuner: FineTuner, generation: int, value: float) -> None:
 
 
 def _plant(tuner: FineTuner, weights: dict[str, np.ndarray]) -> None:
-    tuner.learner.load_actor(weights)
-    tuner._metrics = tuner.learner.update(32)  # finite losses, like a real update
-    tuner.learner.load_actor(weights)
-    tuner._propose()
+    """What the learner process does with a checked candidate: the state in shared memory, then a message."""
+    states = np.random.default_rng(0).normal(0, 1, (64, tuner.spec.obs_dim)).astype(np.float32)
+    tuner.learner.weights.write({**tuner.good_state, **weights})
+    tuner.learner.weights[STATES][: len(states)] = states
+    tuner.learner.weights[N_STATES][...] = len(states)
+    tuner._on_message({"kind": "candidate", "updates": 20, "collected": 300, "shadow": None})
+
+
+@pytest.fixture(autouse=True)
+def _stop_learners(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every tuner a test builds stops its learner process."""
+    tuners: list[FineTuner] = []
+    init = FineTuner.__init__
+
+    def tracked(self: FineTuner, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        tuners.append(self)
+
+    monkeypatch.setattr(FineTuner, "__init__", tracked)
+    yield
+    for tuner in tuners:
+        tuner.stop()
 
 
 def test_planted_regression_is_rolled_back(finetune_bundle: Path, tmp_path: Path) -> None:
@@ -69,7 +86,7 @@ def test_planted_regression_is_rolled_back(finetune_bundle: Path, tmp_path: Path
     _episodes(tuner, tuner.candidate.generation, -900.0)
     assert tuner.counts["rollbacks"] == 1 and tuner.counts["promotions"] == 0
     np.testing.assert_allclose(backend.act(obs), good_action, atol=1e-6)  # swapped back
-    np.testing.assert_allclose(tuner.learner.actor_weights()["actor.mu.weight"], tuner.good_weights["actor.mu.weight"])
+    assert tuner.verdicts == ["rollback"]  # type: ignore[attr-defined]  # the learner resets its actor
     assert not LastGoodStore(tmp_path / "ft").exists()  # nothing promoted, nothing written
     assert [e["event"] for e in events][-2:] == ["swap", "rollback"]
 
@@ -95,15 +112,16 @@ def test_promotion_saves_last_good_and_a_later_rollback_keeps_it(finetune_bundle
     _episodes(tuner, tuner.candidate.generation, -2000.0)
     assert tuner.counts["rollbacks"] == 1
     assert sha256_file(store.path) == sha  # the last good weights on disk are untouched
+    assert tuner.verdicts == ["promote", "rollback"]  # type: ignore[attr-defined]
 
 
-def test_shadow_check_refuses_a_wild_candidate_before_it_serves(finetune_bundle: Path, tmp_path: Path) -> None:
-    tuner, backend, events = _tuner(finetune_bundle, tmp_path, shadow_max_diff=0.05)
-    _episodes(tuner, 0, -150.0)
+def test_learner_rejection_is_counted_and_nothing_swaps(finetune_bundle: Path, tmp_path: Path) -> None:
+    tuner, backend, events = _tuner(finetune_bundle, tmp_path)
     swaps = backend.swaps
-    _plant(tuner, {k: -3 * v for k, v in tuner.good_weights.items()})
-    assert tuner.candidate is None and tuner.counts["shadow_rejections"] == 1
-    assert backend.swaps == swaps and events[-1]["event"] == "reject"
+    message = {"kind": "event", "counter": "shadow_rejections", "reason": "shadow check: too far", "collected": 50}
+    tuner._on_message(message)
+    assert tuner.candidate is None and tuner.counts["shadow_rejections"] == tuner.counts["candidates"] == 1
+    assert backend.swaps == swaps and events[-1]["event"] == "reject" and events[-1]["step"] == 50
 
 
 def test_shadow_check_and_judge_rules() -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import numpy as np
 import pytest
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.edge_runtime.finetune.experience import Exploration, StagingRing
+from sac_edge.edge_runtime.finetune.experience import Exploration, StagingRing, ring_layout
 from sac_edge.edge_runtime.finetune.sizing import NetShape, choose_sizing, choose_utd, estimate
 
 CHEETAH = NetShape(17, 6, (256, 256), (256, 256))
@@ -65,8 +68,14 @@ def test_utd_is_capped_by_the_learner_cpu_share() -> None:
     assert utd == pytest.approx(0.375) and "60%" in why
 
 
-def test_staging_ring_hands_over_whole_rows_and_counts_drops() -> None:
-    ring = StagingRing(4, 3, 1, np.array([-2.0]), np.array([2.0]))
+def _ring(publish: Any = None) -> StagingRing:
+    arrays = {name: np.zeros(shape, dtype) for name, dtype, shape in ring_layout(4, 3, 1)}
+    return StagingRing(arrays, np.array([-2.0]), np.array([2.0]), publish)
+
+
+@pytest.mark.parametrize("publish", [None, threading.Lock()], ids=["plain", "lock"])
+def test_staging_ring_hands_over_whole_rows_and_counts_drops(publish: Any) -> None:
+    ring = _ring(publish)
     for i in range(6):
         ring.push(np.full(3, i, np.float32), np.array([2.0 * (i % 2)], np.float32), float(i), np.full(3, i + 1), i == 5)
     assert ring.dropped == 2  # the learner never drained: rows are not overwritten
@@ -78,6 +87,17 @@ def test_staging_ring_hands_over_whole_rows_and_counts_drops() -> None:
     again = ring.drain()
     assert again is not None and again.rewards.tolist() == [9.0] and again.dones.tolist() == [1.0]
     assert ring.drain() is None
+
+
+def test_staging_ring_never_waits_for_a_consumer_holding_the_lock() -> None:
+    lock = threading.Lock()
+    ring = _ring(lock)
+    with lock:  # the consumer is reading the count (or died while doing so)
+        ring.push(np.zeros(3), np.zeros(1), 1.0, np.zeros(3), False)
+    assert ring.dropped == 1 and ring.written == 0 and ring.drain() is None
+    ring.push(np.zeros(3), np.zeros(1), 2.0, np.zeros(3), False)
+    chunk = ring.drain()
+    assert chunk is not None and chunk.rewards.tolist() == [2.0]
 
 
 def test_exploration_noise_is_scaled_and_off_at_zero() -> None:

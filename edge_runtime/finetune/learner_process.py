@@ -1,0 +1,406 @@
+"""The learner in its own process, so that SAC updates never hold the control thread's GIL.
+
+With the learner as a thread, every update held the one interpreter lock between torch kernels, and the
+control thread, woken for its slot, waited for it; on a loaded CPU the holder could be preempted while
+holding it, and the control thread waited for the scheduler (measured: BENCHMARKS.md, "Fine-tuning beside
+the 1 kHz loop"). Here the main process keeps everything the control path and the safety rules need (the
+staging ring's producer, the weight swap into its backends, promotion and the last good store, the one
+writer), and a ``spawn`` child (``serve``) imports torch and runs ``DeviceLearner``:
+
+- experience: the ``StagingRing`` rows live in shared memory; the control thread's ``observe`` is the
+  same copy as before, and the child drains the rows into its replay buffer;
+- weights: one shared block holds a full learner state (``weights``); the main process writes the starting
+  tensors before the child starts, the child writes each candidate (learner state and the recent states
+  it was checked on) and then says so on the pipe; the main process copies it out, re-gates and swaps it;
+- control: a small shared block carries the governor's knobs (rate scale, batch, pause), whether the last
+  good weights have a full window of episodes, the stop flag and the child's counters;
+- messages: JSON over a ``multiprocessing`` pipe (never pickle): ``ready`` (sizing), ``candidate``,
+  ``event`` (a candidate rejected before serving), ``error`` (one line); back: ``resolve`` (``promote``,
+  ``rollback`` or ``skip``), after which the child may propose again.
+
+The child runs on the CPUs that ``--cpus`` leaves to others (all of them without ``--cpus``). It dies with
+its parent: it is a daemon process, asks the kernel for SIGKILL when the parent dies
+(``PR_SET_PDEATHSIG``, Linux) and checks its parent's pid on every iteration; it ignores SIGINT/SIGTERM,
+which the main process handles by stopping it. The main process unlinks every block it created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.spec import PolicySpec
+from sac_edge.edge_runtime.budget.memory import read_process_memory
+
+from .experience import StagingRing, ring_layout
+from .promotion import shadow_check
+from .shared import SharedArrays, layout_of
+
+STAGING_ROWS = 8192
+SHADOW_STATES = 512
+IDLE_S = 0.002
+START_TIMEOUT_S = 300.0  # torch import, sizing and timed updates on a slow device
+STOP_TIMEOUT_S = 10.0
+STATES, N_STATES = "__shadow_states__", "__n_states__"
+# control block: knobs (float64) and flags (int64)
+SCALE, BATCH, PAUSED = range(3)
+STOP, WINDOW_OK, COLLECTED, UPDATES = range(4)
+CONTROL_LAYOUT = [("knobs", np.dtype(np.float64).str, (3,)), ("flags", np.dtype(np.int64).str, (4,))]
+PR_SET_PDEATHSIG = 1
+
+
+def one_line(err: BaseException) -> str:
+    """``Type: first line of the message``."""
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}"
+
+
+def _send(conn: Any, message: Mapping[str, Any]) -> None:
+    conn.send_bytes(json.dumps(message, default=float).encode())
+
+
+class LearnerProcess:
+    """The main process's handle: the shared blocks, the pipe and the child (started by ``__init__``,
+    which returns once the child has sized and timed its learner)."""
+
+    def __init__(self, spec: PolicySpec, tensors: Mapping[str, np.ndarray], settings: Mapping[str, Any]) -> None:
+        ctx = mp.get_context("spawn")
+        f32 = np.dtype(np.float32).str
+        self.tensor_names = list(tensors)
+        self.process: Any = None
+        self.conn: Any = None
+        self._blocks: list[SharedArrays] = []
+        try:
+            self.ring_block = self._block(ring_layout(STAGING_ROWS, spec.obs_dim, spec.act_dim))
+            self.weights = self._block(
+                [*layout_of(tensors), (STATES, f32, (SHADOW_STATES, spec.obs_dim)), (N_STATES, "<i8", ())]
+            )
+            self.control = self._block(CONTROL_LAYOUT)
+            self.weights.write(tensors)
+            self.knobs, self.flags = self.control["knobs"], self.control["flags"]
+            self.knobs[SCALE] = 1.0  # until the coordinator writes the governor's knobs
+            publish = ctx.Lock()
+            self.ring = StagingRing(
+                self.ring_block.arrays, np.array(spec.action_low), np.array(spec.action_high), publish
+            )
+            self.conn, child_conn = ctx.Pipe()
+            config = {
+                "spec": spec.to_dict(),
+                "parent_pid": os.getpid(),
+                "blocks": {
+                    "ring": self.ring_block.describe(),
+                    "weights": self.weights.describe(),
+                    "control": self.control.describe(),
+                },
+                "tensor_names": self.tensor_names,
+                **settings,
+            }
+            self.process = ctx.Process(
+                target=serve, args=(json.dumps(config), child_conn, publish), name="sac-edge-learner", daemon=True
+            )
+            self.process.start()
+            child_conn.close()
+            self.ready = self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _block(self, layout: Any) -> SharedArrays:
+        block = SharedArrays(layout)
+        self._blocks.append(block)
+        return block
+
+    def _wait_ready(self) -> dict[str, Any]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for message in self.messages(timeout=0.1):
+                if message.get("kind") == "error":
+                    raise SacEdgeError(f"the learner process failed to start: {message.get('error')}")
+                if message.get("kind") == "ready":
+                    return message
+            failure = self.failure()
+            if failure is not None:
+                raise SacEdgeError(f"{failure} before it was ready; see its output above")
+        raise SacEdgeError(f"the learner process was not ready after {START_TIMEOUT_S:g} s; is the CPU overloaded?")
+
+    # -- what the coordinator thread uses ------------------------------------------------------------
+    def messages(self, timeout: float = 0.0) -> list[dict[str, Any]]:
+        """The child's messages that have arrived (waiting up to ``timeout`` for the first)."""
+        out: list[dict[str, Any]] = []
+        try:
+            while self.conn.poll(timeout if not out else 0):
+                out.append(json.loads(self.conn.recv_bytes().decode()))
+        except (EOFError, OSError):  # the child is gone; failure() says how
+            pass
+        return out
+
+    def resolve(self, verdict: str) -> None:
+        """The candidate the child proposed last is settled (``promote``, ``rollback`` or ``skip``)."""
+        _send(self.conn, {"cmd": "resolve", "verdict": verdict})
+
+    def set_knobs(self, scale: float, batch: int, paused: bool, window_ok: bool) -> None:
+        self.knobs[SCALE], self.knobs[BATCH], self.knobs[PAUSED] = scale, batch, float(paused)
+        self.flags[WINDOW_OK] = int(window_ok)
+
+    @property
+    def collected(self) -> int:
+        return int(self.flags[COLLECTED])
+
+    @property
+    def updates(self) -> int:
+        return int(self.flags[UPDATES])
+
+    def candidate(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Copies of the learner state and the checked states the child wrote with its last proposal."""
+        n = int(self.weights[N_STATES])
+        return self.weights.copy(self.tensor_names), self.weights[STATES][:n].copy()
+
+    def failure(self) -> str | None:
+        """Why the child is gone (None while it runs or after a clean stop)."""
+        code = self.process.exitcode if self.process is not None else None
+        if code is None or code == 0:
+            return None
+        how = f"signal {-code}" if code < 0 else f"code {code}"
+        return f"the learner process exited with {how}"
+
+    def close(self) -> None:
+        """Stop the child (the stop flag, then SIGKILL after ``STOP_TIMEOUT_S``) and unlink every block."""
+        if self.process is not None and self.process.pid is not None:
+            with contextlib.suppress(Exception):
+                self.flags[STOP] = 1
+            self.process.join(STOP_TIMEOUT_S)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        while self._blocks:
+            self._blocks.pop().unlink()
+
+
+# -- the child ------------------------------------------------------------------------------------------
+def serve(config_json: str, conn: Any, publish: Any) -> None:
+    """The learner process's entry point: attach, build the learner, report ``ready``, learn until stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    cfg = json.loads(config_json)
+    _die_with_parent(int(cfg["parent_pid"]))
+    _keep_off(cfg["loop_cpus"])
+    try:
+        ring_block, weights, control = (SharedArrays.attach(cfg["blocks"][k]) for k in ("ring", "weights", "control"))
+        spec = PolicySpec.from_dict(cfg["spec"], source="the learner process's config")
+        loop = LearnerLoop.build(
+            spec,
+            StagingRing(ring_block.arrays, np.array(spec.action_low), np.array(spec.action_high), publish),
+            weights,
+            control,
+            conn,
+            cfg,
+        )
+        from sac_edge.train import compat
+
+        _send(conn, {"kind": "ready", "torch_notes": compat.notes(), **loop.sizing})
+        loop.run(int(cfg["parent_pid"]))
+    except Exception as err:  # reported on the pipe as one line; the main process restores the last good weights
+        with contextlib.suppress(OSError):
+            _send(conn, {"kind": "error", "error": one_line(err)})
+        sys.exit(1)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies (Linux); exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        sys.exit(0)
+
+
+def _keep_off(loop_cpus: list[int]) -> None:
+    """Run on the CPUs the control loop is not pinned to (``--cpus``), when there are any left: the loop's
+    core then has no learner to preempt when its slot comes (measured: BENCHMARKS.md)."""
+    rest = os.sched_getaffinity(0) - set(loop_cpus)
+    if loop_cpus and rest:
+        os.sched_setaffinity(0, rest)
+
+
+class LearnerLoop:
+    """The child's work: drain the ring, earn update credit, update, propose candidates, obey ``resolve``."""
+
+    def __init__(
+        self,
+        spec: PolicySpec,
+        learner: Any,
+        ring: StagingRing,
+        weights: SharedArrays,
+        control: SharedArrays,
+        conn: Any,
+        settings: Mapping[str, Any],
+    ) -> None:
+        self.spec, self.learner, self.ring, self.weights, self.conn = spec, learner, ring, weights, conn
+        self.knobs, self.flags = control["knobs"], control["flags"]
+        self.utd = float(settings["utd"])
+        self.swap_every = int(settings["swap_every"])
+        self.learning_starts = int(settings["learning_starts"])
+        self.shadow_max_diff = float(settings["shadow_max_diff"])
+        self.good_state = _numpy(learner.state())
+        self.pending: dict[str, np.ndarray] | None = None
+        self.awaiting = False  # a proposal the main process has not resolved yet
+        self.credit = 0.0
+        self.since = 0
+        self.sizing: dict[str, Any] = {}
+        self._metrics: Any = None
+
+    @classmethod
+    def build(
+        cls,
+        spec: PolicySpec,
+        ring: StagingRing,
+        weights: SharedArrays,
+        control: SharedArrays,
+        conn: Any,
+        cfg: Mapping[str, Any],
+    ) -> LearnerLoop:
+        """Size the learner for the memory budget (this process's resident memory after torch's warm-up plus
+        the main process's baseline), time an update, choose the UTD, load the starting tensors."""
+        import torch
+
+        from .learner import DeviceLearner, net_shape, warm_up_math
+        from .sizing import choose_sizing, choose_utd
+
+        torch.set_num_threads(1)
+        warm_up_math(spec)
+        tensors = {k: torch.from_numpy(weights[k].copy()) for k in cfg["tensor_names"]}
+        baseline = float(cfg["main_baseline_mb"]) + read_process_memory().rss_mb
+        sizing = choose_sizing(
+            net_shape(spec, tensors),
+            rows=int(cfg["finetune_buffer"]),
+            batch=int(cfg["finetune_batch"]),
+            staging=STAGING_ROWS,
+            min_rows=max(int(cfg["learning_starts"]), 1000),
+            budget_mb=cfg["mem_budget_mb"],
+            baseline_mb=baseline,
+        )
+        learner = DeviceLearner(spec, tensors, sizing, float(cfg["finetune_lr"]), int(cfg["seed"]))
+        extra = sorted(set(tensors) - set(learner.state()))
+        if extra:  # the shared block holds the file's tensors; each candidate must fill all of them
+            raise SacEdgeError(f"learner tensors hold {extra[0]} (and {len(extra) - 1} more) that the networks lack")
+        utd, reason = choose_utd(
+            float(cfg["finetune_utd"]), learner.update_seconds, float(cfg["rate_hz"]), float(cfg["learner_cpu"])
+        )
+        loop = cls(spec, learner, ring, weights, control, conn, {**cfg, "utd": utd})
+        loop.sizing = {
+            **sizing.to_dict(),
+            "utd": utd,
+            "update_ms": round(learner.update_seconds * 1e3, 3),
+            "reasons": [*sizing.reasons, reason],
+        }
+        return loop
+
+    def run(self, parent_pid: int) -> None:
+        while not self.flags[STOP] and os.getppid() == parent_pid:
+            while self.conn.poll(0):
+                self.handle(json.loads(self.conn.recv_bytes().decode()))
+            self.ingest()
+            if not self.learn_once():
+                time.sleep(IDLE_S)
+
+    def handle(self, message: Mapping[str, Any]) -> None:
+        """``resolve``: the main process settled the last proposal; ``promote`` makes it the last good."""
+        if message.get("cmd") != "resolve":
+            raise SacEdgeError(f"the learner process got an unknown command {message.get('cmd')!r}")
+        verdict = message.get("verdict")
+        if verdict == "promote" and self.pending is not None:
+            self.good_state = self.pending
+        elif verdict == "rollback":
+            self.learner.load_actor(self.good_actor())
+            self.since = 0  # the next candidate gets a full swap_every updates from the last good weights
+        self.pending, self.awaiting = None, False
+
+    def good_actor(self) -> dict[str, np.ndarray]:
+        return {k: v for k, v in self.good_state.items() if k.startswith("actor.")}
+
+    def ingest(self) -> None:
+        chunk = self.ring.drain()
+        if chunk is None:
+            return
+        n = len(chunk.rewards)
+        self.learner.add(chunk)
+        self.flags[COLLECTED] += n
+        self.credit = min(self.credit + n * self.utd * float(self.knobs[SCALE]), float(self.swap_every))
+
+    def learn_once(self) -> bool:
+        batch = int(self.knobs[BATCH]) or self.learner.sizing.batch_size
+        if self.knobs[PAUSED] or self.learner.rows < self.learning_starts or self.credit < 1.0:
+            return False
+        self._metrics = self.learner.update(batch)
+        self.flags[UPDATES] += 1
+        self.since += 1
+        self.credit -= 1.0
+        if self.since >= self.swap_every and not self.awaiting and self.flags[WINDOW_OK]:
+            self.since = 0
+            self.propose()
+        return True
+
+    def propose(self) -> None:
+        """Check the learner's actor (finite losses, shadow check); publish it as a candidate or say why not."""
+        facts = {"updates": int(self.flags[UPDATES]), "collected": int(self.flags[COLLECTED])}
+        if not bool(self._metrics.finite):
+            import torch
+
+            self.learner.load({k: torch.from_numpy(v.copy()) for k, v in self.good_state.items()})
+            _send(
+                self.conn,
+                {
+                    "kind": "event",
+                    "counter": "nonfinite",
+                    "reason": "non-finite losses; learner reset to the last good weights",
+                    **facts,
+                },
+            )
+            return
+        weights = self.learner.actor_weights()
+        states = self.learner.recent_states(SHADOW_STATES)
+        shadow = shadow_check(
+            self.learner.actions(weights, states),
+            self.learner.actions(self.good_actor(), states),
+            self.spec.action_low,
+            self.spec.action_high,
+            self.shadow_max_diff,
+        )
+        if not shadow.ok:
+            self.learner.load_actor(self.good_actor())
+            _send(
+                self.conn,
+                {
+                    "kind": "event",
+                    "counter": "shadow_rejections",
+                    "reason": f"shadow check: {shadow.reason}",
+                    "shadow": shadow._asdict(),
+                    **facts,
+                },
+            )
+            return
+        self.pending = _numpy(self.learner.state())
+        self.weights.write(self.pending)
+        self.weights[STATES][: len(states)] = states
+        self.weights[N_STATES][...] = len(states)
+        self.awaiting = True
+        _send(self.conn, {"kind": "candidate", "shadow": shadow._asdict(), **facts})
+
+
+def _numpy(tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in tensors.items()}
