@@ -1,6 +1,7 @@
 """One frozen dataclass per command; its field docs become ``--help`` and it is saved beside artifacts.
 
-A field's help text is ``field(metadata={"help": ...})``; ``choices`` may be given the same way. Booleans
+A field's help text is ``field(metadata={"help": ...})``; ``choices`` may be given the same way, and
+``const``: the value of the flag given bare (``--compile`` for ``--compile on``). Booleans
 become ``--flag/--no-flag``; a field named in ``positional`` becomes a positional argument.
 """
 
@@ -66,6 +67,8 @@ def build_parser(
         kwargs: dict[str, Any] = {"help": help_text}
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
+        if "const" in f.metadata:  # the value of the bare flag (``--compile`` = ``--compile on``)
+            kwargs.update(nargs="?", const=f.metadata["const"])
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.name in positional:
             parser.add_argument(f.name, type=tp if tp is not bool else _parse_bool, **kwargs)
