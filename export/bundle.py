@@ -64,7 +64,7 @@ def write_bundle(cfg: ExportConfig, source: PolicySource) -> ExportResult:
     with atomic_dir(out, replace=cfg.force) as stage:
         onnx_info = export_policy(source.policy, source.spec.obs_dim, stage / POLICY_ONNX)
         states, origin = held_out_states(
-            source.replay_states, stage / POLICY_ONNX, source.spec, cfg.parity_states, cfg.seed
+            source.replay_states, stage / POLICY_ONNX, source.spec, cfg.parity_states, cfg.seed, source.states_name
         )
         parity = measure_parity(
             stage / POLICY_ONNX, source.reference, source.reference_name, states, origin, cfg.parity_tol
@@ -87,6 +87,11 @@ def _int8(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any
     """Calibration, ``policy.int8.onnx``, ``calib.cache`` and the accuracy gate (calibration/)."""
     from sac_edge.calibration.pipeline import quantize_and_gate
 
+    if not source.spec.env_id:
+        raise SacEdgeError(
+            f"{source.path}: --int8 needs --env ID for its calibration rollouts and gate episodes (this source "
+            "records no environment)"
+        )
     result = quantize_and_gate(
         stage / POLICY_ONNX,
         stage,
