@@ -42,6 +42,7 @@ demo: venv
 
 bench: venv
 	$(BIN)/python bench/train_speed.py
+	$(BIN)/python bench/default_speed.py
 	$(BIN)/python bench/export_quality.py
 	$(BIN)/python bench/edge_loop.py
 

@@ -87,11 +87,6 @@ def _int8(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any
     """Calibration, ``policy.int8.onnx``, ``calib.cache`` and the accuracy gate (calibration/)."""
     from sac_edge.calibration.pipeline import quantize_and_gate
 
-    if not source.spec.env_id:
-        raise SacEdgeError(
-            f"{source.path}: --int8 needs --env ID for its calibration rollouts and gate episodes (this source "
-            "records no environment)"
-        )
     result = quantize_and_gate(
         stage / POLICY_ONNX,
         stage,

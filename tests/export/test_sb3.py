@@ -193,10 +193,16 @@ def test_recorded_spaces_refused(local_model: tuple, tmp_path: Path, capsys, fie
     assert not (tmp_path / "b").exists()
 
 
-def test_int8_without_env_is_refused(sb3_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(sb3_zip), "--int8", "--out", str(tmp_path / "b")]) == 2
-    _one_line_error(capsys, "--int8 needs --env ID")
-    assert not (tmp_path / "b").exists()
+def test_int8_without_env_gates_on_action_error_alone(local_model: tuple, tmp_path: Path, capsys) -> None:
+    _, path, _, pkl = local_model
+    out = tmp_path / "bundle"
+    args = ["--vecnormalize", str(pkl), "--int8", "--calib-samples", "512", "--parity-states", "1000"]
+    assert main([str(path), *args, "--out", str(out), "--json"]) == 0
+    report = capsys.readouterr().out
+    assert "skipped: no --env, the action-error rule alone decides" in report
+    gate = read_manifest(out)["gate"]
+    assert gate["episode_seeds"] == [] and gate["fp32_mean_return"] is None
+    assert gate["verdict"] == "accepted" and gate["mean_action_error_frac"] <= 0.01
 
 
 def test_sb3_zip_env_mismatch(sb3_zip: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
