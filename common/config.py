@@ -1,7 +1,8 @@
 """One frozen dataclass per command; its field docs become ``--help`` and it is saved beside artifacts.
 
 A field's help text is ``field(metadata={"help": ...})``; ``choices`` may be given the same way, and
-``const``: the value of the flag given bare (``--compile`` for ``--compile on``). Booleans
+``const``: the value of the flag given bare (``--compile`` for ``--compile on``), ``no_const`` that of its
+``--no-`` form. Booleans
 become ``--flag/--no-flag``; a field named in ``positional`` becomes a positional argument.
 """
 
@@ -86,6 +87,14 @@ def build_parser(
             )
         else:
             parser.add_argument(flag, type=tp, default=default, **kwargs)
+        if "no_const" in f.metadata:  # ``--no-compile`` = ``--compile off``
+            parser.add_argument(
+                "--no-" + flag[2:],
+                dest=f.name,
+                action="store_const",
+                const=f.metadata["no_const"],
+                help=argparse.SUPPRESS,
+            )
     return parser
 
 

@@ -40,10 +40,11 @@ class TrainConfig:
     compile: str = field(
         default="auto",
         metadata={
-            "help": "torch.compile the update step (a bare --compile means on); auto: on when the run has enough "
-            "updates to repay the compile time",
+            "help": "torch.compile the update step (bare --compile: on, --no-compile: off); auto: on when the run has "
+            "enough updates to repay the compile time",
             "choices": ["auto", "on", "off"],
             "const": "on",
+            "no_const": "off",
         },
     )
     cuda_graphs: bool = field(default=False, metadata={"help": "capture the whole update in a CUDA graph (cuda only)"})
