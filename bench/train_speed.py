@@ -173,7 +173,9 @@ def main() -> None:
             # Working memory of one update above the allocated state (a profiled update on a CPU, where the
             # profiler cannot see inside a compiled graph: no figure for those rows).
             peak_mb: dict[str, float | None] = {
-                name: None if args.device == "cpu" and sac.cfg.compile else peak_bytes(sac.step, args.device) / 2**20
+                name: None
+                if args.device == "cpu" and sac.cfg.compile == "on"
+                else peak_bytes(sac.step, args.device) / 2**20
                 for name, sac in variants.items()
             }
             if sb3 is not None:
