@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO := runs/demo
+# Every demo output lies under runs/ (ignored by git, ruff, mypy and pytest): nothing it writes may change
+# what `make test` sees (tests/test_clean_clone.py checks this recipe).
+DEMO_BUNDLE := runs/demo-bundle
 
 .PHONY: venv test test-device device-suite lint typecheck unit demo bench clean
 
@@ -68,13 +71,14 @@ device-suite: $(DEVICE_STAMP)
 # then fine-tune on a shifted Pendulum (stronger gravity) while the loop keeps running.
 demo: venv
 	$(BIN)/sac-train --env Pendulum-v1 --total-steps 12000 --learning-starts 2000 --eval-every 4000 --out $(DEMO) --force
-	$(BIN)/sac-export $(DEMO) --out bundles/demo --int8 --force
-	$(BIN)/sac-edge run bundles/demo --rate-hz 200 --duration 10 --mem-budget-mb 400 --power-budget-w 15 --telemetry runs/demo-telemetry.jsonl
-	$(BIN)/sac-edge bench bundles/demo --batch 1,8,64 --out runs/demo-bench.json --plot runs/demo-bench.png
-	$(BIN)/sac-edge run bundles/demo --finetune --shift g=13 --rate-hz 100 --duration 45 --telemetry runs/demo-finetune.jsonl
+	$(BIN)/sac-export $(DEMO) --out $(DEMO_BUNDLE) --int8 --force
+	$(BIN)/sac-edge run $(DEMO_BUNDLE) --rate-hz 200 --duration 10 --mem-budget-mb 400 --power-budget-w 15 --telemetry runs/demo-telemetry.jsonl
+	$(BIN)/sac-edge bench $(DEMO_BUNDLE) --batch 1,8,64 --out runs/demo-bench.json --plot runs/demo-bench.png
+	$(BIN)/sac-edge run $(DEMO_BUNDLE) --finetune --shift g=13 --rate-hz 100 --duration 45 --telemetry runs/demo-finetune.jsonl
 
 bench: venv
 	$(BIN)/python bench/train_speed.py
+	$(BIN)/python bench/default_speed.py
 	$(BIN)/python bench/export_quality.py
 	$(BIN)/python bench/edge_loop.py
 

@@ -1,13 +1,16 @@
 """Learning check: sac-edge against Stable-Baselines3 SAC on the same budget, seeds and evaluation.
 
-Both learn Pendulum-v1 for ``--steps`` environment steps with the same hyperparameters (CleanRL/SB3
-defaults, learning_starts 5000); every ``--eval-every`` steps each is evaluated deterministically on the
-same 10 seeded episodes. A faster SAC that learns worse is a regression, so this is the companion of
-``train_speed.py``.
+Both learn ``--env`` (Pendulum-v1) for ``--steps`` environment steps with the same hyperparameters
+(CleanRL/SB3 defaults, learning_starts 5000; sac-train with no precision or compile flags unless
+``--train-args``, so ``--amp auto --compile auto`` choose as for a user); every ``--eval-every`` steps each
+is evaluated deterministically on the same ``--episodes`` seeded episodes. A faster SAC that learns worse is
+a regression, so this is the companion of ``train_speed.py`` and ``default_speed.py``.
 
     python bench/learning.py                        # 3 seeds, 15k steps, both implementations (~10 min)
     python bench/learning.py --seeds 0 --no-sb3     # one quick sac-edge curve
-    python bench/learning.py --no-sb3 --train-args="--amp bf16 --compile"   # a fast path's curve
+    python bench/learning.py --no-sb3 --train-args="--amp off --compile off"   # the fp32 eager curve
+    python bench/learning.py --env HalfCheetah-v5 --steps 20000 --eval-every 5000 --episodes 5 --seeds 0
+                                                    # the defaults on MuJoCo beside SB3, same budget
 
 Prints a table (median over seeds of the evaluation return at each point, and of each run's wall time)
 and one JSON line.

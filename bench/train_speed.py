@@ -44,11 +44,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "autograd": {"backward": "autograd"},
     "manual": {"backward": "manual"},
     "bf16": {"amp": "bf16"},
-    "bf16+compile": {"amp": "bf16", "compile": True},
-    "compile": {"compile": True},
+    "bf16+compile": {"amp": "bf16", "compile": "on"},
+    "compile": {"compile": "on"},
     "graphs": {"cuda_graphs": True},
-    "compile+graphs": {"compile": True, "cuda_graphs": True},
-    "bf16+compile+graphs": {"amp": "bf16", "compile": True, "cuda_graphs": True},
+    "compile+graphs": {"compile": "on", "cuda_graphs": True},
+    "bf16+compile+graphs": {"amp": "bf16", "compile": "on", "cuda_graphs": True},
     # Deep critics (8 hidden layers), with and without gradient checkpointing (which needs autograd): the
     # time it costs and the activation memory it saves (the "upd MB" column).
     "deep": {"critic_layers": 8, "backward": "autograd"},
@@ -149,7 +149,9 @@ def main() -> None:
     rows = []
     for env_id in args.envs.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
-            base = TrainConfig(env=env_id, device=args.device, batch_size=batch, buffer_size=FILL)
+            base = TrainConfig(
+                env=env_id, device=args.device, batch_size=batch, buffer_size=FILL, amp="off", compile="off"
+            )
             variants = {}
             for v in args.variants.split(","):
                 sac = _filled_sac(env_id, replace(base, **VARIANTS[v]))
@@ -171,7 +173,9 @@ def main() -> None:
             # Working memory of one update above the allocated state (a profiled update on a CPU, where the
             # profiler cannot see inside a compiled graph: no figure for those rows).
             peak_mb: dict[str, float | None] = {
-                name: None if args.device == "cpu" and sac.cfg.compile else peak_bytes(sac.step, args.device) / 2**20
+                name: None
+                if args.device == "cpu" and sac.cfg.compile == "on"
+                else peak_bytes(sac.step, args.device) / 2**20
                 for name, sac in variants.items()
             }
             if sb3 is not None:

@@ -8,7 +8,8 @@ layer quantised) and the most sensitive layers are kept in float, one more at a 
 criteria each time. (Ranking by this one-at-a-time sensitivity beat a greedy "which float copy helps most"
 search on a trained Pendulum actor: greedy kept the wrong layer first and rejected, ranking accepted.)
 When every mixed model with at least one INT8 layer fails, INT8 is rejected, with the fully quantised
-model's figures and every attempt in the report.
+model's figures and every attempt in the report. Without an environment (an SB3 zip exported without
+``--env``: ``spec.env_id`` empty) there are no episodes: criterion (a) alone decides, and the table says so.
 
 Worst return: for envs whose per-step reward has a known minimum it is that minimum times the episode
 length (Pendulum-v1: -(pi^2 + 0.1*8^2 + 0.001*2^2) = -16.2736044 per step, 200 steps -> -3254.72). For
@@ -39,6 +40,7 @@ from .states import GATE_SEED_OFFSET
 
 MAX_MEAN_ERROR_FRAC = 0.01  # mean action error <= 1% of the action range
 MAX_RETURN_DROP_FRAC = 0.02  # return drop <= 2% of (fp32 return - worst return)
+NO_ENV = "no environment (--env not given): no episodes"
 PER_STEP_WORST_REWARD = {"Pendulum-v1": -(math.pi**2 + 0.1 * 8.0**2 + 0.001 * 2.0**2)}  # -16.2736044
 
 
@@ -164,12 +166,15 @@ def run_gate(
     """
     if gate_episodes < 1:
         raise SacEdgeError(f"--gate-episodes must be >= 1, got {gate_episodes}")
-    seeds = tuple(seed + GATE_SEED_OFFSET + k for k in range(gate_episodes))
+    has_env = bool(spec.env_id)  # without one, the action-error rule alone decides (no episodes)
+    seeds = tuple(seed + GATE_SEED_OFFSET + k for k in range(gate_episodes)) if has_env else ()
     ref = OnnxPolicy(fp32)
-    fp32_returns = episode_returns(ref, spec.env_id, seeds)
-    worst_value, worst_source = worst if worst is not None else worst_return(spec.env_id, seeds)
-    fp32_mean = float(np.mean(fp32_returns))
-    allowed = MAX_RETURN_DROP_FRAC * max(fp32_mean - worst_value, 0.0)
+    fp32_returns = episode_returns(ref, spec.env_id, seeds) if has_env else ()
+    worst_value, worst_source = (
+        (worst if worst is not None else worst_return(spec.env_id, seeds)) if has_env else (math.nan, NO_ENV)
+    )
+    fp32_mean = _mean(fp32_returns)
+    allowed = MAX_RETURN_DROP_FRAC * max(fp32_mean - worst_value, 0.0) if has_env else math.nan
 
     def score(float_layers: frozenset[str]) -> tuple[Figures, onnx.ModelProto, OnnxPolicy]:
         """Action errors of the candidate that keeps ``float_layers`` in float (no episodes yet)."""
@@ -177,13 +182,16 @@ def run_gate(
         policy = OnnxPolicy(model)
         return Figures(*action_errors(ref, policy, holdout, spec.action_low, spec.action_high), None), model, policy
 
-    def with_returns(fig: Figures, policy: OnnxPolicy) -> tuple[Figures, float]:
-        """The candidate's episode returns and return drop (episodes are skipped for non-finite actions)."""
+    def with_returns(fig: Figures, policy: OnnxPolicy) -> tuple[Figures, float | None]:
+        """The candidate's episode returns and return drop (None without an environment)."""
+        if not has_env:
+            return fig, None
         returns = episode_returns(policy, spec.env_id, seeds)
-        return dataclasses.replace(fig, int8_returns=returns), fp32_mean - float(np.mean(returns))
+        return dataclasses.replace(fig, int8_returns=returns), fp32_mean - _mean(returns)
 
     def passes(fig: Figures, drop: float | None) -> bool:
-        return drop is not None and fig.mean_error_frac <= MAX_MEAN_ERROR_FRAC and drop <= allowed
+        returns_ok = drop is not None and drop <= allowed if has_env else True
+        return fig.mean_error_frac <= MAX_MEAN_ERROR_FRAC and returns_ok
 
     forced = frozenset(keep_float)
     first, model, policy = score(forced)
@@ -225,10 +233,10 @@ def run_gate(
         fp32_returns=fp32_returns,
         int8_returns=int8_returns,
         fp32_mean_return=fp32_mean,
-        int8_mean_return=float(np.mean(int8_returns)),
+        int8_mean_return=_mean(int8_returns),
         worst_return=worst_value,
         worst_return_source=worst_source,
-        return_drop=fp32_mean - float(np.mean(int8_returns)),
+        return_drop=fp32_mean - _mean(int8_returns),
         allowed_return_drop=allowed,
         layers=tuple(LayerReport(n, "fp32" if n in final_float else "int8", sensitivity.get(n)) for n in layers),
         attempts=tuple(attempts),
@@ -249,9 +257,13 @@ def render_table(report: GateReport) -> str:
         f"  {'mean / max action error (env units)':<34}{'':>12}{'':>12}"
         f"{report.mean_action_error:>12.4g}{report.max_action_error:>12.4g}",
         f"  {f'mean return ({len(report.episode_seeds)} seeded episodes)':<34}"
-        f"{report.fp32_mean_return:>12.2f}{report.int8_mean_return:>12.2f}"
-        f"{report.return_drop:>12.2f}{report.allowed_return_drop:>12.2f}"
-        f"  {_mark(report.return_drop <= report.allowed_return_drop)}",
+        + (
+            f"{report.fp32_mean_return:>12.2f}{report.int8_mean_return:>12.2f}"
+            f"{report.return_drop:>12.2f}{report.allowed_return_drop:>12.2f}"
+            f"  {_mark(report.return_drop <= report.allowed_return_drop)}"
+            if report.episode_seeds
+            else f"{'skipped: no --env, the action-error rule alone decides':>48}"
+        ),
         f"  worst return {report.worst_return:.2f} ({report.worst_return_source}); "
         f"held-out states {report.holdout_states}",
         f"  {'layer':<40}{'precision':>10}{'sensitivity':>14}",
@@ -268,6 +280,11 @@ def render_table(report: GateReport) -> str:
                 f"return drop {drop}  {'pass' if att.passed else 'fail'}"
             )
     return "\n".join(lines)
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean, NaN for no values (no episodes without an environment)."""
+    return float(np.mean(values)) if len(values) else math.nan
 
 
 def _mark(ok: bool) -> str:

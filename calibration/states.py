@@ -92,6 +92,7 @@ def build_state_sets(
 
     With ``replay`` (the run's ``calib_states.npy``) up to half of each set comes from it (its rows split
     between the two sets, never shared); the rest are fresh rollouts of ``fp32_onnx`` on ``spec.env_id``.
+    Without an environment (``spec.env_id`` empty) both sets come from ``replay`` alone.
     """
     if calib_samples < 1 or holdout_samples < 1:
         raise SacEdgeError(
@@ -101,14 +102,17 @@ def build_state_sets(
     if replay is not None:
         rows = validate_states(replay, spec.obs_dim, CALIB_STATES)
         rows = rows[np.random.default_rng(seed).permutation(len(rows))]
-    n_cal_replay = min(calib_samples // 2, len(rows) // 2)
-    n_hold_replay = min(holdout_samples // 2, len(rows) - n_cal_replay)
+    share = 1 if spec.env_id else 2  # without an environment to roll out, the given states are all there is
+    if not spec.env_id and len(rows) < 2:
+        raise SacEdgeError("no environment to roll out and fewer than 2 given states to calibrate on; pass --env ID")
+    n_cal_replay = min(calib_samples * share // 2, len(rows) // 2)
+    n_hold_replay = min(holdout_samples * share // 2, len(rows) - n_cal_replay)
     policy = OnnxPolicy(fp32_onnx)
     cal_parts = [rows[:n_cal_replay]]
     hold_parts = [rows[n_cal_replay : n_cal_replay + n_hold_replay]]
-    if calib_samples > n_cal_replay:
+    if spec.env_id and calib_samples > n_cal_replay:
         cal_parts.append(rollout_states(policy, spec.env_id, calib_samples - n_cal_replay, seed))
-    if holdout_samples > n_hold_replay:
+    if spec.env_id and holdout_samples > n_hold_replay:
         hold_parts.append(
             rollout_states(policy, spec.env_id, holdout_samples - n_hold_replay, seed + HOLDOUT_SEED_OFFSET)
         )

@@ -1,8 +1,10 @@
 """One frozen dataclass per command; its field docs become ``--help`` and it is saved beside artifacts.
 
-A field's help text is ``field(metadata={"help": ...})``; ``choices`` may be given the same way. Booleans
-become ``--flag/--no-flag``; a field named in ``positional`` becomes a positional argument; a tuple field
-with ``metadata={"repeat": True}`` takes one or more values per flag and may be repeated.
+A field's help text is ``field(metadata={"help": ...})``; ``choices`` may be given the same way, and
+``const``: the value of the flag given bare (``--compile`` for ``--compile on``), ``no_const`` that of its
+``--no-`` form. Booleans become ``--flag/--no-flag``; a field named in ``positional`` becomes a positional
+argument; a tuple field with ``metadata={"repeat": True}`` takes one or more values per flag and may be
+repeated.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def build_parser(
         kwargs: dict[str, Any] = {"help": help_text}
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
+        if "const" in f.metadata:  # the value of the bare flag (``--compile`` = ``--compile on``)
+            kwargs.update(nargs="?", const=f.metadata["const"])
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.name in positional:
             if f.default is not dataclasses.MISSING:  # an optional positional
@@ -110,6 +114,14 @@ def build_parser(
             )
         else:
             parser.add_argument(flag, type=tp, default=default, **kwargs)
+        if "no_const" in f.metadata:  # ``--no-compile`` = ``--compile off``
+            parser.add_argument(
+                "--no-" + flag[2:],
+                dest=f.name,
+                action="store_const",
+                const=f.metadata["no_const"],
+                help=argparse.SUPPRESS,
+            )
     return parser
 
 

@@ -114,7 +114,7 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
     with atomic_dir(out, replace=cfg.force) as stage:
         onnx_info = export_policy(source.policy, source.spec.obs_dim, stage / POLICY_ONNX)
         states, origin = held_out_states(
-            source.replay_states, stage / POLICY_ONNX, source.spec, cfg.parity_states, cfg.seed
+            source.replay_states, stage / POLICY_ONNX, source.spec, cfg.parity_states, cfg.seed, source.states_name
         )
         parity = measure_parity(
             stage / POLICY_ONNX, source.reference, source.reference_name, states, origin, cfg.parity_tol

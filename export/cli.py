@@ -44,7 +44,7 @@ def _main(argv: Sequence[str] | None) -> int:
             raise SacEdgeError(f"--engine always: {reason}; use --engine auto to defer engines to the device")
     check_out(cfg)  # before the slow work: a refused --out is known at once
     key = load_private_key(cfg.sign_key) if cfg.sign_key else None
-    source = load_source(cfg.run, cfg.env)
+    source = load_source(cfg.run, cfg.env, cfg.vecnormalize)
     result = write_bundle(cfg, source, key)
     print(report(result))
     if cfg.json:
@@ -68,8 +68,8 @@ def report(result: ExportResult) -> str:
     """The terminal report: parity, file sizes, engines and (with --int8) the gate table."""
     m, p = result.manifest, result.parity
     lines = [
-        f"bundle {result.bundle}  ({m['spec']['env_id']}, obs {m['spec']['obs_dim']} -> act {m['spec']['act_dim']}, "
-        f"from {m['source']['kind']})",
+        f"bundle {result.bundle}  ({m['spec']['env_id'] or 'no --env'}, obs {m['spec']['obs_dim']} -> "
+        f"act {m['spec']['act_dim']}, from {m['source']['kind']})",
         f"parity vs {p.reference}: max abs {p.max_abs:.2e}, mean abs {p.mean_abs:.2e} on {p.states} held-out states "
         f"({p.state_source}; tol {p.tol:g}) {'ok' if p.passed else 'FAILED'}",
         "files:",

@@ -17,7 +17,14 @@ class ExportConfig:
     out: str = field(default="bundles/latest", metadata={"help": "bundle directory to write"})
     env: str = field(
         default="",
-        metadata={"help": "environment id (required for an SB3 .zip, which does not record it; checked against a run)"},
+        metadata={
+            "help": "environment id, checked against the source's spaces; adds calibration rollouts and the return "
+            "half of the INT8 gate (an SB3 .zip without it: spaces from the zip, action-error gate only)"
+        },
+    )
+    vecnormalize: str = field(
+        default="",
+        metadata={"help": "an SB3 zip's VecNormalize statistics (.pkl, read without unpickling code), baked in"},
     )
     fp16: bool = field(default=True, metadata={"help": "build an FP16 TensorRT engine (or defer it to the device)"})
     int8: bool = field(

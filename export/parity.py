@@ -42,15 +42,16 @@ class Parity(NamedTuple):
 
 
 def held_out_states(
-    replay: np.ndarray | None, onnx_path: Path, spec: PolicySpec, count: int, seed: int
+    replay: np.ndarray | None, onnx_path: Path, spec: PolicySpec, count: int, seed: int, name: str = "calib_states"
 ) -> tuple[np.ndarray, str]:
-    """``count`` raw observations for the parity check and where they came from."""
+    """``count`` raw observations for the parity check and where they came from (``name``: what ``replay``
+    holds)."""
     rng = np.random.default_rng(seed + PARITY_SEED_OFFSET)
     if replay is not None and len(replay):
         base = replay[rng.integers(len(replay), size=count)].astype(np.float64)
         std = replay.std(axis=0) + 1e-3  # the floor perturbs constant dimensions too
         scale = np.where(rng.random(count) < WIDE_FRACTION, 3.0, 0.05)[:, None]
-        return (base + rng.standard_normal(base.shape) * std * scale).astype(np.float32), "perturbed calib_states"
+        return (base + rng.standard_normal(base.shape) * std * scale).astype(np.float32), f"perturbed {name}"
     from sac_edge.calibration.session import OnnxPolicy
     from sac_edge.calibration.states import rollout_states
 

@@ -4,10 +4,14 @@ The archive (SB3 ``save_to_zip_file``) holds ``policy.pth`` (the policy's state 
 ``torch.save``), ``pytorch_variables.pth`` (``log_ent_coef``) and ``data``: JSON in which objects that
 are not plain JSON are cloudpickled under a ``:serialized:`` key. Only the tensor files (read with
 ``torch.load(weights_only=True)``) and plain JSON fields are used; ``:serialized:`` payloads are ignored.
+The observation and action spaces come from the Box fields SB3 writes beside each pickled space
+(``_shape``, ``low``, ``high``, ``bounded_below``, ``bounded_above``, numpy's str of each array), so no
+environment is needed; ``--env``, when given, must agree with them.
 
 SB3's MlpPolicy actor is ``latent_pi`` (Linear+ReLU, default net_arch [256, 256]) -> ``mu`` / ``log_std``;
 its deterministic action is ``tanh(mu)`` scaled to the bounds by ``policy.unscale_action``
-(``low + 0.5 (a + 1) (high - low)``), and it has no observation normaliser (identity, no clamp).
+(``low + 0.5 (a + 1) (high - low)``), and it has no observation normaliser (identity, no clamp) unless
+``VecNormalize`` statistics are given (``vecnormalize.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,16 @@ from sac_edge.common.manifest import sha256_file
 from sac_edge.common.spec import PolicySpec
 from sac_edge.train.policies import ObsNormalizer
 
+from .vecnormalize import VecNormStats
+
+
+class Box(NamedTuple):
+    """A Box space as the zip records it in plain JSON fields: shape and float64 bounds (inf: unbounded)."""
+
+    shape: tuple[int, ...]
+    low: np.ndarray
+    high: np.ndarray
+
 
 class Sb3Model(NamedTuple):
     """An SB3 SAC policy as sac-edge checkpoint tensors (``actor.*``, ``critic.*``, ``log_alpha``, ...)."""
@@ -41,16 +55,25 @@ class Sb3Model(NamedTuple):
     sb3_state: dict[str, torch.Tensor]  # SB3's own state dict, for the parity reference
     sha256: str
     sb3_version: str
+    observation_space: Box  # as recorded in the zip (bounds may be infinite)
+    obs_norm: VecNormStats | None  # VecNormalize statistics baked into the graph (--vecnormalize)
+
+
+class Sb3Archive(NamedTuple):
+    """The members of an SB3 zip that the export reads (never the ``:serialized:`` payloads)."""
+
+    data: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    variables: dict[str, torch.Tensor]
+    version: str
 
 
 def is_sb3_zip(path: Path) -> bool:
     return path.suffix == ".zip"
 
 
-def load_sb3_zip(
-    path: Path, env_id: str, obs_shape: tuple[int, ...], act_bounds: tuple[np.ndarray, np.ndarray]
-) -> Sb3Model:
-    """Read ``path`` and check it against the env's observation shape and action bounds."""
+def read_sb3_zip(path: Path) -> Sb3Archive:
+    """The ``data`` JSON, ``policy.pth``, ``pytorch_variables.pth`` and the version of an SB3 zip."""
     if not path.is_file():
         raise SacEdgeError(f"{path}: Stable-Baselines3 zip not found")
     try:
@@ -58,47 +81,66 @@ def load_sb3_zip(
             names = set(archive.namelist())
             if "policy.pth" not in names or "data" not in names:
                 raise SacEdgeError(f"{path}: not a Stable-Baselines3 model (no policy.pth/data in the archive)")
-            data = _read_json(read_zip_member(archive, "data", MAX_JSON_BYTES, path), path)
-            state = _read_tensors(read_zip_member(archive, "policy.pth", MAX_MEMBER_BYTES, path), path, "policy.pth")
+
+            def member(name: str, cap: int = MAX_MEMBER_BYTES) -> bytes:  # every read is size-capped
+                return read_zip_member(archive, name, cap, path)
+
+            data = _read_json(member("data", MAX_JSON_BYTES), path)
+            state = _read_tensors(member("policy.pth"), path, "policy.pth")
             variables = (
-                _read_tensors(
-                    read_zip_member(archive, "pytorch_variables.pth", MAX_MEMBER_BYTES, path),
-                    path,
-                    "pytorch_variables.pth",
-                )
+                _read_tensors(member("pytorch_variables.pth"), path, "pytorch_variables.pth")
                 if "pytorch_variables.pth" in names
                 else {}
             )
             version = (
-                read_zip_member(archive, "_stable_baselines3_version", 1024, path).decode(errors="replace").strip()
+                member("_stable_baselines3_version", 1024).decode(errors="replace").strip()
                 if ("_stable_baselines3_version" in names)
                 else "unknown"
             )
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, KeyError) as err:
         raise SacEdgeError(f"{path}: corrupt or truncated Stable-Baselines3 zip ({err})") from None
+    return Sb3Archive(data, state, variables, version)
+
+
+def load_sb3_zip(
+    path: Path, env_id: str = "", env_box: tuple[Box, Box] | None = None, obs_norm: VecNormStats | None = None
+) -> Sb3Model:
+    """Read ``path``; its spaces come from the zip's plain ``data`` fields, checked against the weights, and
+    against ``env_box`` (the ``--env``'s observation and action spaces) when given."""
+    archive = read_sb3_zip(path)
+    state = archive.state
     hidden = _check_actor(state, path)
     obs_dim, act_dim = int(state["actor.latent_pi.0.weight"].shape[1]), int(state["actor.mu.weight"].shape[0])
-    _check_spaces(data, path, obs_dim, act_dim, env_id, obs_shape, act_bounds)
-    low, high = act_bounds
+    obs_box = recorded_box(archive.data, "observation_space", path, obs_dim, need_bounds=False)
+    act_box = recorded_box(archive.data, "action_space", path, act_dim, need_bounds=True)
+    if env_box is not None:
+        _check_env_spaces(path, env_id, obs_box, act_box, *env_box)
+        obs_box = env_box[0]
+    if obs_norm is not None and obs_norm.mean.shape != (obs_dim,):
+        raise SacEdgeError(
+            f"{obs_norm.path}: VecNormalize statistics have shape {obs_norm.mean.shape}, the policy takes "
+            f"{obs_dim} observations; pass the statistics saved with this model"
+        )
     spec = PolicySpec(
         env_id=env_id,
         obs_dim=obs_dim,
         act_dim=act_dim,
-        action_low=tuple(float(x) for x in low),
-        action_high=tuple(float(x) for x in high),
+        action_low=tuple(float(x) for x in act_box.low),
+        action_high=tuple(float(x) for x in act_box.high),
         hidden=hidden,
     )
+    normalizer = _identity_normalizer(obs_dim) if obs_norm is None else obs_norm.normalizer()
     try:
         tensors = {
             **_actor_tensors(state, len(hidden)),
             **_critic_tensors(state, "critic"),
             **_critic_tensors(state, "critic_target"),
-            "log_alpha": _log_alpha(data, variables, path),
-            **{f"obs_norm.{k}": v for k, v in _identity_normalizer(obs_dim).state_dict().items()},
+            "log_alpha": _log_alpha(archive.data, archive.variables, path),
+            **{f"obs_norm.{k}": v for k, v in normalizer.state_dict().items()},
         }
     except KeyError as err:
         raise SacEdgeError(f"{path}: policy.pth lacks {err}; not a complete SB3 SAC policy") from None
-    return Sb3Model(path, spec, tensors, state, sha256_file(path), version)
+    return Sb3Model(path, spec, tensors, state, sha256_file(path), archive.version, obs_box, obs_norm)
 
 
 def _read_json(raw: bytes, path: Path) -> dict[str, Any]:
@@ -137,44 +179,64 @@ def _check_actor(state: dict[str, torch.Tensor], path: Path) -> tuple[int, ...]:
     return tuple(hidden)
 
 
-def _parse_numpy_repr(text: Any) -> np.ndarray | None:
-    """``'[-1. -1. -8.]'`` (numpy's str of a 1-D array, as SB3 writes Box bounds) -> array; None if abridged."""
+def _parse_numpy_repr(text: Any, size: int, kind: type) -> np.ndarray | None:
+    """numpy's str of a 1-D array as SB3 writes Box fields (``'[-1. -1. -8.]'``, ``'[ True False]'``) ->
+    array of ``size`` values; None when absent, abridged (``...``) or of another length."""
     if not isinstance(text, str) or "..." in text:
         return None
+    words = text.replace("[", " ").replace("]", " ").split()
     try:
-        return np.array([float(x) for x in text.replace("[", " ").replace("]", " ").split()], dtype=np.float64)
+        values: list[Any] = [word == "True" for word in words] if kind is bool else [float(w) for w in words]
     except ValueError:
         return None
+    return np.array(values, dtype=kind if kind is bool else np.float64) if len(values) == size else None
 
 
-def _check_spaces(
-    data: dict[str, Any],
-    path: Path,
-    obs_dim: int,
-    act_dim: int,
-    env_id: str,
-    obs_shape: tuple[int, ...],
-    act_bounds: tuple[np.ndarray, np.ndarray],
-) -> None:
-    """The weights, the zip's recorded spaces (plain fields only) and the env must agree."""
-    if obs_shape != (obs_dim,) or act_bounds[0].shape != (act_dim,):
+def recorded_box(data: dict[str, Any], key: str, path: Path, dim: int, *, need_bounds: bool) -> Box:
+    """The ``key`` space from the zip's plain fields, checked against the weights' size ``dim``.
+
+    ``need_bounds``: refuse a space whose bounds are missing, abridged in numpy's repr, or not finite on
+    both sides (the action space: the graph scales the squashed action into them).
+    """
+    space = data.get(key)
+    shape = space.get("_shape") if isinstance(space, dict) else None
+    if not isinstance(shape, list) or not all(isinstance(n, int) for n in shape):
         raise SacEdgeError(
-            f"{path}: policy has obs_dim={obs_dim}, act_dim={act_dim} but {env_id} has observation shape "
-            f"{obs_shape} and action shape {act_bounds[0].shape}; pass the --env it was trained on"
+            f"{path}: the zip records no {key} shape (data['{key}']['_shape']); re-save it with "
+            "Stable-Baselines3 >= 2.0 or pass --env ID"
         )
-    for key, dim in (("observation_space", obs_dim), ("action_space", act_dim)):
-        space = data.get(key)
-        shape = space.get("_shape") if isinstance(space, dict) else None
-        if isinstance(shape, list) and shape != [dim]:
-            raise SacEdgeError(f"{path}: recorded {key} shape {shape} does not match the weights ({dim})")
-    space = data.get("action_space")
-    if isinstance(space, dict):
-        for name, bound in zip(("low", "high"), act_bounds):
-            recorded = _parse_numpy_repr(space.get(name))
-            if recorded is not None and (recorded.shape != bound.shape or not np.allclose(recorded, bound)):
-                raise SacEdgeError(
-                    f"{path}: recorded action {name} {recorded.tolist()} differs from {env_id}'s {bound.tolist()}"
-                )
+    if shape != [dim]:
+        raise SacEdgeError(f"{path}: recorded {key} shape {shape} does not match the weights ({dim})")
+    assert isinstance(space, dict)
+    low, high = (_parse_numpy_repr(space.get(name), dim, float) for name in ("low", "high"))
+    below, above = (_parse_numpy_repr(space.get(name), dim, bool) for name in ("bounded_below", "bounded_above"))
+    if low is None or high is None:
+        if need_bounds:
+            raise SacEdgeError(f"{path}: the zip's {key} bounds are missing or abridged in numpy's repr; pass --env ID")
+        low, high = np.full(dim, -np.inf), np.full(dim, np.inf)
+    bounded = np.isfinite(low) & np.isfinite(high)
+    if below is not None and above is not None:
+        bounded &= below & above
+    if need_bounds and not bounded.all():
+        raise SacEdgeError(
+            f"{path}: the recorded {key} is unbounded in dimensions {np.flatnonzero(~bounded).tolist()}; "
+            "a SAC policy needs finite action bounds"
+        )
+    return Box((dim,), np.where(bounded, low, -np.inf), np.where(bounded, high, np.inf))
+
+
+def _check_env_spaces(path: Path, env_id: str, obs: Box, act: Box, env_obs: Box, env_act: Box) -> None:
+    """The zip's recorded spaces and the ``--env``'s must agree."""
+    if env_obs.shape != obs.shape or env_act.shape != act.shape:
+        raise SacEdgeError(
+            f"{path}: policy has obs_dim={obs.shape[0]}, act_dim={act.shape[0]} but {env_id} has observation "
+            f"shape {env_obs.shape} and action shape {env_act.shape}; pass the --env it was trained on"
+        )
+    for name, recorded, bound in (("low", act.low, env_act.low), ("high", act.high, env_act.high)):
+        if not np.allclose(recorded, bound):
+            raise SacEdgeError(
+                f"{path}: recorded action {name} {recorded.tolist()} differs from {env_id}'s {bound.tolist()}"
+            )
 
 
 def _actor_tensors(state: dict[str, torch.Tensor], n_hidden: int) -> dict[str, torch.Tensor]:
@@ -226,21 +288,20 @@ def _identity_normalizer(obs_dim: int) -> ObsNormalizer:
     return norm
 
 
-def sb3_reference(
-    model: Sb3Model, obs_low: np.ndarray, obs_high: np.ndarray
-) -> Callable[[np.ndarray], np.ndarray] | None:
-    """SB3's own ``predict(obs, deterministic=True)`` on the zip's weights, or None without stable-baselines3.
+def sb3_reference(model: Sb3Model) -> Callable[[np.ndarray], np.ndarray] | None:
+    """SB3's own ``predict(obs, deterministic=True)`` on the zip's weights (on ``VecNormalize``-normalised
+    observations with ``--vecnormalize``), or None without stable-baselines3.
 
-    The SB3 policy is built from the spaces and loaded with the state dict (never ``SAC.load``, which
-    unpickles the ``data`` objects).
+    The SB3 policy is built from the recorded spaces and loaded with the state dict (never ``SAC.load``,
+    which unpickles the ``data`` objects).
     """
     try:
         import gymnasium as gym
         from stable_baselines3.sac.policies import SACPolicy
     except ImportError:
         return None
-    spec = model.spec
-    obs_space = gym.spaces.Box(obs_low.astype(np.float32), obs_high.astype(np.float32), dtype=np.float32)
+    spec, box = model.spec, model.observation_space
+    obs_space = gym.spaces.Box(box.low.astype(np.float32), box.high.astype(np.float32), dtype=np.float32)
     act_space = gym.spaces.Box(
         np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32), dtype=np.float32
     )
@@ -250,9 +311,11 @@ def sb3_reference(
     policy = SACPolicy(obs_space, act_space, lambda _: 3e-4, net_arch={"pi": list(spec.hidden), "qf": qf_arch[:-1]})
     policy.load_state_dict(model.sb3_state)
     policy.set_training_mode(False)
+    norm = model.obs_norm
 
     def predict(obs: np.ndarray) -> np.ndarray:
-        action, _ = policy.predict(obs, deterministic=True)
+        inputs = obs if norm is None else norm.normalize(obs).astype(np.float32)
+        action, _ = policy.predict(inputs, deterministic=True)
         return np.asarray(action, dtype=np.float32)
 
     return predict

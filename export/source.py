@@ -14,12 +14,15 @@ import torch
 
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import sha256_file
 from sac_edge.common.spec import PolicySpec
 from sac_edge.train.checkpoint import CALIB_STATES, CONFIG, inference_policy, learner_tensors, load_run
 from sac_edge.train.policies import InferencePolicy
 
-from .sb3 import is_sb3_zip, load_sb3_zip, sb3_reference
+from .sb3 import Box, is_sb3_zip, load_sb3_zip, sb3_reference
+from .vecnormalize import VecNormStats, load_vecnormalize
 
+SPACE_SAMPLES = 4096  # observations drawn from the recorded space when an SB3 zip comes without --env
 Reference = typing.Callable[[np.ndarray], np.ndarray]  # raw obs [batch, obs_dim] -> env-unit actions
 
 
@@ -32,16 +35,22 @@ class PolicySource(NamedTuple):
     spec: PolicySpec
     policy: InferencePolicy
     learner: dict[str, torch.Tensor]  # actor, critics, target critics, log-alpha, obs normaliser
-    replay_states: np.ndarray | None  # the run's calib_states.npy (raw observations), if any
+    replay_states: np.ndarray | None  # raw observations: the run's calib_states.npy, or space samples, if any
     reference: Reference
     reference_name: str
     provenance: dict[str, Any]
+    states_name: str = "calib_states"  # what ``replay_states`` are, for the reports
 
 
-def load_source(run: str, env: str = "") -> PolicySource:
-    """A run dir (``env`` optional, checked against its config) or an SB3 zip (``env`` required)."""
+def load_source(run: str, env: str = "", vecnormalize: str = "") -> PolicySource:
+    """A run dir or an SB3 zip; ``env`` optional for both (checked against the source's spaces);
+    ``vecnormalize``: an SB3 zip's VecNormalize statistics file."""
     path = Path(run)
-    return _load_sb3(path, env) if is_sb3_zip(path) else _load_run_dir(path, env)
+    if is_sb3_zip(path):
+        return _load_sb3(path, env, vecnormalize)
+    if vecnormalize:
+        raise SacEdgeError(f"{path}: --vecnormalize is for a Stable-Baselines3 zip; a run dir has its own normaliser")
+    return _load_run_dir(path, env)
 
 
 def torch_reference(policy: InferencePolicy) -> Reference:
@@ -83,22 +92,18 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
     )
 
 
-def _load_sb3(path: Path, env: str) -> PolicySource:
-    if not env:
-        raise SacEdgeError(f"{path}: a Stable-Baselines3 zip does not record its environment; pass --env ID")
-    instance = make_env(env)
-    try:
-        obs_space, act_space = instance.observation_space, instance.action_space
-    finally:
-        instance.close()
-    assert isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)  # make_env checked
-    bounds = (act_space.low.astype(np.float64), act_space.high.astype(np.float64))
-    model = load_sb3_zip(path, env, tuple(obs_space.shape), bounds)
+def _load_sb3(path: Path, env: str, vecnormalize: str) -> PolicySource:
+    env_box = _env_boxes(env) if env else None
+    obs_norm = load_vecnormalize(Path(vecnormalize)) if vecnormalize else None
+    model = load_sb3_zip(path, env, env_box, obs_norm)
     policy = inference_policy(model.spec, model.tensors)
-    reference = sb3_reference(model, obs_space.low, obs_space.high)
-    name = "stable-baselines3 predict(deterministic=True)"
+    reference = sb3_reference(model)
+    name = "stable-baselines3 predict(deterministic=True)" + (" on VecNormalize-normalised obs" if obs_norm else "")
     if reference is None:  # SB3 is a dev dependency; without it the mapped torch policy is the reference
         reference, name = torch_reference(policy), "torch (stable-baselines3 not installed)"
+    provenance: dict[str, Any] = {"stable_baselines3_version": model.sb3_version}
+    if obs_norm is not None:
+        provenance["vecnormalize"] = {"path": str(obs_norm.path.resolve()), "sha256": sha256_file(obs_norm.path)}
     return PolicySource(
         "stable-baselines3",
         path,
@@ -106,11 +111,40 @@ def _load_sb3(path: Path, env: str) -> PolicySource:
         model.spec,
         policy,
         model.tensors,
-        None,
+        None if env else space_samples(model.observation_space, obs_norm, SPACE_SAMPLES),
         reference,
         name,
-        {"stable_baselines3_version": model.sb3_version},
+        provenance,
+        "samples of the recorded observation space" + (" around the VecNormalize statistics" if obs_norm else ""),
     )
+
+
+def _env_boxes(env: str) -> tuple[Box, Box]:
+    """The ``--env``'s observation and action spaces (``make_env`` admits only float Box spaces)."""
+    instance = make_env(env)
+    try:
+        obs_space, act_space = instance.observation_space, instance.action_space
+    finally:
+        instance.close()
+    assert isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)  # make_env checked
+    return tuple(  # type: ignore[return-value]
+        Box(tuple(s.shape), s.low.astype(np.float64), s.high.astype(np.float64)) for s in (obs_space, act_space)
+    )
+
+
+def space_samples(box: Box, obs_norm: VecNormStats | None, count: int, seed: int = 0) -> np.ndarray:
+    """Observations for the parity check when no environment is given: per dimension Gaussian around the
+    VecNormalize statistics (3 std wide, so the clip is reached too), else uniform within finite bounds,
+    else standard normal; clipped to the bounds."""
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_normal((count, len(box.low)))
+    if obs_norm is not None:
+        rows = obs_norm.mean + 3.0 * np.sqrt(obs_norm.var) * noise
+    else:
+        finite = np.isfinite(box.low) & np.isfinite(box.high)
+        uniform = rng.uniform(np.where(finite, box.low, 0.0), np.where(finite, box.high, 1.0), noise.shape)
+        rows = np.where(finite, uniform, noise)
+    return np.clip(rows, box.low, box.high).astype(np.float32)
 
 
 def _check_env(env: str, spec: PolicySpec, source: str) -> None:

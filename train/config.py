@@ -21,11 +21,11 @@ class TrainConfig:
     )
     device: str = field(default="cpu", metadata={"help": "training device", "choices": ["cpu", "cuda"]})
     amp: str = field(
-        default="off",
+        default="auto",
         metadata={
-            "help": "precision of the networks' matmuls (fp16 uses a GradScaler; bf16 on a CPU needs AVX512-BF16 "
-            "or AMX to be faster)",
-            "choices": ["off", "bf16", "fp16"],
+            "help": "precision of the networks' matmuls (fp16 uses a GradScaler); auto: bf16 where the device has "
+            "bf16 matrix units (CUDA with bf16, a CPU with AVX512-BF16 or AMX), off (fp32) elsewhere",
+            "choices": ["auto", "off", "bf16", "fp16"],
         },
     )
     backward: str = field(
@@ -37,7 +37,16 @@ class TrainConfig:
             "choices": ["auto", "manual", "autograd"],
         },
     )
-    compile: bool = field(default=False, metadata={"help": "torch.compile the update step"})
+    compile: str = field(
+        default="auto",
+        metadata={
+            "help": "torch.compile the update step (bare --compile: on, --no-compile: off); auto: on when the run has "
+            "enough updates to repay the compile time",
+            "choices": ["auto", "on", "off"],
+            "const": "on",
+            "no_const": "off",
+        },
+    )
     cuda_graphs: bool = field(default=False, metadata={"help": "capture the whole update in a CUDA graph (cuda only)"})
     buffer_size: int = field(default=1_000_000, metadata={"help": "replay capacity (preallocated on the device)"})
     batch_size: int = field(default=256, metadata={"help": "minibatch size per update"})

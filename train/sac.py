@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.spec import PolicySpec
 
 from . import compat
@@ -62,6 +62,9 @@ class SAC:
     """Actor, twin critics with targets, entropy temperature, their optimisers and the replay buffer."""
 
     def __init__(self, spec: PolicySpec, cfg: TrainConfig, device: torch.device) -> None:
+        """``cfg`` resolved: ``--amp`` and ``--compile`` not ``auto`` (``train.defaults.resolve_speed``)."""
+        if "auto" in (cfg.amp, cfg.compile):
+            raise InternalError("SAC needs --amp and --compile resolved; pass the config through resolve_speed")
         if cfg.cuda_graphs and device.type != "cuda":
             raise SacEdgeError("--cuda-graphs needs --device cuda")
         if cfg.cuda_graphs and cfg.amp == "fp16":
@@ -179,11 +182,11 @@ class SAC:
 
     def prepare_fast_path(self) -> None:
         """Apply ``--compile`` and/or ``--cuda-graphs``; call once the buffer holds data."""
-        if self.cfg.compile:
+        if self.cfg.compile == "on":
             compat.check_compile()
-        if self.cfg.compile and self._manual is not None:
+        if self.cfg.compile == "on" and self._manual is not None:
             self._manual.compile()
-        elif self.cfg.compile:
+        elif self.cfg.compile == "on":
             self._step_fn = torch.compile(self.train_step)
         if self.cfg.cuda_graphs:
             side = torch.cuda.Stream(self.device)

@@ -32,11 +32,13 @@ from sac_edge.common.spec import PolicySpec
 
 from . import checkpoint as ckpt
 from .config import TrainConfig
+from .defaults import cpu_bf16_flags, resolve_speed
 from .envs import env_state, make_vector_env, policy_spec, restore_env_state
 from .evaluate import evaluate
 from .metrics import MetricsLog
 from .policies import InferencePolicy
 from .sac import SAC
+from .update_types import UpdateMetrics
 
 LOG_EVERY = 1000
 EVAL_SEED_OFFSET = 10_000
@@ -53,6 +55,7 @@ class TrainSummary(NamedTuple):
     updates_per_s: float
     final_eval_return: float | None
     wall_s: float
+    compile_s: float | None  # the first (compiling) update under --compile on; None otherwise
 
 
 def _versions() -> dict[str, str]:
@@ -63,11 +66,6 @@ def _versions() -> dict[str, str]:
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
-
-
-def _cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bf16 natively; without it oneDNN emulates bf16 GEMMs in fp32, slower."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 #: The widest hidden layer accepted (a 65536 x 65536 fp32 layer is already 16 GiB).
@@ -99,6 +97,8 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
             file_env(saved_cfg.get("env"), str(run / ckpt.CONFIG))
         if not (run / ckpt.CHECKPOINT).exists():
             raise SacEdgeError(f"{run}: no {ckpt.CHECKPOINT} to resume from; train without --resume")
+        if isinstance(saved_cfg.get("compile"), bool):  # runs saved before --compile auto
+            saved_cfg["compile"] = "on" if saved_cfg["compile"] else "off"
         keep = {"total_steps", "progress", "json", "resume", "out", "threads"}
         return dataclasses.replace(cfg, **{k: v for k, v in saved_cfg.items() if k not in keep}), run
     if has_run and not cfg.force:
@@ -115,15 +115,18 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         cfg, self.run = resolve_config(cfg)
+        self.device = torch.device(cfg.device)
+        cfg, reasons = resolve_speed(cfg, self.device)  # on --resume the saved choices, already resolved
         self.cfg = cfg
         assert cfg.env is not None
+        for reason in reasons:  # beside the summary line (stderr under --json, which owns stdout)
+            print(f"sac-train: {reason}", file=sys.stderr if cfg.json else sys.stdout)
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
         self.eval_env = make_env(cfg.env)  # fails fast with a one-line error on a bad id or space
         self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode)
         self.spec: PolicySpec = policy_spec(cfg.env, self.envs, cfg.hidden)
-        self.device = torch.device(cfg.device)
-        if cfg.device == "cpu" and cfg.amp == "bf16" and not _cpu_has_bf16_matmul():
+        if cfg.device == "cpu" and cfg.amp == "bf16" and not cpu_bf16_flags():
             print(
                 "sac-train: warning: this CPU has no bf16 matmul units (AVX512-BF16 or AMX), so --amp bf16 "
                 "trains slower here than --amp off",
@@ -136,6 +139,7 @@ class Trainer:
         self.recent: list[float] = []
         self.last_eval: float | None = None
         self.last_good_step: int | None = None
+        self.compile_s: float | None = None
         obs, _ = self.envs.reset(seed=cfg.seed)
         self.obs = np.asarray(obs, dtype=np.float32)
         resume_step = self._load() if cfg.resume else None
@@ -255,12 +259,10 @@ class Trainer:
                 before = self.step
                 self.collect()
                 if self.step >= cfg.learning_starts:
-                    if not fast_ready:
-                        self.sac.prepare_fast_path()
-                        fast_ready = True
                     t0 = time.perf_counter()
                     for _ in range(cfg.num_envs * cfg.utd):
-                        metrics = self.sac.step()
+                        metrics = self.sac.step() if fast_ready else self._first_step()
+                        fast_ready = True
                         finite &= metrics.finite
                     update_time += time.perf_counter() - t0
                     self.updates += cfg.num_envs * cfg.utd
@@ -285,8 +287,29 @@ class Trainer:
             self.envs.close()
         ups = _rate(self.updates - updates_at_start, update_time)
         return TrainSummary(
-            str(self.run), self.step, self.updates, self.episodes, ups, self.last_eval, time.perf_counter() - start
+            str(self.run),
+            self.step,
+            self.updates,
+            self.episodes,
+            ups,
+            self.last_eval,
+            time.perf_counter() - start,
+            self.compile_s,
         )
+
+    def _first_step(self) -> UpdateMetrics:
+        """The first update of this process: apply the fast path, and under ``--compile on`` log how long
+        compiling took (the first compiled call; it counts in updates/s)."""
+        self.sac.prepare_fast_path()
+        t0 = time.perf_counter()
+        metrics = self.sac.step()
+        if self.cfg.compile == "on":
+            self.compile_s = time.perf_counter() - t0
+            print(
+                f"sac-train: compiled the update in {self.compile_s:.1f} s",
+                file=sys.stderr if self.cfg.json else sys.stdout,
+            )
+        return metrics
 
     def _row(self, metrics: Any, start: float, update_time: float, updates_at_start: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - start

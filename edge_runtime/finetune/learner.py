@@ -50,7 +50,11 @@ def warm_up_math(spec: PolicySpec) -> None:
     from dataclasses import replace
 
     tiny = replace(spec, hidden=(8, 8))
-    sac = SAC(tiny, TrainConfig(hidden=(8, 8), buffer_size=2, batch_size=2, threads=1), torch.device("cpu"))
+    sac = SAC(
+        tiny,
+        TrainConfig(hidden=(8, 8), buffer_size=2, batch_size=2, threads=1, amp="off", compile="off"),
+        torch.device("cpu"),
+    )
     sac.update(sac.buffer.sample(2, sac.generator))
 
 
@@ -78,6 +82,10 @@ class DeviceLearner:
             critic_lr=lr,
             alpha_lr=lr,
             threads=1,
+            # Eager fp32: short bursts beside the control loop (nothing to repay a compile), on device CPUs
+            # without bf16 matrix units.
+            amp="off",
+            compile="off",
         )
         self.sac = SAC(spec, self.cfg, torch.device("cpu"))
         self.update_seconds = self._time_updates()

@@ -51,9 +51,10 @@ def test_manifest_verifies_checksums(tmp_path):
 
 def test_config_parser_uses_field_help_and_types():
     help_text = build_parser(TrainConfig, "sac-train", "x").format_help()
-    assert "replay capacity" in help_text and "--no-compile" in help_text
+    assert "replay capacity" in help_text and "--no-progress" in help_text
     cfg = parse_config(TrainConfig, ["--hidden", "64,32", "--amp", "bf16", "--compile"], "sac-train", "x")
-    assert cfg.hidden == (64, 32) and cfg.amp == "bf16" and cfg.compile is True
+    assert cfg.hidden == (64, 32) and cfg.amp == "bf16" and cfg.compile == "on"
+    assert parse_config(TrainConfig, ["--no-compile"], "sac-train", "x").compile == "off"
     with pytest.raises(SystemExit) as err:
         parse_config(TrainConfig, ["--amp", "fp8"], "sac-train", "x")
     assert err.value.code == 2

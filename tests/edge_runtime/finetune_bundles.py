@@ -13,8 +13,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import onnx
-from bundles import export_onnx, learner_tensors, spec_for
 
+from bundles import export_onnx, learner_tensors, spec_for
 from sac_edge.calibration.calibrators import compute_amax
 from sac_edge.calibration.integer import integer_graph
 from sac_edge.calibration.qdq import quantizable_tensors, quantize_model

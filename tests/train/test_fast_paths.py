@@ -12,7 +12,9 @@ from sac_edge.train.config import TrainConfig
 from sac_edge.train.sac import SAC
 
 SPEC = PolicySpec("Pendulum-v1", 3, 1, (-2.0,), (2.0,), (32, 32))
-BASE = TrainConfig(env="Pendulum-v1", hidden=(32, 32), batch_size=64, buffer_size=2000, seed=0)
+BASE = TrainConfig(
+    env="Pendulum-v1", hidden=(32, 32), batch_size=64, buffer_size=2000, seed=0, amp="off", compile="off"
+)
 
 
 def _filled(cfg: TrainConfig, device: str = "cpu") -> SAC:
@@ -65,7 +67,7 @@ def test_cuda_graphs_need_cuda():
 def test_compile_matches_eager_on_cpu(backward, amp):
     cfg = replace(BASE, backward=backward, amp=amp)
     torch._dynamo.utils.counters.clear()
-    eager, compiled = _filled(cfg), _filled(replace(cfg, compile=True))
+    eager, compiled = _filled(cfg), _filled(replace(cfg, compile="on"))
     assert compiled.backward == backward
     tol = 1e-3 if amp == "off" else 2e-2  # bf16: inductor fuses the casts, so the roundings differ slightly
     np.testing.assert_allclose(_run(eager, 5), _run(compiled, 5), rtol=tol, atol=tol / 10)
@@ -79,7 +81,7 @@ def test_compiled_update_follows_a_state_load_and_eager_updates():
     """After warm-up the compiled update skips its guards and counts Adam's steps on the host; a state load
     and eager updates in between must still reach it (new tensors, the right bias corrections). The params
     agree to float rounding (about 1e-8); bias corrections a few steps off move them by 1e-5 or more."""
-    eager, compiled = _filled(BASE), _filled(replace(BASE, compile=True))
+    eager, compiled = _filled(BASE), _filled(replace(BASE, compile="on"))
     _run(eager, 4)
     _run(compiled, 2)
     tensors, extra = eager.state_tensors()
@@ -94,7 +96,7 @@ def test_compiled_update_follows_a_state_load_and_eager_updates():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flags", [{}, {"cuda_graphs": True}, {"compile": True, "cuda_graphs": True}, {"amp": "bf16"}])
+@pytest.mark.parametrize("flags", [{}, {"cuda_graphs": True}, {"compile": "on", "cuda_graphs": True}, {"amp": "bf16"}])
 def test_cuda_paths_match_cpu_updates(flags):
     cfg = replace(BASE, device="cuda", **flags)
     gpu = _filled(cfg, "cuda")

@@ -1,0 +1,110 @@
+"""``--amp auto`` and ``--compile auto``: the fastest training path that learns the same, chosen per machine
+and run, and saved resolved in ``config.json`` (so ``--resume`` continues on exactly the same path).
+
+- ``--amp auto``: bf16 where the device multiplies bf16 natively (a CUDA device with bf16; a CPU with
+  AVX512-BF16 or AMX), fp32 elsewhere: without those units oneDNN emulates bf16 GEMMs in fp32, slower.
+  bf16 GEMM operands learn the same curves as fp32 (BENCHMARKS.md, learning curves, Pendulum and
+  HalfCheetah).
+- ``--compile auto``: on when the run has enough updates to repay compiling them. Measured on a 2-core
+  CPU: compiling the hand-written update takes about ``COMPILE_S`` seconds and each compiled update saves
+  ``SAVED_S`` (per precision), so it pays from ``COMPILE_S / SAVED_S`` updates (about 14,600 in bf16,
+  20,600 in fp32; the saving is scaled linearly with the batch size). Off on CUDA (its gain there has not
+  been measured; ``scripts/gpu_check.sh`` measures it) and with ``--backward autograd`` on a CPU (measured
+  slower than eager there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from . import compat
+from .config import TrainConfig
+
+COMPILE_S = 35.0  # compiling the hand-written update on a 2-core CPU: 28 to 41 s measured (bf16, shared VM)
+# Seconds a compiled update saves over the eager one (batch 256, 256x256 networks, 2-core CPU; BENCHMARKS.md's
+# per-update table: fp32 1.3 to 2.0 ms, bf16 2.25 to 2.6 ms).
+SAVED_S = {"off": 1.7e-3, "bf16": 2.4e-3}
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
+
+
+class Resolved(NamedTuple):
+    """The config with ``auto`` replaced by the choice, and one log line per ``auto`` resolved, saying why."""
+
+    cfg: TrainConfig
+    reasons: tuple[str, ...]
+
+
+def cpu_bf16_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
+    """The bf16 matrix-instruction flags of this CPU: torch's CPU capability probes, or the flags in
+    ``/proc/cpuinfo`` where this torch has no such probes."""
+    probes = (("avx512_bf16", "_is_avx512_bf16_supported"), ("amx_tile", "_is_amx_tile_supported"))
+    if all(hasattr(torch.cpu, attr) for _, attr in probes):
+        return tuple(name for name, attr in probes if getattr(torch.cpu, attr)())
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return ()
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return tuple(f for f in BF16_CPU_FLAGS if f in flags)
+
+
+def resolve_amp(amp: str, device: torch.device) -> tuple[str, str]:
+    """``--amp`` as given (no reason), or for ``auto`` bf16 where the device has bf16 matrix units, and why."""
+    if amp != "auto":
+        return amp, ""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "--amp auto -> bf16: this CUDA device computes in bf16"
+        return "off", "--amp auto -> off (fp32): this CUDA device has no bf16 support"
+    flags = cpu_bf16_flags()
+    if flags:
+        return "bf16", f"--amp auto -> bf16: this CPU has bf16 matrix instructions ({', '.join(flags)})"
+    return "off", "--amp auto -> off (fp32): this CPU has no AVX512-BF16 or AMX, where bf16 would be slower"
+
+
+def planned_updates(cfg: TrainConfig, step: int = 0) -> int:
+    """Updates still to run from ``step`` (one per env step per env after ``learning_starts``, times UTD)."""
+    return max(0, cfg.total_steps - max(cfg.learning_starts, step)) * cfg.utd
+
+
+def compile_break_even(amp: str, batch_size: int) -> int:
+    """Updates after which a compiled update has repaid its compile time (CPU, 256x256 networks)."""
+    saved_s = SAVED_S.get(amp, SAVED_S["off"]) * max(batch_size, 1) / 256
+    return int(COMPILE_S / saved_s)
+
+
+def resolve_compile(cfg: TrainConfig, device: torch.device, manual: bool, step: int = 0) -> tuple[str, str]:
+    """``--compile`` as given (no reason), or for ``auto`` on when the run is long enough to repay compiling,
+    and why.
+
+    ``manual``: whether the hand-written update is in use (the one compiling is measured on).
+    """
+    if cfg.compile != "auto":
+        return cfg.compile, ""
+    if not compat.COMPILE:
+        return "off", f"--compile auto -> off: torch {torch.__version__} has no set_stance (needs >= 2.6)"
+    if device.type != "cpu":
+        return "off", "--compile auto -> off: its gain on CUDA is not measured yet; pass --compile to try it"
+    if not manual:
+        return "off", "--compile auto -> off: the compiled autograd update was slower than eager on a CPU"
+    updates, need = planned_updates(cfg, step), compile_break_even(cfg.amp, cfg.batch_size)
+    verdict = "on" if updates >= need else "off"
+    return verdict, (
+        f"--compile auto -> {verdict}: {updates:,} updates to run, compiling (about {COMPILE_S:.0f} s cold) "
+        f"pays from about {need:,} updates"
+    )
+
+
+def resolve_speed(cfg: TrainConfig, device: torch.device, step: int = 0) -> Resolved:
+    """Resolve ``--amp`` then ``--compile`` (which depends on the precision and the gradient path)."""
+    from .sac import use_manual_backward  # the one rule for the gradient path
+
+    amp, amp_reason = resolve_amp(cfg.amp, device)
+    cfg = dataclasses.replace(cfg, amp=amp)
+    compile_, compile_reason = resolve_compile(cfg, device, use_manual_backward(cfg, device), step)
+    reasons = tuple(r for r in (amp_reason, compile_reason) if r)
+    return Resolved(dataclasses.replace(cfg, compile=compile_), reasons)
