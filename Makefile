@@ -68,10 +68,11 @@ device-suite: $(DEVICE_STAMP)
 	cd $(DEVICE_WORK) && ../../$(DEVICE)/bin/sac-edge doctor bundle
 
 # Train Pendulum-v1 briefly, export with the INT8 gate, run 10 s on the device path with budgets, bench,
-# then fine-tune on a shifted Pendulum (stronger gravity) while the loop keeps running.
+# then fine-tune on a shifted Pendulum (stronger gravity) while the loop keeps running. A rerun starts over:
+# the re-export discards the last run's fine-tuned weights.
 demo: venv
 	$(BIN)/sac-train --env Pendulum-v1 --total-steps 12000 --learning-starts 2000 --eval-every 4000 --out $(DEMO) --force
-	$(BIN)/sac-export $(DEMO) --out $(DEMO_BUNDLE) --int8 --force
+	$(BIN)/sac-export $(DEMO) --out $(DEMO_BUNDLE) --int8 --force --discard-finetuned
 	$(BIN)/sac-edge run $(DEMO_BUNDLE) --rate-hz 200 --duration 10 --mem-budget-mb 400 --power-budget-w 15 --telemetry runs/demo-telemetry.jsonl
 	$(BIN)/sac-edge bench $(DEMO_BUNDLE) --batch 1,8,64 --out runs/demo-bench.json --plot runs/demo-bench.png
 	$(BIN)/sac-edge run $(DEMO_BUNDLE) --finetune --shift g=13 --rate-hz 100 --duration 45 --telemetry runs/demo-finetune.jsonl
