@@ -33,7 +33,7 @@ def test_no_grid_is_one_default_point_and_seeds_start_at_seed(tmp_path: Path) ->
         ("actor_rl=1e-4", "not a sac-train option; did you mean actor_lr?"),
         ("actor_lr=fast", "--grid actor_lr: expected float, got 'fast'"),
         ("batch_size=64,1.5", "--grid batch_size: expected int, got '1.5'"),
-        ("amp=off,int4", "--grid amp: expected one of off, bf16, fp16, got 'int4'"),
+        ("amp=off,int4", "--grid amp: expected one of auto, off, bf16, fp16, got 'int4'"),
         ("hidden=64,x", "--grid hidden: expected a comma-separated list, got '64,x'"),
         ("seed=1,2", "--grid seed: the sweep sets it; use --seeds"),
         ("actor_lr", "expected KEY=V1,V2,..."),
