@@ -253,7 +253,7 @@ def loop_rows(bundle: Path, env_id: str, args: argparse.Namespace, hot_p50: floa
 def finetune_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for finetune in (False, True):
-        extra = ("--finetune", "--finetune-dir", str(bundle.parent / "ft")) if finetune else ()
+        extra = ("--finetune", "--finetune-dir", str(bundle.parent / f"{env_id}.ft")) if finetune else ()
         r = run_loop(bundle, env_id, args, 1000.0, "--backend", "onnxruntime", *extra)
         rows.append({"backend": "onnxruntime", "rate_hz": 1000.0, "finetune": finetune, **r})
     return rows
