@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sac_edge.common.table import format_table
+
 LEARNING_STARTS = 5_000
 
 
@@ -121,20 +123,13 @@ def main() -> None:
                 }
             )
 
-    print(
-        f"{'env':<16}{'impl':<22}{'updates':>8}{'ms/upd':>8}{'x SB3':>7}{'compile s':>10}{'ms/upd after':>13}"
-        f"{'x SB3':>7}{'wall s':>8}{'x SB3':>7}"
-    )
+    header = ("env", "impl", "updates", "ms/upd", "x SB3", "compile s", "ms/upd after", "x SB3", "wall s", "x SB3")
+    keys = ("env", "impl", "updates", "ms_per_update", "vs_sb3_update_rate", "compile_s",
+            "ms_per_update_after_compile", "vs_sb3_after_compile", "wall_s", "vs_sb3_wall")  # fmt: skip
+    print(format_table([[r[k] for k in keys] for r in rows], header))
     for r in rows:
-        after = "" if r["ms_per_update_after_compile"] is None else f"{r['ms_per_update_after_compile']:.2f}"
-        comp = "" if r["compile_s"] is None else f"{r['compile_s']:.1f}"
-        ratio_after = "" if r["vs_sb3_after_compile"] is None else f"{r['vs_sb3_after_compile']:.2f}"
-        print(
-            f"{r['env']:<16}{r['impl']:<22}{r['updates']:>8}{r['ms_per_update']:>8.2f}{r['vs_sb3_update_rate']:>7.2f}"
-            f"{comp:>10}{after:>13}{ratio_after:>7}{r['wall_s']:>8.1f}{r['vs_sb3_wall']:>7.2f}"
-        )
         for line in r["choices"]:
-            print(f"    {line}")
+            print(f"    {r['impl']}: {line}")
     print(json.dumps({"bench": "default_speed", "steps": args.steps, "repeats": args.repeats, "rows": rows}))
 
 
