@@ -8,7 +8,9 @@ does (the episode part of the gate is skipped: it is not what these tests are ab
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -20,6 +22,11 @@ from sac_edge.calibration.integer import integer_graph
 from sac_edge.calibration.qdq import quantizable_tensors, quantize_model
 from sac_edge.calibration.session import collect_activations
 from sac_edge.common.manifest import file_entry, write_manifest
+from sac_edge.edge_runtime.backends.base import Backend, open_bundle
+from sac_edge.edge_runtime.backends.registry import open_backend
+from sac_edge.edge_runtime.budget.memory import MemoryProbe
+from sac_edge.edge_runtime.config import RunConfig
+from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner
 from sac_edge.train.checkpoint import save_tensors
 
 
@@ -64,3 +71,23 @@ def make_finetune_bundle(out: Path, env_id: str = "Pendulum-v1", hidden: tuple[i
     }
     write_manifest(out, manifest)
     return out
+
+
+def make_tuner(
+    bundle_dir: Path, tmp_path: Path, emit: Callable[[dict[str, Any]], None] = lambda _: None, **overrides: Any
+) -> tuple[FineTuner, Backend]:
+    """A fine-tuner (its learner process started) on ``bundle_dir``'s onnxruntime fp32 backend, built as
+    ``sac-edge run --finetune`` builds it, with small buffers so the tests learn quickly."""
+    cfg = RunConfig(
+        bundle=str(bundle_dir),
+        finetune=True,
+        finetune_dir=str(tmp_path / "ft"),
+        finetune_buffer=2000,
+        finetune_batch=32,
+        learning_starts=100,
+        **overrides,
+    )
+    bundle = open_bundle(bundle_dir)
+    backend = open_backend(bundle, "onnxruntime", "fp32")
+    tuner, _ = build_finetuner(cfg, bundle, {"fp32": backend}, MemoryProbe(), None, emit, lambda _: None)
+    return tuner, backend

@@ -9,13 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from finetune_bundles import make_tuner
 from sac_edge.common.manifest import sha256_file
-from sac_edge.edge_runtime.backends.base import open_bundle
-from sac_edge.edge_runtime.backends.registry import open_backend
-from sac_edge.edge_runtime.budget.memory import MemoryProbe
-from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.experience import EpisodeLog, EpisodeRecord
-from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner
+from sac_edge.edge_runtime.finetune.finetuner import FineTuner
 from sac_edge.edge_runtime.finetune.learner_process import N_STATES, STATES
 from sac_edge.edge_runtime.finetune.promotion import LastGoodStore, judge, shadow_check
 
@@ -23,20 +20,8 @@ WINDOW = 3
 
 
 def _tuner(bundle_dir: Path, tmp_path: Path, **overrides: Any) -> tuple[FineTuner, Any, list[dict[str, Any]]]:
-    cfg = RunConfig(
-        bundle=str(bundle_dir),
-        finetune=True,
-        finetune_dir=str(tmp_path / "ft"),
-        finetune_buffer=2000,
-        finetune_batch=32,
-        learning_starts=100,
-        promotion_window=WINDOW,
-        **overrides,
-    )
-    bundle = open_bundle(bundle_dir)
-    backend = open_backend(bundle, "onnxruntime", "fp32")
     events: list[dict[str, Any]] = []
-    tuner, _ = build_finetuner(cfg, bundle, {"fp32": backend}, MemoryProbe(), None, events.append, lambda _: None)
+    tuner, backend = make_tuner(bundle_dir, tmp_path, events.append, promotion_window=WINDOW, **overrides)
     verdicts: list[str] = []
     tuner.learner.resolve = verdicts.append  # type: ignore[method-assign]  # what the learner process is told
     tuner.verdicts = verdicts  # type: ignore[attr-defined]

@@ -14,12 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from finetune_bundles import make_tuner
 from sac_edge.edge_runtime.backends.base import open_bundle
-from sac_edge.edge_runtime.backends.registry import open_backend
-from sac_edge.edge_runtime.budget.memory import MemoryProbe
-from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.experience import StagingRing, ring_layout
-from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner, read_learner_tensors
+from sac_edge.edge_runtime.finetune.finetuner import FineTuner, read_learner_tensors
 from sac_edge.edge_runtime.finetune.learner_process import (
     CONTROL_LAYOUT,
     N_STATES,
@@ -115,21 +113,6 @@ def test_loop_proposes_only_with_a_full_window_and_nothing_pending(loop: tuple[L
     assert _receive(conn)["kind"] in ("candidate", "event")
 
 
-def _tuner(bundle_dir: Path, tmp_path: Path) -> tuple[FineTuner, Any]:
-    cfg = RunConfig(
-        bundle=str(bundle_dir),
-        finetune=True,
-        finetune_dir=str(tmp_path / "ft"),
-        finetune_buffer=2000,
-        finetune_batch=32,
-        learning_starts=100,
-    )
-    bundle = open_bundle(bundle_dir)
-    backend = open_backend(bundle, "onnxruntime", "fp32")
-    tuner, _ = build_finetuner(cfg, bundle, {"fp32": backend}, MemoryProbe(), None, lambda _: None, lambda _: None)
-    return tuner, backend
-
-
 def _segments(tuner: FineTuner) -> list[Path]:
     return [Path("/dev/shm") / block.name.lstrip("/") for block in tuner.learner._blocks]
 
@@ -142,7 +125,7 @@ def _wait_for(condition: Any, seconds: float = 30.0) -> None:
 
 
 def test_child_stops_with_the_run_and_its_shared_memory_is_unlinked(finetune_bundle: Path, tmp_path: Path) -> None:
-    tuner, _ = _tuner(finetune_bundle, tmp_path)
+    tuner, _ = make_tuner(finetune_bundle, tmp_path)
     process, segments = tuner.learner.process, _segments(tuner)
     assert process.is_alive() and process.daemon and len(segments) == 3 and all(p.exists() for p in segments)
     tuner.start()
@@ -163,7 +146,7 @@ def test_child_stops_with_the_run_and_its_shared_memory_is_unlinked(finetune_bun
 def test_a_crash_in_the_child_is_one_line_and_the_last_good_weights_serve(
     finetune_bundle: Path, tmp_path: Path
 ) -> None:
-    tuner, backend = _tuner(finetune_bundle, tmp_path)
+    tuner, backend = make_tuner(finetune_bundle, tmp_path)
     obs = np.array([0.3, -0.2, 0.5], np.float32)
     good_action = backend.act(obs).copy()
     tuner.start()
@@ -179,7 +162,7 @@ def test_a_crash_in_the_child_is_one_line_and_the_last_good_weights_serve(
 
 
 def test_a_killed_child_is_reported(finetune_bundle: Path, tmp_path: Path) -> None:
-    tuner, _ = _tuner(finetune_bundle, tmp_path)
+    tuner, _ = make_tuner(finetune_bundle, tmp_path)
     segments = _segments(tuner)
     tuner.start()
     try:
