@@ -10,7 +10,6 @@ any file the process can read, and would let a bundle serve a graph from elsewhe
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from .atomic import atomic_write_json
 from .errors import SacEdgeError
 from .jsonfile import read_json
+from .versions import installed_version
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -54,13 +54,6 @@ def write_manifest(bundle: Path, manifest: dict[str, Any]) -> None:
     atomic_write_json(bundle / MANIFEST, {**manifest, "format_version": FORMAT_VERSION})
 
 
-def _own_version() -> str:
-    try:
-        return importlib.metadata.version("sac-edge")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
     """Read a bundle's manifest, validate its schema and confine every file name to the bundle; with
     ``verify`` also check every file's sha256.
@@ -76,7 +69,8 @@ def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
     if isinstance(version, int) and version > FORMAT_VERSION:
         raise SacEdgeError(
             f"{path} has format_version {version}, newer than the {FORMAT_VERSION} this sac-edge "
-            f"({_own_version()}) reads: pip install -U sac-edge, or re-export with this sac-edge's sac-export"
+            f"({installed_version('sac-edge') or 'not installed'}) reads: pip install -U sac-edge, or re-export "
+            "with this sac-edge's sac-export"
         )
     if version != FORMAT_VERSION:
         raise SacEdgeError(

@@ -8,7 +8,6 @@ this interpreter's. A new row is a new probe appended to :data:`PROBES`.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -25,6 +24,7 @@ from typing import Any
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.signing import SIGNED, TRUSTED, UNSIGNED, signature_state
 from sac_edge.common.table import format_table
+from sac_edge.common.versions import installed_version
 
 from .backends.base import PRECISIONS, Bundle, open_bundle
 from .backends.registry import KINDS, candidates
@@ -66,16 +66,6 @@ def _text(path: Path) -> str:
         return path.read_text().replace("\x00", "").strip()
     except OSError:
         return ""
-
-
-def _dist_version(*names: str) -> str | None:
-    """The installed version of the first distribution of ``names`` that is installed (not imported)."""
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def python_rows(ctx: Context) -> Iterable[Row]:
@@ -123,7 +113,7 @@ def accelerator_rows(ctx: Context) -> Iterable[Row]:
     else:  # CUDA <= 11.0 writes version.txt ("CUDA Version 10.2.89")
         found = _text(cuda / "version.txt").replace("CUDA Version", "").strip()
     yield Row("software", "cuda", found or f"not found under {cuda}", OK if found else INFO)
-    bindings = {name: _dist_version(name) for name in ("cuda-python", "pycuda")}
+    bindings = {name: installed_version(name) for name in ("cuda-python", "pycuda")}
     have = [f"{name} {v}" for name, v in bindings.items() if v]
     yield Row(
         "software",
@@ -132,7 +122,7 @@ def accelerator_rows(ctx: Context) -> Iterable[Row]:
         OK if have else WARN,
         "" if have else "pip install pycuda (JetPack 5) or pip install 'cuda-python<13' (JetPack 6)",
     )
-    torch = _dist_version("torch")
+    torch = installed_version("torch")
     yield Row(
         "software",
         "torch (--finetune)",

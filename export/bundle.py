@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import shutil
-from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,6 +30,7 @@ from sac_edge.common.manifest import (
 )
 from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
 from sac_edge.common.tolerance import tolerance
+from sac_edge.common.versions import installed_version
 from sac_edge.train.checkpoint import save_tensors
 
 from .config import ExportConfig
@@ -218,13 +218,8 @@ def _engines(cfg: ExportConfig, stage: Path, int8: dict[str, Any] | None) -> dic
 
 
 def _versions() -> dict[str, str]:
-    out = {}
-    for package in ("sac-edge", "torch", "onnx", "onnxruntime", "onnxslim", "stable-baselines3"):
-        try:
-            out[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    packages = ("sac-edge", "torch", "onnx", "onnxruntime", "onnxslim", "stable-baselines3")
+    return {package: version for package in packages if (version := installed_version(package))}
 
 
 def _manifest(

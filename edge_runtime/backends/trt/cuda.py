@@ -24,13 +24,12 @@ import ctypes
 import importlib
 import importlib.util
 import threading
-from importlib import metadata
 from typing import Any
 
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.versions import parse_version
+from sac_edge.common.versions import installed_version, parse_version
 
 from ..base import missing_package
 
@@ -42,15 +41,6 @@ def _runtime_module() -> Any | None:
             if importlib.util.find_spec(name) is not None:
                 return importlib.import_module(name)
         except (ImportError, ValueError):  # a bare "cuda" namespace package from another distribution
-            continue
-    return None
-
-
-def cuda_python_version() -> str | None:
-    for dist in ("cuda-bindings", "cuda-python"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
             continue
     return None
 
@@ -75,9 +65,8 @@ class CudaPython:
         self.rt, self.device = rt, device
         self._local = threading.local()
         self.ensure()
-        reason = check_cuda_python(
-            cuda_python_version(), int(self._check(rt.cudaDriverGetVersion(), "get the driver version"))
-        )
+        driver = int(self._check(rt.cudaDriverGetVersion(), "get the driver version"))
+        reason = check_cuda_python(installed_version("cuda-bindings", "cuda-python"), driver)
         if reason is not None:
             raise SacEdgeError(reason)
         self._stream = self._check(rt.cudaStreamCreate(), "create a stream")
