@@ -42,7 +42,7 @@ from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.base import Backend, open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
-from sac_edge.edge_runtime.control.loop import MISS_CAUSES
+from sac_edge.edge_runtime.control.step_stats import MISS_CAUSES
 from sac_edge.train.checkpoint import save_tensors
 from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
 

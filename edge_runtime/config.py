@@ -49,8 +49,8 @@ class RunConfig:
     warm_cache: bool = field(
         default=True,
         metadata={
-            "help": "run one inference on the last observation just before each slot, so the weights are in the "
-            "caches when the real one runs (costs one extra inference of CPU per step)"
+            "help": "rehearse the step (guards and inference on the last observation) just before each slot, so "
+            "its code and weights are in the caches when the real one runs (costs up to a quarter period of CPU)"
         },
     )
     realtime_priority: int = field(

@@ -35,10 +35,17 @@ from typing import Any, NamedTuple, Protocol
 import gymnasium as gym
 import numpy as np
 
-from sac_edge.common.latency import Samples, latency_us
 from sac_edge.edge_runtime.backends.base import Backend
 
 from .safety import ActionGuard, ObservationGuard
+from .step_stats import StepStats, miss_cause
+
+WARM_LEAD = 2
+"""With ``warm_cache``, the step is rehearsed from this many times the first rehearsal's duration before
+the slot until the slot (the most recent duration, or a slowly decaying maximum of the earlier ones: the
+first, cold, rehearsal's time varies step to step), and never for more than a quarter of the period. The
+first rehearsal brings the code and the weights back into the caches (10 to 20x a hot step on the 2-core
+VM after 10 ms asleep); the ones after it run hot and keep them there until the slot."""
 
 
 class Experience(Protocol):
@@ -100,8 +107,8 @@ class LoopSettings(NamedTuple):
     spin_us: float = 100.0
     seed: int = 0
     warm_cache: bool = True
-    """Infer once on the last observation just before each slot (the weights leave the caches between
-    steps at low rates; the warm-up brings them back before the inference that counts)."""
+    """Rehearse the step on the last observation just before each slot (see ``WARM_LEAD``): between steps
+    the code and the weights leave the caches; the rehearsal brings them back before the step that counts."""
 
 
 class ControlLoop:
@@ -131,6 +138,7 @@ class ControlLoop:
         self.precision_switches = 0
         self.peak_rss_mb = float("nan")
         self.last_memory: dict[str, Any] = {}
+        self.stats = StepStats()
 
     @property
     def backend(self) -> Backend:
@@ -153,15 +161,25 @@ class ControlLoop:
         sleep = time.sleep
         spin_ns = int(s.spin_us * 1000)
         warm_obs: np.ndarray | None = None  # with warm_cache: the last observation inferred on
-        warm_ns = 0  # how much earlier than the spin to wake for the warm-up inference
-        latency, jitter = Samples(), Samples()
-        step_time, infer_time, env_time = Samples(), Samples(), Samples()  # per step; infer 0 when held
-        causes = dict.fromkeys(MISS_CAUSES, 0)
+        warm_ns = 0  # how long before the slot the rehearsal starts (from the last one's duration)
+        stats = self.stats = StepStats()
+        add_jitter, add_latency, add_infer = stats.jitter.append, stats.latency.append, stats.infer.append
+        add_env, add_step, causes = stats.env.append, stats.step.append, stats.causes
         period = round(1e9 / self.rate_hz)
         budget_ns = int(s.inference_budget * period)
         obs_guard, act_guard = self.obs_guard, self.act_guard
         env, experience = self.env, self.experience
         backend = self.backend
+
+        def rehearse(obs: np.ndarray) -> None:
+            """The step's guard and inference calls on the last observation, without their effects: a fine
+            observation leaves the guard's state as it was (its values are already the last good ones), and
+            the real inference overwrites the output."""
+            if obs_guard.fine(obs):
+                safe = obs_guard.check(obs)
+                assert safe is not None
+                act_guard.rehearse(backend.act(safe))
+
         steps = misses = skipped = overruns = held = episodes = 0
         window_start_step = window_misses = 0
         start = clock()
@@ -182,11 +200,20 @@ class ControlLoop:
             now = clock()
             if slot - now > spin_ns + warm_ns:
                 sleep((slot - now - spin_ns - warm_ns) / 1e9)
-            if warm_obs is not None:
-                backend.act(warm_obs)  # its output is overwritten by the real inference
+            if warm_obs is not None:  # rehearse the step but the env's part until just before the slot
+                while clock() < slot - warm_ns:
+                    pass
+                t_warm = timer()
+                rehearse(warm_obs)
+                last = first = timer() - t_warm  # the first is cold; those after it are hot and shorter
+                while clock() + last < slot:  # the next ones run hot: keep the caches so until the slot
+                    t_warm = timer()
+                    rehearse(warm_obs)
+                    last = timer() - t_warm
+                warm_ns = min(max(int(WARM_LEAD * first), warm_ns - (warm_ns >> 4)), period // 4)
             while (now := clock()) < slot:
                 pass
-            jitter.add(now - slot)
+            add_jitter(now - slot)
             took = 0
             safe_obs = obs_guard.check(obs)
             if safe_obs is None:
@@ -196,9 +223,9 @@ class ControlLoop:
                 t0 = timer()
                 raw = backend.act(safe_obs)
                 took = timer() - t0
-                latency.add(took)
+                add_latency(took)
                 if s.warm_cache:
-                    warm_obs, warm_ns = safe_obs, min(2 * took, period // 4)
+                    warm_obs = safe_obs
                 if took > budget_ns:
                     overruns += 1
                     action = act_guard.hold()
@@ -226,9 +253,9 @@ class ControlLoop:
             obs = next_obs
             steps += 1
             finished = clock()
-            step_time.add(finished - now)
-            infer_time.add(took)
-            env_time.add(env_ns)
+            add_step(finished - now)
+            add_infer(took)
+            add_env(env_ns)
             if finished > slot + period:
                 misses += 1
                 window_misses += 1
@@ -239,9 +266,7 @@ class ControlLoop:
                 skipped += behind
                 k += behind
             if finished >= next_second:
-                record = self._second(
-                    finished - start, steps - window_start_step, window_misses, latency, jitter, steps, misses
-                )
+                record = self._second(finished - start, steps - window_start_step, window_misses, steps, misses)
                 window_start_step, window_misses = steps, 0
                 next_second += 1_000_000_000
                 if record is not None:  # the governor changed the rate or the precision
@@ -250,9 +275,10 @@ class ControlLoop:
                         anchor, k, period = clock(), 0, record
                         budget_ns = int(s.inference_budget * period)
         elapsed = (clock() - start) / 1e9
+        stats.fold()
         self._final_memory()
-        summary = self._summary(steps, episodes, misses, skipped, overruns, held, latency, jitter, elapsed)
-        return {**summary, **step_breakdown(jitter, step_time, infer_time, env_time, causes)}
+        summary = self._summary(steps, episodes, misses, skipped, overruns, held, elapsed)
+        return {**summary, **stats.breakdown()}
 
     def _env_failed(self, call: str, err: BaseException) -> None:
         """The environment raised in ``call``: stop, and keep the error for the caller."""
@@ -265,15 +291,12 @@ class ControlLoop:
         elapsed_ns: int,
         window_steps: int,
         window_misses: int,
-        latency: Samples,
-        jitter: Samples,
         steps: int,
         misses: int,
     ) -> int | None:
         """Per-second housekeeping; returns the new period (ns) if the governor changed a knob."""
         gc.collect(0)  # the youngest generation only: tens of microseconds, at a known point
-        lat = latency_us(latency.view(max(0, latency.count - window_steps)))
-        jit = latency_us(jitter.view(max(0, jitter.count - window_steps)))
+        lat, jit = self.stats.fold()
         record: dict[str, Any] = {
             "type": "second",
             "t_s": round(elapsed_ns / 1e9, 3),
@@ -330,8 +353,6 @@ class ControlLoop:
         skipped: int,
         overruns: int,
         held: int,
-        latency: Samples,
-        jitter: Samples,
         elapsed: float,
     ) -> dict[str, Any]:
         return {
@@ -343,8 +364,8 @@ class ControlLoop:
             "deadline_misses": misses,
             "miss_rate": misses / steps if steps else 0.0,
             "skipped_slots": skipped,
-            "latency_us": latency_us(latency.view()),
-            "jitter_us": latency_us(jitter.view()),
+            "latency_us": self.stats.figures("latency"),
+            "jitter_us": self.stats.figures("jitter"),
             "inference_overruns": overruns,
             "obs_nonfinite": self.obs_guard.nonfinite,
             "obs_out_of_range": self.obs_guard.out_of_range,
@@ -361,37 +382,6 @@ class ControlLoop:
             "env_error": self.env_error,
             "backend": self.backend.describe(),
         }
-
-
-MISS_CAUSES = ("late_wakeup", "inference", "env", "loop")
-HISTOGRAM_EDGES_US = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
-
-
-def miss_cause(wake_ns: int, inference_ns: int, env_ns: int, loop_ns: int) -> str:
-    """What a missed deadline is blamed on: the largest of the wake-up lateness, the inference, the env's
-    step (and reset) and the loop's own work (guards, hooks, bookkeeping, and whatever preempted them)."""
-    parts = (wake_ns, inference_ns, env_ns, loop_ns)
-    return MISS_CAUSES[max(range(len(parts)), key=parts.__getitem__)]
-
-
-def step_breakdown(
-    jitter: Samples, step_time: Samples, infer_time: Samples, env_time: Samples, causes: Mapping[str, int]
-) -> dict[str, Any]:
-    """Where the steps' time went: the loop's own work (a step less its inference and env step), the env
-    step, the misses by cause, and histograms of wake-up lateness and step duration (microseconds)."""
-    steps, env = step_time.view(), env_time.view()
-    work = steps - infer_time.view() - env
-    edges = np.array([*HISTOGRAM_EDGES_US, np.inf])
-    return {
-        "loop_work_us": latency_us(work),
-        "env_step_us": latency_us(env),
-        "miss_causes": dict(causes),
-        "histogram_us": {
-            "edges": list(HISTOGRAM_EDGES_US),
-            "late_wakeup": np.histogram(jitter.view() / 1000.0, edges)[0].tolist(),
-            "step": np.histogram(steps / 1000.0, edges)[0].tolist(),
-        },
-    }
 
 
 @contextlib.contextmanager

@@ -226,7 +226,7 @@ class _ActionLog(gym.Wrapper):
 
 
 @pytest.mark.parametrize("warm", [True, False])
-def test_warm_cache_infers_once_more_per_step_and_serves_the_same_actions(pendulum_bundle: Path, warm: bool) -> None:
+def test_warm_cache_rehearses_each_step_and_serves_the_same_actions(pendulum_bundle: Path, warm: bool) -> None:
     from sac_edge.edge_runtime.backends.base import open_bundle
     from sac_edge.edge_runtime.backends.registry import open_backend
     from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
@@ -241,7 +241,8 @@ def test_warm_cache_infers_once_more_per_step_and_serves_the_same_actions(pendul
         return summary["steps"], backend.calls, env.actions
 
     steps, calls, actions = run(warm)
-    assert calls == (2 * steps - 1 if warm else steps)  # the first slot has no observation to warm with
+    # the first slot has no observation to warm with; the others rehearse at least once
+    assert calls >= 2 * steps - 1 if warm else calls == steps
     _, _, reference = run(not warm)
     n = min(len(actions), len(reference))
     assert n > 50
@@ -278,7 +279,7 @@ def test_misses_from_a_slow_env_are_blamed_on_the_env(pendulum_bundle: Path) -> 
 
 
 def test_miss_cause_is_the_largest_part() -> None:
-    from sac_edge.edge_runtime.control.loop import miss_cause
+    from sac_edge.edge_runtime.control.step_stats import miss_cause
 
     assert miss_cause(900_000, 10_000, 20_000, 5_000) == "late_wakeup"
     assert miss_cause(1_000, 900_000, 20_000, 5_000) == "inference"

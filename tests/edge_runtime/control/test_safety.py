@@ -1,10 +1,11 @@
-"""The action guard: finite, in-bounds actions always; the last safe one held for a non-finite action."""
+"""The guards: observations checked and repaired per the policy, actions always finite and in bounds."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from sac_edge.edge_runtime.control.safety import ActionGuard
+from sac_edge.edge_runtime.control.safety import PYTHON_CHECK_MAX, ActionGuard, ObservationGuard
 
 
 def test_actions_are_clipped_counted_and_held() -> None:
@@ -20,3 +21,44 @@ def test_actions_are_clipped_counted_and_held() -> None:
         np.testing.assert_array_equal(out, [1.0, 0.0, 2.0])  # the last safe action
     assert guard.nonfinite == 3 and guard.clipped == 1
     np.testing.assert_array_equal(guard.apply(np.array([[0.1, 0.2, 0.3]], np.float32)), np.float32([0.1, 0.2, 0.3]))
+
+
+@pytest.mark.parametrize("dims", [3, PYTHON_CHECK_MAX + 1])  # the Python-float path and the numpy one
+def test_observations_are_checked_repaired_and_counted(dims: int) -> None:
+    low, high = np.full(dims, -1.0), np.full(dims, 1.0)
+    low[0], high[0] = -np.inf, np.inf  # an unbounded component still rejects inf and NaN
+    guard = ObservationGuard(low, high, "clip")
+    good = np.linspace(-0.5, 0.5, dims).astype(np.float32)
+    assert guard.fine(good) and guard.check(good) is good
+    for bad, counter in ((np.inf, "nonfinite"), (np.nan, "nonfinite"), (2.0, "out_of_range")):
+        obs = good.copy()
+        obs[0 if bad != 2.0 else 1] = bad
+        before = getattr(guard, counter)
+        assert not guard.fine(obs) and getattr(guard, counter) == before  # fine() counts nothing
+        repaired = guard.check(obs)
+        assert repaired is not None and np.isfinite(repaired).all()
+        assert np.all(repaired >= low) and np.all(repaired <= high)
+        np.testing.assert_array_equal(repaired[2:], good[2:])
+    assert (guard.nonfinite, guard.out_of_range, guard.malformed) == (2, 1, 0)
+    assert guard.check(np.zeros(dims + 1)) is not None and guard.malformed == 1
+    assert not guard.fine(np.zeros(dims + 1)) and not guard.fine("obs")
+    held = ObservationGuard(low, high, "hold")
+    assert held.check(np.full(dims, np.nan)) is None and held.nonfinite == 1
+
+
+def test_the_last_good_values_survive_an_env_that_reuses_its_array() -> None:
+    guard = ObservationGuard(np.full(3, -1.0), np.full(3, 1.0), "clip")
+    buffer = np.array([0.1, 0.2, 0.3])
+    assert guard.check(buffer) is buffer
+    buffer[:] = [np.nan, 0.5, 0.5]  # the env wrote its next observation into the same array
+    np.testing.assert_allclose(guard.check(buffer), [0.1, 0.5, 0.5])
+
+
+def test_rehearse_leaves_the_action_guard_as_it_was() -> None:
+    guard = ActionGuard(np.array([-1.0, -1.0]), np.array([1.0, 1.0]))
+    out = guard.apply(np.array([0.5, -0.5], np.float32))
+    for action in ([3.0, 0.0], [np.nan, 0.0], [0.25, 0.25]):
+        guard.rehearse(np.array(action, np.float32))
+    assert (guard.clipped, guard.nonfinite) == (0, 0)
+    np.testing.assert_array_equal(out, [0.5, -0.5])
+    np.testing.assert_array_equal(guard.hold(), [0.5, -0.5])
