@@ -32,6 +32,8 @@ def file_env(env: object, source: str) -> str:
     """
     if isinstance(env, str) and is_registered(env):
         return env
+    if env == "":
+        raise SacEdgeError(f"{source} names no environment (an SB3 zip exported without --env): pass --env ID")
     shown = repr(env)[:80]
     raise SacEdgeError(
         f"{source} names environment {shown}, which is not a registered gymnasium id; an environment class is "

@@ -93,3 +93,8 @@ def test_file_env_accepts_only_registered_ids(value: object) -> None:
     assert file_env("Pendulum-v1", "x.json") == "Pendulum-v1"
     with pytest.raises(SacEdgeError, match="not a registered gymnasium id"):
         file_env(value, "x.json")
+
+
+def test_a_file_naming_no_environment_asks_for_env() -> None:
+    with pytest.raises(SacEdgeError, match=r"names no environment .*pass --env ID"):
+        file_env("", "bundle/manifest.json")
