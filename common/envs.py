@@ -11,6 +11,7 @@ registered gymnasium ids only.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -41,8 +42,28 @@ def file_env(env: object, source: str) -> str:
     )
 
 
+def route_mujoco_warnings(env: str) -> None:
+    """Send MuJoCo's warnings to stderr as one ``sac-edge:`` line each, for a MuJoCo environment.
+
+    By default MuJoCo prints each warning with a blank line and appends it to ``MUJOCO_LOG.TXT`` in the
+    working directory. Deprecation notes about the XML gymnasium ships (HalfCheetah's ``settotalmass``)
+    are dropped: the user cannot act on them. The hook is process-wide and set before the model compiles.
+    """
+    entry = getattr(gym.envs.registration.registry.get(env), "entry_point", "")
+    if not (isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")):
+        return
+    import mujoco
+
+    def warn(message: str) -> None:
+        if "is deprecated" not in message:
+            print(f"sac-edge: MuJoCo warning: {message.splitlines()[0]}", file=sys.stderr)
+
+    mujoco.set_mju_user_warning(warn)
+
+
 def make_env(env: str, **kwargs: Any) -> gym.Env:
     """Instantiate ``env`` (registered id or ``module:Class``) and check it is SAC-compatible."""
+    route_mujoco_warnings(env)
     if ":" in env and env.split(":", 1)[0] not in gym.envs.registration.registry:
         module_name, _, class_name = env.partition(":")
         try:
