@@ -11,7 +11,9 @@ Then, side by side:
    with the file sizes, and the compute floor (the MLP's FLOPs at this core's measured one-thread fp32
    GEMM rate). Goals: INT8 at most 0.8x FP32 at batch 1, 0.5x at batch 64, the file 0.35x.
 3. in the loop: ``sac-edge run`` at 100, 500 and 1000 Hz with and without ``--warm-cache``: p50/p99
-   against the hot p50 of section 1 (goal: within 1.5x), deadline misses; the torch backend at 1 kHz.
+   against the hot p50 of section 1 (goal: within 1.5x), deadline misses, the loop's own work per step
+   (the summary's ``loop_work_us``: a step less its inference and env step; goal: under 15 us at 1 kHz);
+   the torch backend at 1 kHz.
 4. fine-tuning: ``sac-edge run --finetune`` at 1 kHz against the same run without learning (goal: the
    miss rate moves by less than 0.05 points); ``peak_rss_mb`` counts the learner process too,
    ``torch_imported`` is the control process's (the learner runs in a process of its own).
@@ -230,6 +232,7 @@ def run_loop(bundle: Path, env_id: str, args: argparse.Namespace, rate_hz: float
         "miss_pct": round(100 * s["miss_rate"], 3),
         "p50_us": s["latency_us"]["p50"],
         "p99_us": s["latency_us"]["p99"],
+        "work_p50_us": s["loop_work_us"]["p50"],
         "misses_wake/infer/env/loop": "/".join(str(s["miss_causes"][c]) for c in MISS_CAUSES),
         "peak_rss_mb": round(s["peak_rss_mb"], 1),
         "torch_imported": s["torch_imported"],
