@@ -200,8 +200,8 @@ class ControlLoop:
             now = clock()
             if slot - now > spin_ns + warm_ns:
                 sleep((slot - now - spin_ns - warm_ns) / 1e9)
-            if warm_obs is not None:  # rehearse the step but the env's part until just before the slot
-                while clock() < slot - warm_ns:
+            if warm_obs is not None and slot - clock() > warm_ns // WARM_LEAD:  # not woken too late for it
+                while clock() < slot - warm_ns:  # rehearse the step but the env's part until the slot
                     pass
                 t_warm = timer()
                 rehearse(warm_obs)
