@@ -200,7 +200,7 @@ class ControlLoop:
             now = clock()
             if slot - now > spin_ns + warm_ns:
                 sleep((slot - now - spin_ns - warm_ns) / 1e9)
-            if warm_obs is not None and slot - clock() > warm_ns // WARM_LEAD:  # not woken too late for it
+            if warm_obs is not None and (not warm_ns or slot - clock() > warm_ns // WARM_LEAD):  # time for it
                 while clock() < slot - warm_ns:  # rehearse the step but the env's part until the slot
                     pass
                 t_warm = timer()
