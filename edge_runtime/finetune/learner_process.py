@@ -72,6 +72,27 @@ CONTROL_LAYOUT = [("knobs", np.dtype(np.float64).str, (3,)), ("flags", np.dtype(
 PR_SET_PDEATHSIG = 1
 
 
+def weights_layout(
+    spec: PolicySpec, tensors: Mapping[str, np.ndarray], int8: Mapping[str, np.ndarray]
+) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The weights block: the learner state, the int8 initializers (``INT8`` + name) and the checked states."""
+    return [
+        *layout_of(tensors),
+        *layout_of({INT8 + k: v for k, v in int8.items()}),
+        (STATES, np.dtype(np.float32).str, (SHADOW_STATES, spec.obs_dim)),
+        (N_STATES, np.dtype(np.int64).str, ()),
+    ]
+
+
+def read_candidate(
+    weights: SharedArrays, tensor_names: list[str], int8_names: list[str]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """Copies of a candidate's learner state, int8 initializers (names without ``INT8``) and checked states."""
+    n = int(weights[N_STATES])
+    int8 = {k[len(INT8) :]: v for k, v in weights.copy(int8_names).items()}
+    return weights.copy(tensor_names), int8, weights[STATES][:n].copy()
+
+
 def one_line(err: BaseException) -> str:
     """``Type: first line of the message``."""
     text = str(err).splitlines()[0] if str(err) else ""
@@ -95,7 +116,6 @@ class LearnerProcess:
         settings: Mapping[str, Any],
     ) -> None:
         ctx = mp.get_context("spawn")
-        f32 = np.dtype(np.float32).str
         self.tensor_names = list(tensors)
         self.int8_names = [INT8 + k for k in int8]
         self.process: Any = None
@@ -103,14 +123,7 @@ class LearnerProcess:
         self._blocks: list[SharedArrays] = []
         try:
             self.ring_block = self._block(ring_layout(STAGING_ROWS, spec.obs_dim, spec.act_dim))
-            self.weights = self._block(
-                [
-                    *layout_of(tensors),
-                    *layout_of({INT8 + k: v for k, v in int8.items()}),
-                    (STATES, f32, (SHADOW_STATES, spec.obs_dim)),
-                    (N_STATES, "<i8", ()),
-                ]
-            )
+            self.weights = self._block(weights_layout(spec, tensors, int8))
             self.control = self._block(CONTROL_LAYOUT)
             self.weights.write(tensors)
             self.knobs, self.flags = self.control["knobs"], self.control["flags"]
@@ -190,9 +203,7 @@ class LearnerProcess:
     def candidate(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
         """Copies of the learner state, the re-quantised initializers and the checked states the child
         wrote with its last proposal."""
-        n = int(self.weights[N_STATES])
-        int8 = {k[len(INT8) :]: v for k, v in self.weights.copy(self.int8_names).items()}
-        return self.weights.copy(self.tensor_names), int8, self.weights[STATES][:n].copy()
+        return read_candidate(self.weights, self.tensor_names, self.int8_names)
 
     def failure(self) -> str | None:
         """Why the child is gone (None while it runs or after a clean stop)."""

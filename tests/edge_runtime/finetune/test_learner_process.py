@@ -24,12 +24,12 @@ from sac_edge.edge_runtime.finetune.learner_process import (
     CONTROL_LAYOUT,
     INT8,
     N_STATES,
-    STATES,
     WINDOW_OK,
     LearnerLoop,
     _send,
+    weights_layout,
 )
-from sac_edge.edge_runtime.finetune.shared import SharedArrays, layout_of
+from sac_edge.edge_runtime.finetune.shared import SharedArrays
 from sac_edge.edge_runtime.finetune.weight_swap import Int8Requantizer
 
 SETTINGS = {
@@ -51,17 +51,15 @@ def built_loop(bundle_dir: Path, **settings: Any) -> Iterator[tuple[LearnerLoop,
     int8 = {}
     if cfg["int8"]:
         actor = {k: v for k, v in tensors.items() if k.startswith("actor.")}
-        int8 = {INT8 + k: v for k, v in Int8Requantizer(bundle).requantize(actor, None).initializers.items()}
+        int8 = Int8Requantizer(bundle).requantize(actor, None).initializers
     blocks = [
         SharedArrays(ring_layout(256, spec.obs_dim, spec.act_dim)),
-        SharedArrays(
-            [*layout_of(tensors), *layout_of(int8), (STATES, "<f4", (512, spec.obs_dim)), (N_STATES, "<i8", ())]
-        ),
+        SharedArrays(weights_layout(spec, tensors, int8)),
         SharedArrays(CONTROL_LAYOUT),
     ]
     ring_block, weights, control = blocks
     try:
-        weights.write({**tensors, **int8})
+        weights.write({**tensors, **{INT8 + k: v for k, v in int8.items()}})
         control["knobs"][:] = (1.0, 32, 0)
         ring = StagingRing(ring_block.arrays, np.array(spec.action_low), np.array(spec.action_high))
         main_end, child_end = mp.Pipe()
