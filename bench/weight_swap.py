@@ -9,7 +9,8 @@ For Pendulum-v1 and HalfCheetah-v5 (untrained 256x256 actors exported with ``sac
    interleaved. It decides where ``OrtBackend`` swaps in place (backends/onnxrt/runner.py).
 2. stall: a control-like thread (``act`` on the serving backend, then a 0.2 ms sleep, under the fine-tuner's
    0.1 ms GIL switch interval) while another thread swaps a new weight set in every ``--gap-ms``. Its
-   worst gap between two iterations, and its p99.9, for: no swaps (the machine's own noise); *before*,
+   worst gap between two iterations, its p99.9 and the number of gaps over 1 ms, over ``--rounds``
+   rounds that take the paths in turn, for: no swaps (the machine's own noise); *before*,
    what the coordinator did per candidate before (re-quantise and re-check for int8 in the control
    process, then rebuild every onnxruntime session); *after*, what it does now (copy the candidate's sets
    out of shared memory, the learner having re-quantised them, and install them: fp32 refilled in place,
@@ -46,6 +47,7 @@ from sac_edge.edge_runtime.finetune.weight_swap import WeightSets, WeightSwapper
 
 TICK_S = 2e-4
 LOADS = (("fp32",), ("fp32", "int8"))
+PATHS = ("none", "before", "after")
 
 
 def _session(path: Path, prepack: bool) -> tuple[Any, list[Any]]:
@@ -114,9 +116,6 @@ class Ticker:
             self.gaps.append(now - last)
             last = now
 
-    def figures(self) -> dict[str, float]:
-        gaps = np.array(self.gaps[10:]) / 1e6
-        return {"worst_gap_ms": round(float(gaps.max()), 3), "p999_gap_ms": round(float(np.quantile(gaps, 0.999)), 3)}
 
 
 def _actor_sets(bundle: Bundle) -> list[dict[str, np.ndarray]]:
@@ -124,18 +123,20 @@ def _actor_sets(bundle: Bundle) -> list[dict[str, np.ndarray]]:
     return [actor, {k: (v * 0.9).astype(np.float32) for k, v in actor.items()}]
 
 
-def stall(bundle: Bundle, load: tuple[str, ...], path: str, swaps: int, gap_s: float) -> dict[str, Any]:
-    """The ticker's gaps while ``path`` (none / before / after) swaps ``swaps`` times, ``gap_s`` apart."""
+def stall(bundle: Bundle, load: tuple[str, ...], path: str, swaps: int, gap_s: float) -> tuple[list[int], list[float]]:
+    """The ticker's gaps (ns) while ``path`` (none / before / after) swaps ``swaps`` times, ``gap_s`` apart,
+    and the swaps' seconds."""
     after = path == "after"
     backends = {p: open_backend(bundle, "onnxruntime", p, BackendOptions(refit=after)) for p in load}
     swapper = WeightSwapper(backends, bundle)
     actors = _actor_sets(bundle)
     states = np.random.default_rng(0).standard_normal((SHADOW_STATES, bundle.spec.obs_dim)).astype(np.float32)
     tensors = read_learner_tensors(bundle)
-    prepared = [swapper.prepare(a, states) for a in actors]  # after: what the learner process made
-    block = SharedArrays(weights_layout(bundle.spec, tensors, prepared[0].int8))
+    prepared = [swapper.prepare(a, states) for a in actors]  # after: what the learner process made...
+    blocks = [SharedArrays(weights_layout(bundle.spec, tensors, sets.int8)) for sets in prepared]
+    for block, sets in zip(blocks, prepared):  # ...and wrote into shared memory
+        block.write({**tensors, **sets.actor, **{INT8 + k: v for k, v in sets.int8.items()}})
     names = (list(tensors), [INT8 + k for k in prepared[0].int8])
-    block.write({**tensors, **{INT8 + k: v for k, v in prepared[0].int8.items()}})
     swapper.install(prepared[0])
     ticker = Ticker(backends[load[0]], states[0])
     previous = sys.getswitchinterval()
@@ -143,13 +144,15 @@ def stall(bundle: Bundle, load: tuple[str, ...], path: str, swaps: int, gap_s: f
     ticker.thread.start()
     seconds = []
     try:
-        for i in range(swaps):
+        for i in range(1, swaps + 1):
             time.sleep(gap_s)
+            if path == "none":
+                continue
             start = time.perf_counter()
             if path == "before":
                 swapper.install(swapper.prepare(actors[i % 2], states))
-            elif after:
-                state, int8, _ = read_candidate(block, *names)
+            else:
+                state, int8, _ = read_candidate(blocks[i % 2], *names)
                 actor = {k: v for k, v in state.items() if k.startswith("actor.")}
                 swapper.install(WeightSets(actor, int8, prepared[i % 2].int8_facts))
             seconds.append(time.perf_counter() - start)
@@ -158,9 +161,36 @@ def stall(bundle: Bundle, load: tuple[str, ...], path: str, swaps: int, gap_s: f
         ticker.stop.set()
         ticker.thread.join()
         sys.setswitchinterval(previous)
-        block.unlink()
-    swap_ms = round(float(np.median(seconds)) * 1e3, 3) if path != "none" else None
-    return {"loaded": ",".join(load), "path": path, **ticker.figures(), "swap_p50_ms": swap_ms}
+        for block in blocks:
+            block.unlink()
+    return ticker.gaps[10:], seconds
+
+
+def stall_rows(bundle: Bundle, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each load and path's figures over ``args.rounds`` rounds, the paths taking turns within a round."""
+    rows = []
+    for load in LOADS:
+        gaps: dict[str, list[int]] = {p: [] for p in PATHS}
+        seconds: dict[str, list[float]] = {p: [] for p in PATHS}
+        for _ in range(args.rounds):
+            for path in PATHS:
+                g, s = stall(bundle, load, path, args.swaps, args.gap_ms / 1e3)
+                gaps[path] += g
+                seconds[path] += s
+        for path in PATHS:
+            ms = np.array(gaps[path]) / 1e6
+            rows.append(
+                {
+                    "loaded": ",".join(load),
+                    "path": path,
+                    "swaps": len(seconds[path]),
+                    "worst_gap_ms": round(float(ms.max()), 3),
+                    "p999_gap_ms": round(float(np.quantile(ms, 0.999)), 3),
+                    "gaps_over_1ms": int((ms > 1.0).sum()),
+                    "swap_p50_ms": round(float(np.median(seconds[path])) * 1e3, 3) if seconds[path] else None,
+                }
+            )
+    return rows
 
 
 def main() -> None:
@@ -169,6 +199,7 @@ def main() -> None:
     parser.add_argument("--sections", default="prepack,stall")
     parser.add_argument("--swaps", type=int, default=40, help="swaps per stall row")
     parser.add_argument("--gap-ms", type=float, default=25.0, help="time between two swaps")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three paths, taken in turn")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     out: dict[str, Any] = {}
@@ -183,12 +214,8 @@ def main() -> None:
                 print(f"\n{env_id}: p50 (us) with and without onnxruntime's weight prepacking, interleaved")
                 print(format_table([tuple(r.values()) for r in res["prepack"]], tuple(res["prepack"][0])))
             if "stall" in sections:
-                res["stall"] = [
-                    stall(bundle, load, p, args.swaps, args.gap_ms / 1e3)
-                    for load in LOADS
-                    for p in ("none", "before", "after")
-                ]
-                what = f"{args.swaps} swaps happen, {args.gap_ms} ms apart"
+                res["stall"] = stall_rows(bundle, args)
+                what = f"{args.rounds} x {args.swaps} swaps happen, {args.gap_ms} ms apart"
                 print(f"\n{env_id}: a control-like thread's gaps (ms) while {what}")
                 print(format_table([tuple(r.values()) for r in res["stall"]], tuple(res["stall"][0])))
             out[env_id] = res
