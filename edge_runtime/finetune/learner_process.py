@@ -17,7 +17,11 @@ held the control process's interpreter lock for 1-13 ms a candidate when they ra
   each candidate that passed its checks and then says so on the pipe (with the int8 figures); it writes
   nothing more until the main process resolves that candidate, so the main process copies out a whole set
   and swaps it in. A candidate that fails the int8 check never reaches the block: the child reports it as
-  an ``event`` (``int8_skipped``) and learns on;
+  an ``event`` (``int8_skipped``) and learns on. The child does not write into the arrays the serving
+  onnxruntime session reads (``backends/onnxrt/runner.py``), though that would save one copy (~0.3 MB
+  for a 256x256 actor, a fraction of the 0.08 ms swap): when the retired generation may be written is
+  known only in the control process (its ``act`` counters), and the control process stays the only one
+  that changes what a backend serves, so a rollback or a failed child can never leave a half-written set;
 - control: a small shared block carries the governor's knobs (rate scale, batch, pause), whether the last
   good weights have a full window of episodes, the stop flag and the child's counters;
 - messages: JSON over a ``multiprocessing`` pipe (never pickle): ``ready`` (sizing), ``candidate``,

@@ -6,8 +6,9 @@ arrays, so the hot path copies the observation in and reads the action out of th
 call. A weight swap publishes a new generation of the session with one assignment, built one of two ways:
 
 - rebuilt: a new session whose initializers are overridden with ``SessionOptions.add_initializer`` (the
-  graph file is unchanged). Building a session holds the interpreter lock (measured: a Python thread
-  stalls ~1 ms for the fp32 graph, ~4.5 ms for ``policy.int8-cpu.onnx``), so it is the slow way;
+  graph file is unchanged). onnxruntime holds the interpreter lock while it builds a session (measured:
+  another Python thread stalls ~1 ms for the fp32 graph, 2 to 4.5 ms for ``policy.int8-cpu.onnx``), so
+  this is the slow way;
 - refilled in place (fp32 on the CPU provider with ``BackendOptions.refit``, i.e. ``--finetune``): two
   generations are built at start, each over numpy arrays given by ``add_initializer`` with the session
   option ``session.disable_prepacking``, so the session reads the arrays where they are; a swap writes
@@ -20,9 +21,9 @@ call. A weight swap publishes a new generation of the session with one assignmen
 
 Prepacking off costs the int8 graph its speed, so the int8 graphs (and the GPU providers, whose
 sessions copy weights to the device and go through the parity gate) keep the rebuild. Measured with
-``bench/edge_loop.py --sections prepack``, p50 prepacking off / on, one thread: fp32 0.98-1.03x at
-batch 1, 1.3x at 8 (``act_batch``, bench and evaluation only), 1.01-1.09x at 64; ``policy.int8-cpu.onnx``
-1.9x at batch 1.
+``bench/weight_swap.py --sections prepack`` (BENCHMARKS.md), p50 prepacking off / on, one thread, 256x256
+actors: fp32 0.96-1.07x at batch 1 (the loop's call), 1.24-1.31x at 8 and 1.09-1.12x at 64 (``act_batch``:
+bench and evaluation); ``policy.int8-cpu.onnx`` 1.97-2.24x at batch 1.
 
 A swapped session never uses the TensorRT execution provider's engine cache: onnxruntime keys that cache by
 the model file name, graph names and versions, not by weight values, so it would load the engine built
