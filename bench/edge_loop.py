@@ -16,7 +16,11 @@ Then, side by side:
    the torch backend at 1 kHz.
 4. fine-tuning: ``sac-edge run --finetune`` at 1 kHz against the same run without learning (goal: the
    miss rate moves by less than 0.05 points); ``peak_rss_mb`` counts the learner process too,
-   ``torch_imported`` is the control process's (the learner runs in a process of its own).
+   ``torch_imported`` is the control process's (the learner runs in a process of its own). Two learning
+   runs: one that never proposes a candidate (the learner's own cost), and one that proposes a candidate
+   every 50 updates and judges it over 2 episodes, so that a run of a few seconds swaps weights several
+   times (the swaps' cost on top); ``swaps`` is the run summary's count (candidates swapped in, and
+   rollbacks swapped back).
 
 ``--seconds`` sets each loop run's length (default 5; the issue's figures use 8). ``--realtime-priority``
 and ``--core`` pin the loop. Prints one table per section, then one JSON line.
@@ -51,6 +55,12 @@ from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
 ENVS = ("Pendulum-v1", "HalfCheetah-v5")
 BIN = Path(sys.executable).parent
 RATES = (100.0, 500.0, 1000.0)
+LEARN = ("--finetune", "--learning-starts", "500")
+FINETUNE_MODES = {
+    "off": (),
+    "no swaps": (*LEARN, "--swap-every", str(10**9)),
+    "swaps": (*LEARN, "--swap-every", "50", "--promotion-window", "2"),
+}
 
 
 def write_run_dir(env_id: str, out: Path, seed: int = 0) -> Path:
@@ -203,7 +213,8 @@ def file_sizes(bundle: Path) -> dict[str, Any]:
     }
 
 
-def run_loop(bundle: Path, env_id: str, args: argparse.Namespace, rate_hz: float, *extra: str) -> dict[str, Any]:
+def run_summary(bundle: Path, env_id: str, args: argparse.Namespace, rate_hz: float, *extra: str) -> dict[str, Any]:
+    """``sac-edge run ... --json``'s summary."""
     cmd = [
         str(BIN / "sac-edge"),
         "run",
@@ -226,7 +237,16 @@ def run_loop(bundle: Path, env_id: str, args: argparse.Namespace, rate_hz: float
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"edge_loop: {' '.join(cmd)} failed: {proc.stderr.strip()}")
-    s = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return summary
+
+
+def run_loop(bundle: Path, env_id: str, args: argparse.Namespace, rate_hz: float, *extra: str) -> dict[str, Any]:
+    return loop_figures(run_summary(bundle, env_id, args, rate_hz, *extra))
+
+
+def loop_figures(s: dict[str, Any]) -> dict[str, Any]:
+    """A loop run's row: steps, miss rate, latency, misses by cause, peak RSS, whether torch was imported."""
     return {
         "steps": s["steps"],
         "miss_pct": round(100 * s["miss_rate"], 3),
@@ -255,10 +275,22 @@ def loop_rows(bundle: Path, env_id: str, args: argparse.Namespace, hot_p50: floa
 
 def finetune_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
-    for finetune in (False, True):
-        extra = ("--finetune", "--finetune-dir", str(bundle.parent / f"{env_id}.ft")) if finetune else ()
-        r = run_loop(bundle, env_id, args, 1000.0, "--backend", "onnxruntime", *extra)
-        rows.append({"backend": "onnxruntime", "rate_hz": 1000.0, "finetune": finetune, **r})
+    for mode, flags in FINETUNE_MODES.items():
+        where = ("--finetune-dir", str(bundle.parent / f"{env_id}.{mode.replace(' ', '-')}.ft")) if flags else ()
+        s = run_summary(bundle, env_id, args, 1000.0, "--backend", "onnxruntime", *flags, *where)
+        ft = s.get("finetune") or {}
+        swap = ft.get("swap_s", {}).get("fp32")
+        rows.append(
+            {
+                "backend": "onnxruntime",
+                "rate_hz": 1000.0,
+                "finetune": mode,
+                **loop_figures(s),
+                "updates": ft.get("updates"),
+                "swaps": ft.get("swaps"),
+                "swap_p50_ms": round(swap["p50"] * 1e3, 3) if swap else None,
+            }
+        )
     return rows
 
 
@@ -305,7 +337,7 @@ def main() -> None:
                 print(format_table([tuple(r.values()) for r in res["loop"]], tuple(res["loop"][0])))
             if "finetune" in sections:
                 res["finetune"] = finetune_rows(bundle, env_id, args)
-                print(f"\n{env_id}: 1 kHz with and without --finetune")
+                print(f"\n{env_id}: 1 kHz without --finetune, learning without swaps, learning with swaps")
                 print(format_table([tuple(r.values()) for r in res["finetune"]], tuple(res["finetune"][0])))
             out["envs"][env_id] = res
     print(json.dumps(out, sort_keys=True))

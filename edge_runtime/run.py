@@ -153,7 +153,7 @@ def _run_with(
         if cfg.finetune:
             tuner, resumed = build_finetuner(cfg, bundle, backends, probe, last, emit, log)
         elif last is not None:
-            resumed = install_last_good(WeightSwapper(backends, bundle), last)
+            resumed = install_last_good(WeightSwapper(backends, bundle), last)[1]
         try:
             summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log)
         finally:

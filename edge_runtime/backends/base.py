@@ -6,10 +6,11 @@ A backend loads one entry of a bundle (a precision of the policy) and runs it:
   action comes back in a preallocated output. The returned array is the *same object* every call, so the
   loop must copy it (or finish with it) before the next call. ``act`` is for one control thread.
 - ``act_batch(obs[n, d])`` is for bench and evaluation; it may allocate.
-- ``swap_weights(weights)`` installs a new weight set atomically (copy-on-write: the new runner is built
-  aside and published with one reference assignment), so a reader never sees half of one set and half of
-  another. Weights are keyed by the ``InferencePolicy`` state-dict names, which are also the initializer
-  names of the bundle's fp32 ONNX graph (``actor.trunk.0.weight``, ...). It may be called from any thread.
+- ``swap_weights(weights)`` installs a new weight set atomically (the new runner is built, or a retired one
+  no reader can still be using is refilled, aside and published with one reference assignment), so a
+  reader never sees half of one set and half of another. Weights are keyed by the ``InferencePolicy``
+  state-dict names, which are also the initializer names of the bundle's fp32 ONNX graph
+  (``actor.trunk.0.weight``, ...). It may be called from any thread.
 - ``describe()`` says what runs (backend, precision, file, provider/device, versions) for logs and JSON.
 
 Heavy dependencies (torch, tensorrt, cuda-python/pycuda) are imported inside the backend that needs
@@ -132,8 +133,9 @@ class BackendOptions:
     engine_dir: Path | None = None
     """Where TensorRT plans are cached (default: ``BUNDLE/engines``)."""
     refit: bool = False
-    """Build TensorRT engines refittable (``--finetune`` swaps weights in place); off otherwise, since REFIT
-    can cost speed and, per the TensorRT 11.3 docs, drop a GEMM bias."""
+    """Build for weight swaps (``--finetune``): TensorRT engines refittable (off otherwise, since REFIT can
+    cost speed and, per the TensorRT 11.3 docs, drop a GEMM bias); onnxruntime's CPU fp32 session as two
+    generations refilled in place (``backends/onnxrt/runner.py``)."""
 
 
 class Backend(abc.ABC):

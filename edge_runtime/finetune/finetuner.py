@@ -10,12 +10,13 @@ and a light coordinator thread here does the rest:
    (train/sac.py) at the governor's ``finetune_batch`` unless the governor paused fine-tuning; the
    coordinator writes those knobs into shared memory;
 2. every ``swap_every`` updates, once the last good weights have a full window of episodes, the learner
-   checks its actor (losses finite, shadow check on recent states, promotion.py) and publishes it as a
-   candidate in shared memory; the coordinator re-quantises and re-checks it for int8 (weight_swap.py) and
-   swaps it into every loaded backend (timed);
+   checks its actor (losses finite, shadow check on recent states, promotion.py), re-quantises and
+   re-checks it for int8 where an int8 backend is loaded (weight_swap.py), and publishes it as a
+   candidate in shared memory with every backend's initializers; the coordinator copies them out and
+   swaps them into every loaded backend (timed; an in-place refill for onnxruntime fp32 on the CPU);
 3. after ``promotion_window`` episodes served entirely by the candidate, the coordinator promotes it
    (saved atomically as the last good weights: this process is the store's one writer) or rolls back to
-   the last good weights (swapped back), and tells the learner which.
+   the last good weights (their sets, kept since they went live, swapped back), and tells the learner which.
 
 Every decision is a ``{"type": "finetune", ...}`` telemetry record. A failure in the learner process or
 the coordinator stops learning, puts the last good weights back, and is reported in the summary as one
@@ -45,10 +46,10 @@ from sac_edge.edge_runtime.budget.governor import Governor
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 
 from .experience import EpisodeLog, Exploration
-from .learner_process import SHADOW_STATES, LearnerProcess
+from .learner_process import LearnerProcess
 from .promotion import LastGood, LastGoodStore, PromotionRules, judge
 from .settings import FinetuneSettings
-from .weight_swap import WeightSwapper
+from .weight_swap import WeightSets, WeightSwapper
 
 GIL_SWITCH_S = 1e-4
 #: The coordinator wakes on a message from the learner or after this long (knobs, episodes, a dead child).
@@ -64,15 +65,16 @@ def finetune_dir(cfg: FinetuneSettings) -> Path:
     return Path(cfg.finetune_dir) if cfg.finetune_dir else Path(cfg.bundle) / FINETUNE_DIR
 
 
-def install_last_good(swapper: WeightSwapper, last: LastGood) -> dict[str, Any]:
-    """Serve the resumed weights before the first step (int8 re-checked on the states they were saved with)."""
-    check = last.states.size > 0
-    outcome = swapper.push(last.actor(), last.states, check=check)
+def install_last_good(swapper: WeightSwapper, last: LastGood) -> tuple[WeightSets, dict[str, Any]]:
+    """Serve the resumed weights before the first step (int8 re-quantised here, before the loop starts, and
+    re-checked on the states they were saved with): the sets installed and what to report."""
+    sets = swapper.prepare(last.actor(), last.states if last.states.size > 0 else None)
+    outcome = swapper.install(sets)
     if not outcome.live:
         raise SacEdgeError(
             f"the last good weights cannot be served at int8 ({outcome.reason}); run with --precision fp32"
         )
-    return {
+    return sets, {
         "sha256": last.sha256,
         "step": last.info.get("step"),
         "sidecar": last.info.get("sidecar"),
@@ -83,7 +85,7 @@ def install_last_good(swapper: WeightSwapper, last: LastGood) -> dict[str, Any]:
 @dataclass
 class Candidate:
     generation: int
-    weights: dict[str, np.ndarray]
+    sets: WeightSets
     state: dict[str, np.ndarray]
     states: np.ndarray
     updates: int
@@ -106,6 +108,7 @@ class FineTuner:
         governor: Governor | None,
         emit: Emit,
         good_state: Mapping[str, np.ndarray],
+        good_sets: WeightSets,
         good_states: np.ndarray,
         start_step: int = 0,
         start_generation: int = 0,
@@ -120,7 +123,7 @@ class FineTuner:
             cfg.explore_std, np.array(spec.action_low), np.array(spec.action_high), cfg.seed + 1
         )
         self.good_state = {k: np.array(v) for k, v in good_state.items()}
-        self.good_weights = _actor(self.good_state)
+        self.good_sets = good_sets
         self.good_states = good_states
         self.start_generation = start_generation  # a resumed run continues the saved generation count
         self.good_generation = self.generation = start_generation
@@ -161,7 +164,7 @@ class FineTuner:
         """Start the coordinator thread, with a short GIL switch interval while it runs.
 
         CPython lets a thread that wants the GIL wait up to the switch interval (5 ms by default) before it
-        forces the holder to yield; with the coordinator re-quantising or swapping a candidate, the control
+        forces the holder to yield; with the coordinator copying out or swapping a candidate, the control
         thread would wake that late. ``GIL_SWITCH_S`` bounds that wait.
         """
         self._t0 = time.monotonic()
@@ -195,7 +198,7 @@ class FineTuner:
             self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             self.event("error", error=self.error)
             try:
-                self.swapper.push(self.good_weights, self.good_states, check=False)
+                self.swapper.install(self.good_sets)
             except Exception as again:  # nothing more to do than report it
                 self.error += f"; restoring the last good weights failed too ({type(again).__name__})"
 
@@ -213,31 +216,24 @@ class FineTuner:
             raise SacEdgeError(f"the learner process failed: {message.get('error')}")
         if kind == "candidate":
             self._on_candidate(message)
-        elif kind == "event":  # rejected in the learner before serving (non-finite losses, shadow check)
+        elif kind == "event":  # rejected in the learner before serving (non-finite losses, shadow or int8 check)
             self.counts["candidates"] += 1
             self.counts[str(message["counter"])] += 1
-            fields = {k: v for k, v in message.items() if k in ("reason", "shadow")}
-            self.event("reject", step=self.start_step + int(message["collected"]), **fields)
+            fields = {k: v for k, v in message.items() if k in ("reason", "shadow", "int8")}
+            event = str(message.get("event", "reject"))
+            self.event(event, step=self.start_step + int(message["collected"]), **fields)
 
     def _on_candidate(self, message: Mapping[str, Any]) -> None:
-        """The learner published a checked candidate: re-gate it for int8 and swap it in, or skip it."""
+        """The learner published a candidate that passed every check: swap its sets in."""
         self.counts["candidates"] += 1
         step = self.start_step + int(message["collected"])
-        state, states = self.learner.candidate()
-        weights = _actor(state)
-        outcome = self.swapper.push(weights, states)
-        if not outcome.live:
-            self.counts["int8_skipped"] += 1
-            self.learner.resolve("skip")
-            self.event(
-                "skip",
-                reason=f"{outcome.reason}; candidate skipped, serving the last good weights",
-                step=step,
-                int8=outcome.int8,
-            )
-            return
+        state, int8, states = self.learner.candidate()
+        sets = WeightSets(_actor(state), int8, message.get("int8"))
+        outcome = self.swapper.install(sets)
+        if not outcome.live:  # the learner checked it; a candidate failing here is a broken protocol
+            raise SacEdgeError("the learner process published a candidate that failed its int8 check")
         self._published(outcome.seconds)
-        self.candidate = Candidate(self.generation, weights, state, states, int(message["updates"]), step)
+        self.candidate = Candidate(self.generation, sets, state, states, int(message["updates"]), step)
         self.event(
             "swap",
             generation=self.generation,
@@ -277,14 +273,14 @@ class FineTuner:
             "noise_se": verdict.noise_se,
         }
         if verdict.regressed:
-            outcome = self.swapper.push(self.good_weights, self.good_states, check=False)
+            outcome = self.swapper.install(self.good_sets)
             self._published(outcome.seconds)
             self.good_generation = self.generation
             self.learner.resolve("rollback")
             self.counts["rollbacks"] += 1
             self.event("rollback", generation=cand.generation, step=cand.step, **figures, swap_s=outcome.seconds)
             return
-        self.good_state, self.good_weights, self.good_states = cand.state, cand.weights, cand.states
+        self.good_state, self.good_sets, self.good_states = cand.state, cand.sets, cand.states
         self.good_generation = cand.generation
         self.good_returns = deque(cand.returns, maxlen=self.rules.window)
         info = {
@@ -367,14 +363,17 @@ def build_finetuner(
     rules = PromotionRules(cfg.promotion_window, cfg.rollback_threshold, cfg.shadow_max_diff, cfg.rollback_noise_z)
     swapper = WeightSwapper(backends, bundle)
     states = last.states if last is not None else np.zeros((0, spec.obs_dim), np.float32)
+    resumed: dict[str, Any] | None = None
     if last is not None:
-        resumed: dict[str, Any] | None = install_last_good(swapper, last)
+        sets, resumed = install_last_good(swapper, last)
     else:  # the bundle's own weights: checks the graph names them like the learner
-        resumed = None
-        swapper.push(_actor(tensors), states, check=False)
-    swapper.warm_up(_actor(tensors), SHADOW_STATES)
+        sets = swapper.prepare(_actor(tensors), None)
+        swapper.install(sets)
+    swapper.warm_up(sets)
     settings = {
         "main_baseline_mb": probe.read().budget_mb,  # everything but the learner: backends, env, the swap path
+        "bundle": str(bundle.path),
+        "manifest": bundle.manifest,  # the child re-checks that it re-quantises with the files opened here
         "loop_cpus": list(cfg.cpus),
         **{
             name: getattr(cfg, name)
@@ -393,7 +392,7 @@ def build_finetuner(
             )
         },
     }
-    learner = LearnerProcess(spec, tensors, settings)
+    learner = LearnerProcess(spec, tensors, sets.int8, settings)
     probe.follow(learner.process.pid)  # the governor's memory figure includes the learner's
     try:
         tuner = FineTuner(
@@ -406,6 +405,7 @@ def build_finetuner(
             None,
             emit,
             tensors,
+            sets,
             states,
             start_step=int(last.info.get("step", 0)) if last is not None else 0,
             start_generation=int(last.info.get("generation", 0)) if last is not None else 0,

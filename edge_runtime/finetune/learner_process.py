@@ -5,18 +5,28 @@ control thread, woken for its slot, waited for it; on a loaded CPU the holder co
 holding it, and the control thread waited for the scheduler (measured: BENCHMARKS.md, "Fine-tuning beside
 the 1 kHz loop"). Here the main process keeps everything the control path and the safety rules need (the
 staging ring's producer, the weight swap into its backends, promotion and the last good store, the one
-writer), and a ``spawn`` child (``serve``) imports torch and runs ``DeviceLearner``:
+writer), and a ``spawn`` child (``serve``) imports torch and runs ``DeviceLearner``, and makes each
+candidate's int8 weights (``weight_swap.weight_sets``: re-quantisation and the action-error check, which
+held the control process's interpreter lock for 1-13 ms a candidate when they ran there):
 
 - experience: the ``StagingRing`` rows live in shared memory; the control thread's ``observe`` is the
   same copy as before, and the child drains the rows into its replay buffer;
-- weights: one shared block holds a full learner state (``weights``); the main process writes the starting
-  tensors before the child starts, the child writes each candidate (learner state and the recent states
-  it was checked on) and then says so on the pipe; the main process copies it out, re-gates and swaps it;
+- weights: one shared block holds a full learner state, the int8 backends' re-quantised initializers
+  (``INT8`` + name; laid out from the starting weights' set) and the recent states a candidate was checked
+  on (``weights``); the main process writes the starting tensors before the child starts, the child writes
+  each candidate that passed its checks and then says so on the pipe (with the int8 figures); it writes
+  nothing more until the main process resolves that candidate, so the main process copies out a whole set
+  and swaps it in. A candidate that fails the int8 check never reaches the block: the child reports it as
+  an ``event`` (``int8_skipped``) and learns on. The child does not write into the arrays the serving
+  onnxruntime session reads (``backends/onnxrt/runner.py``), though that would save one copy (~0.3 MB
+  for a 256x256 actor, a fraction of the 0.08 ms swap): when the retired generation may be written is
+  known only in the control process (its ``act`` counters), and the control process stays the only one
+  that changes what a backend serves, so a rollback or a failed child can never leave a half-written set;
 - control: a small shared block carries the governor's knobs (rate scale, batch, pause), whether the last
   good weights have a full window of episodes, the stop flag and the child's counters;
 - messages: JSON over a ``multiprocessing`` pipe (never pickle): ``ready`` (sizing), ``candidate``,
-  ``event`` (a candidate rejected before serving), ``error`` (one line); back: ``resolve`` (``promote``,
-  ``rollback`` or ``skip``), after which the child may propose again.
+  ``event`` (a candidate rejected before serving), ``error`` (one line); back: ``resolve`` (``promote``
+  or ``rollback``), after which the child may propose again.
 
 The child runs on the CPUs that ``--cpus`` leaves to others (all of them without ``--cpus``). It dies with
 its parent: it is a daemon process, asks the kernel for SIGKILL when the parent dies
@@ -36,17 +46,21 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import read_manifest
 from sac_edge.common.spec import PolicySpec
+from sac_edge.edge_runtime.backends.base import Bundle
 from sac_edge.edge_runtime.budget.memory import read_process_memory
 
 from .experience import StagingRing, ring_layout
 from .promotion import shadow_check
 from .shared import SharedArrays, layout_of
+from .weight_swap import Int8Requantizer, weight_sets
 
 STAGING_ROWS = 8192
 SHADOW_STATES = 512
@@ -54,11 +68,33 @@ IDLE_S = 0.002
 START_TIMEOUT_S = 300.0  # torch import, sizing and timed updates on a slow device
 STOP_TIMEOUT_S = 10.0
 STATES, N_STATES = "__shadow_states__", "__n_states__"
+INT8 = "int8/"  # prefix of the re-quantised initializers in the weights block
 # control block: knobs (float64) and flags (int64)
 SCALE, BATCH, PAUSED = range(3)
 STOP, WINDOW_OK, COLLECTED, UPDATES = range(4)
 CONTROL_LAYOUT = [("knobs", np.dtype(np.float64).str, (3,)), ("flags", np.dtype(np.int64).str, (4,))]
 PR_SET_PDEATHSIG = 1
+
+
+def weights_layout(
+    spec: PolicySpec, tensors: Mapping[str, np.ndarray], int8: Mapping[str, np.ndarray]
+) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The weights block: the learner state, the int8 initializers (``INT8`` + name) and the checked states."""
+    return [
+        *layout_of(tensors),
+        *layout_of({INT8 + k: v for k, v in int8.items()}),
+        (STATES, np.dtype(np.float32).str, (SHADOW_STATES, spec.obs_dim)),
+        (N_STATES, np.dtype(np.int64).str, ()),
+    ]
+
+
+def read_candidate(
+    weights: SharedArrays, tensor_names: list[str], int8_names: list[str]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """Copies of a candidate's learner state, int8 initializers (names without ``INT8``) and checked states."""
+    n = int(weights[N_STATES])
+    int8 = {k[len(INT8) :]: v for k, v in weights.copy(int8_names).items()}
+    return weights.copy(tensor_names), int8, weights[STATES][:n].copy()
 
 
 def one_line(err: BaseException) -> str:
@@ -73,20 +109,25 @@ def _send(conn: Any, message: Mapping[str, Any]) -> None:
 
 class LearnerProcess:
     """The main process's handle: the shared blocks, the pipe and the child (started by ``__init__``,
-    which returns once the child has sized and timed its learner)."""
+    which returns once the child has sized and timed its learner). ``int8``: the starting weights'
+    re-quantised initializers (empty without an int8 backend), which lay out the candidates' ones."""
 
-    def __init__(self, spec: PolicySpec, tensors: Mapping[str, np.ndarray], settings: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        spec: PolicySpec,
+        tensors: Mapping[str, np.ndarray],
+        int8: Mapping[str, np.ndarray],
+        settings: Mapping[str, Any],
+    ) -> None:
         ctx = mp.get_context("spawn")
-        f32 = np.dtype(np.float32).str
         self.tensor_names = list(tensors)
+        self.int8_names = [INT8 + k for k in int8]
         self.process: Any = None
         self.conn: Any = None
         self._blocks: list[SharedArrays] = []
         try:
             self.ring_block = self._block(ring_layout(STAGING_ROWS, spec.obs_dim, spec.act_dim))
-            self.weights = self._block(
-                [*layout_of(tensors), (STATES, f32, (SHADOW_STATES, spec.obs_dim)), (N_STATES, "<i8", ())]
-            )
+            self.weights = self._block(weights_layout(spec, tensors, int8))
             self.control = self._block(CONTROL_LAYOUT)
             self.weights.write(tensors)
             self.knobs, self.flags = self.control["knobs"], self.control["flags"]
@@ -105,6 +146,7 @@ class LearnerProcess:
                     "control": self.control.describe(),
                 },
                 "tensor_names": self.tensor_names,
+                "int8": bool(int8),
                 **settings,
             }
             self.process = ctx.Process(
@@ -147,7 +189,7 @@ class LearnerProcess:
         return out
 
     def resolve(self, verdict: str) -> None:
-        """The candidate the child proposed last is settled (``promote``, ``rollback`` or ``skip``)."""
+        """The candidate the child proposed last is settled (``promote`` or ``rollback``)."""
         _send(self.conn, {"cmd": "resolve", "verdict": verdict})
 
     def set_knobs(self, scale: float, batch: int, paused: bool, window_ok: bool) -> None:
@@ -162,10 +204,10 @@ class LearnerProcess:
     def updates(self) -> int:
         return int(self.flags[UPDATES])
 
-    def candidate(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Copies of the learner state and the checked states the child wrote with its last proposal."""
-        n = int(self.weights[N_STATES])
-        return self.weights.copy(self.tensor_names), self.weights[STATES][:n].copy()
+    def candidate(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+        """Copies of the learner state, the re-quantised initializers and the checked states the child
+        wrote with its last proposal."""
+        return read_candidate(self.weights, self.tensor_names, self.int8_names)
 
     def failure(self) -> str | None:
         """Why the child is gone (None while it runs or after a clean stop)."""
@@ -249,8 +291,10 @@ class LearnerLoop:
         control: SharedArrays,
         conn: Any,
         settings: Mapping[str, Any],
+        requantizer: Int8Requantizer | None = None,
     ) -> None:
         self.spec, self.learner, self.ring, self.weights, self.conn = spec, learner, ring, weights, conn
+        self.requantizer = requantizer
         self.knobs, self.flags = control["knobs"], control["flags"]
         self.utd = float(settings["utd"])
         self.swap_every = int(settings["swap_every"])
@@ -274,8 +318,9 @@ class LearnerLoop:
         conn: Any,
         cfg: Mapping[str, Any],
     ) -> LearnerLoop:
-        """Size the learner for the memory budget (this process's resident memory after torch's warm-up plus
-        the main process's baseline), time an update, choose the UTD, load the starting tensors."""
+        """Size the learner for the memory budget (this process's resident memory after torch's and the int8
+        re-check's warm-ups plus the main process's baseline), time an update, choose the UTD, load the
+        starting tensors."""
         import torch
 
         from .learner import DeviceLearner, net_shape, warm_up_math
@@ -284,6 +329,11 @@ class LearnerLoop:
         torch.set_num_threads(1)
         warm_up_math(spec)
         tensors = {k: torch.from_numpy(weights[k].copy()) for k in cfg["tensor_names"]}
+        requantizer = None
+        if cfg["int8"]:  # one re-check whose verdict is not used: its sessions' memory counts from here on
+            requantizer = Int8Requantizer(run_bundle(spec, cfg))
+            actor = {k: v.numpy() for k, v in tensors.items() if k.startswith("actor.")}
+            requantizer.requantize(actor, np.zeros((SHADOW_STATES, spec.obs_dim), np.float32))
         baseline = float(cfg["main_baseline_mb"]) + read_process_memory().rss_mb
         sizing = choose_sizing(
             net_shape(spec, tensors),
@@ -301,7 +351,7 @@ class LearnerLoop:
         utd, reason = choose_utd(
             float(cfg["finetune_utd"]), learner.update_seconds, float(cfg["rate_hz"]), float(cfg["learner_cpu"])
         )
-        loop = cls(spec, learner, ring, weights, control, conn, {**cfg, "utd": utd})
+        loop = cls(spec, learner, ring, weights, control, conn, {**cfg, "utd": utd}, requantizer)
         loop.sizing = {
             **sizing.to_dict(),
             "utd": utd,
@@ -394,12 +444,38 @@ class LearnerLoop:
                 },
             )
             return
+        sets = weight_sets(self.requantizer, weights, states)
+        if not sets.passed:  # never served: the learner learns on from its actor, as after a skip
+            _send(
+                self.conn,
+                {
+                    "kind": "event",
+                    "event": "skip",
+                    "counter": "int8_skipped",
+                    "reason": "int8 re-quantisation failed the gate's action-error check; candidate skipped, "
+                    "serving the last good weights",
+                    "int8": sets.int8_facts,
+                    **facts,
+                },
+            )
+            return
         self.pending = _numpy(self.learner.state())
         self.weights.write(self.pending)
+        self.weights.write({INT8 + k: v for k, v in sets.int8.items()})
         self.weights[STATES][: len(states)] = states
         self.weights[N_STATES][...] = len(states)
         self.awaiting = True
-        _send(self.conn, {"kind": "candidate", "shadow": shadow._asdict(), **facts})
+        _send(self.conn, {"kind": "candidate", "shadow": shadow._asdict(), "int8": sets.int8_facts, **facts})
+
+
+def run_bundle(spec: PolicySpec, cfg: Mapping[str, Any]) -> Bundle:
+    """The run's bundle for the int8 re-check, its files verified again and its manifest the one the main
+    process opened (and, with ``--trusted-keys``, checked the signature of)."""
+    root = Path(cfg["bundle"])
+    manifest = read_manifest(root, verify=True)
+    if manifest != cfg["manifest"]:
+        raise SacEdgeError(f"{root}: the bundle's manifest changed since the run started; start the run again")
+    return Bundle(root, manifest, spec)
 
 
 def _numpy(tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:

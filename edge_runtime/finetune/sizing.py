@@ -16,8 +16,8 @@ Estimate (float32 everywhere, bytes):
 
 The room for all of it is the budget less the resident memory measured just before the learner is built
 (the control process's backends, env and swap path: ``WeightSwapper.warm_up``; plus the learner process's
-torch after a warm-up update: ``learner_process.LearnerLoop.build``) less
-a 10% headroom for allocator slack. That slack is real: each later swap (session rebuilds, the int8
+torch after a warm-up update and its int8 re-check after a warm-up one: ``learner_process.LearnerLoop.build``)
+less a 10% headroom for allocator slack. That slack is real: each later swap (session rebuilds, the int8
 re-check) leaves ~1-3 MiB more resident at first, shrinking as the allocator's free lists fill (measured
 on x86 onnxruntime fp32 + int8: +17 MiB over 12 candidates, against a 42 MiB headroom at a 416 MB budget).
 Choices, in order, until the estimate fits: the requested sizes; fewer replay rows (down to

@@ -13,6 +13,13 @@ through ``calibration.integer.integer_graph`` and its int8 weights, int32 biases
 (``calibration.gate.action_errors`` <= ``MAX_MEAN_ERROR_FRAC`` of the range) is re-checked on recent
 states, each int8 graph vs fp32 of the same new weights; a candidate that fails is not installed
 anywhere, so every backend keeps serving the same weights. No torch here (``--resume`` alone).
+
+Where it runs: a candidate's :class:`WeightSets` are made in the learner process (``learner_process.py``;
+re-quantising holds an interpreter lock for 1-13 ms and opens onnxruntime sessions), and the control
+process only installs them (:meth:`WeightSwapper.install`). The control process re-quantises only before
+the loop starts (:meth:`WeightSwapper.prepare`: the bundle's weights, ``--resume``); a rollback and the
+restore after a failure reinstall the sets kept from when those weights went live, which passed the check
+then, so nothing is re-quantised on the way back either.
 """
 
 from __future__ import annotations
@@ -35,6 +42,15 @@ class Requantized(NamedTuple):
     max_error_frac: float
     passed: bool
     seconds: float
+
+    def facts(self) -> dict[str, Any]:
+        """The check's figures as telemetry reports them (JSON-ready)."""
+        return {
+            "mean_action_error_frac": self.mean_error_frac,
+            "max_action_error_frac": self.max_error_frac,
+            "passed": self.passed,
+            "requantize_s": round(self.seconds, 6),
+        }
 
 
 class Int8Requantizer:
@@ -96,8 +112,36 @@ class Int8Requantizer:
         return Requantized(initializers, mean_frac, max_frac, passed, time.perf_counter() - start)
 
 
+class WeightSets(NamedTuple):
+    """One actor weight set as each backend takes it: the actor tensors (fp32 / fp16 backends) and, where
+    an int8 backend is loaded, the re-quantised initializers and the check's figures (``int8_facts``)."""
+
+    actor: dict[str, np.ndarray]
+    int8: dict[str, np.ndarray]
+    int8_facts: dict[str, Any] | None
+
+    @property
+    def passed(self) -> bool:
+        """False when the int8 re-check failed: such a set is installed nowhere."""
+        return self.int8_facts is None or bool(self.int8_facts["passed"])
+
+    def for_precision(self, precision: str) -> dict[str, np.ndarray]:
+        return self.int8 if precision == "int8" else self.actor
+
+
+def weight_sets(
+    requantizer: Int8Requantizer | None, actor: Mapping[str, np.ndarray], states: np.ndarray | None
+) -> WeightSets:
+    """The sets for ``actor``, re-quantised when there is a ``requantizer`` and checked on ``states``
+    (None: not checked, for weights that passed when they went live)."""
+    if requantizer is None:
+        return WeightSets(dict(actor), {}, None)
+    req = requantizer.requantize(actor, states)
+    return WeightSets(dict(actor), req.initializers if req.passed else {}, req.facts())
+
+
 class SwapOutcome(NamedTuple):
-    """What one push did: per-precision seconds, the int8 check, and whether it went live."""
+    """What one install did: per-precision seconds, the int8 check, and whether it went live."""
 
     live: bool
     seconds: dict[str, float]
@@ -109,50 +153,36 @@ class SwapOutcome(NamedTuple):
 
 
 class WeightSwapper:
-    """Installs actor weights into each backend of ``backends`` (the loop's precision -> backend map)."""
+    """Installs weight sets into each backend of ``backends`` (the loop's precision -> backend map)."""
 
     def __init__(self, backends: Mapping[str, Backend], bundle: Bundle) -> None:
         self.backends = backends
         self.requantizer = Int8Requantizer(bundle) if "int8" in backends else None
         self.expected: dict[str, int] = {}
 
-    def warm_up(self, weights: Mapping[str, np.ndarray], n_states: int) -> None:
+    def prepare(self, actor: Mapping[str, np.ndarray], states: np.ndarray | None) -> WeightSets:
+        """Re-quantise ``actor`` in this process (before the loop starts only; see the module docstring)."""
+        return weight_sets(self.requantizer, actor, states)
+
+    def warm_up(self, sets: WeightSets) -> None:
         """Make the swap path's memory resident before the learner's sizing reads the baseline.
 
-        A backend keeps the serving and the retired weight set (two onnxruntime sessions or TensorRT engines),
-        and the int8 re-check opens two sessions of its own. Measured on x86 onnxruntime with fp32 + int8
-        loaded, those came to ~20 MiB that the first candidates would otherwise add after the sizing had
-        been chosen (a tight --mem-budget-mb then ended over budget). So: one more push of the weights
-        already serving (a second generation), and one re-check on ``n_states`` placeholder states, whose
-        verdict is not used.
+        A rebuilding backend keeps the serving and the retired weight set (two onnxruntime sessions or
+        TensorRT engines); an in-place one built both at start. Measured on x86 onnxruntime with fp32 + int8
+        loaded, the second generations came to a good part of ~20 MiB that the first candidates would
+        otherwise add after the sizing had been chosen (a tight --mem-budget-mb then ended over budget). So:
+        one more install of the sets already serving. (The int8 re-check's sessions are the learner
+        process's, measured there.)
         """
-        self.push(weights, np.zeros((0, 0), np.float32), check=False)
-        if self.requantizer is not None:
-            obs_dim = self.requantizer.spec.obs_dim
-            self.requantizer.requantize(weights, np.zeros((n_states, obs_dim), np.float32))
+        self.install(sets)
 
-    def push(self, weights: Mapping[str, np.ndarray], states: np.ndarray, check: bool = True) -> SwapOutcome:
-        """Install ``weights`` everywhere, or nowhere when the int8 re-check fails.
-
-        ``check=False`` skips the int8 action-error check: for weights that already passed it when they went
-        live (a rollback to the last good weights, the bundle's own weights at start).
-        """
-        sets: dict[str, Mapping[str, np.ndarray]] = {p: weights for p in self.backends}
-        int8_facts = None
-        if self.requantizer is not None:
-            req = self.requantizer.requantize(weights, states if check else None)
-            int8_facts = {
-                "mean_action_error_frac": req.mean_error_frac,
-                "max_action_error_frac": req.max_error_frac,
-                "passed": req.passed,
-                "requantize_s": round(req.seconds, 6),
-            }
-            if not req.passed:
-                return SwapOutcome(False, {}, int8_facts, "int8 re-quantisation failed the gate's action-error check")
-            sets["int8"] = req.initializers
+    def install(self, sets: WeightSets) -> SwapOutcome:
+        """Install ``sets`` everywhere, or nowhere when they failed the int8 re-check."""
+        if not sets.passed:
+            return SwapOutcome(False, {}, sets.int8_facts, "int8 re-quantisation failed the gate's action-error check")
         seconds = {}
         for precision, backend in self.backends.items():
-            report = backend.swap_weights(sets[precision])
+            report = backend.swap_weights(sets.for_precision(precision))
             want = self.expected.setdefault(precision, report.applied)
             if report.applied == 0 or report.applied != want:
                 raise SacEdgeError(
@@ -160,4 +190,4 @@ class WeightSwapper:
                     "the bundle's graph does not name its weights like the learner"
                 )
             seconds[precision] = round(report.seconds, 6)
-        return SwapOutcome(True, seconds, int8_facts, "installed")
+        return SwapOutcome(True, seconds, sets.int8_facts, "installed")

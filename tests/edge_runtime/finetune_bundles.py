@@ -22,7 +22,7 @@ from sac_edge.calibration.integer import integer_graph
 from sac_edge.calibration.qdq import quantizable_tensors, quantize_model
 from sac_edge.calibration.session import collect_activations
 from sac_edge.common.manifest import file_entry, write_manifest
-from sac_edge.edge_runtime.backends.base import Backend, open_bundle
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.config import RunConfig
@@ -74,10 +74,15 @@ def make_finetune_bundle(out: Path, env_id: str = "Pendulum-v1", hidden: tuple[i
 
 
 def make_tuner(
-    bundle_dir: Path, tmp_path: Path, emit: Callable[[dict[str, Any]], None] = lambda _: None, **overrides: Any
+    bundle_dir: Path,
+    tmp_path: Path,
+    emit: Callable[[dict[str, Any]], None] = lambda _: None,
+    precisions: tuple[str, ...] = ("fp32",),
+    **overrides: Any,
 ) -> tuple[FineTuner, Backend]:
-    """A fine-tuner (its learner process started) on ``bundle_dir``'s onnxruntime fp32 backend, built as
-    ``sac-edge run --finetune`` builds it, with small buffers so the tests learn quickly."""
+    """A fine-tuner (its learner process started) on ``bundle_dir``'s onnxruntime backends of ``precisions``
+    (the first one returned), built as ``sac-edge run --finetune`` builds it, with small buffers so the
+    tests learn quickly."""
     cfg = RunConfig(
         bundle=str(bundle_dir),
         finetune=True,
@@ -88,6 +93,7 @@ def make_tuner(
         **overrides,
     )
     bundle = open_bundle(bundle_dir)
-    backend = open_backend(bundle, "onnxruntime", "fp32")
-    tuner, _ = build_finetuner(cfg, bundle, {"fp32": backend}, MemoryProbe(), None, emit, lambda _: None)
-    return tuner, backend
+    options = BackendOptions(refit=True)  # as the run opens them with --finetune
+    backends = {p: open_backend(bundle, "onnxruntime", p, options) for p in precisions}
+    tuner, _ = build_finetuner(cfg, bundle, backends, MemoryProbe(), None, emit, lambda _: None)
+    return tuner, backends[precisions[0]]

@@ -3,8 +3,27 @@
 The session is built once (graph optimisation level ALL, sequential execution, one intra-op thread by
 default) and batch-1 runs go through an IOBinding bound to two OrtValues that wrap preallocated numpy
 arrays, so the hot path copies the observation in and reads the action out of the same memory every
-call. A weight swap builds a second session whose initializers are overridden with
-``SessionOptions.add_initializer`` (the graph file is unchanged) and publishes it with one assignment.
+call. A weight swap publishes a new generation of the session with one assignment, built one of two ways:
+
+- rebuilt: a new session whose initializers are overridden with ``SessionOptions.add_initializer`` (the
+  graph file is unchanged). onnxruntime holds the interpreter lock while it builds a session (measured:
+  another Python thread stalls ~1 ms for the fp32 graph, 2 to 4.5 ms for ``policy.int8-cpu.onnx``), so
+  this is the slow way;
+- refilled in place (fp32 on the CPU provider with ``BackendOptions.refit``, i.e. ``--finetune``): two
+  generations are built at start, each over numpy arrays given by ``add_initializer`` with the session
+  option ``session.disable_prepacking``, so the session reads the arrays where they are; a swap writes
+  the new values into the retired generation's arrays and publishes it. No session is built during the
+  run. The retired generation is refilled only once every ``act`` that may have read it has returned
+  (``act`` counts calls in and out; ``act_batch`` holds a lock the refill takes); if one has not within
+  ``RELEASE_TIMEOUT_S``, a fresh generation is built instead. At start the backend checks that this
+  onnxruntime reads the arrays in place for this graph (a refilled generation must answer like a fresh
+  session with the same values) and rebuilds on every swap if it does not.
+
+Prepacking off costs the int8 graph its speed, so the int8 graphs (and the GPU providers, whose
+sessions copy weights to the device and go through the parity gate) keep the rebuild. Measured with
+``bench/weight_swap.py --sections prepack`` (BENCHMARKS.md), p50 prepacking off / on, one thread, 256x256
+actors: fp32 0.96-1.07x at batch 1 (the loop's call), 1.24-1.31x at 8 and 1.09-1.12x at 64 (``act_batch``:
+bench and evaluation); ``policy.int8-cpu.onnx`` 1.97-2.24x at batch 1.
 
 A swapped session never uses the TensorRT execution provider's engine cache: onnxruntime keys that cache by
 the model file name, graph names and versions, not by weight values, so it would load the engine built
@@ -15,6 +34,7 @@ weights before it is published.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,14 +48,21 @@ from ..base import Backend, BackendOptions, Bundle, SwapReport, check_weights
 from ..parity_gate import GATED_BACKENDS, require, verify
 
 INPUT, OUTPUT = "obs", "action"
+#: Precisions whose CPU session is refilled in place when built for swaps (see the module docstring).
+IN_PLACE_PRECISIONS = ("fp32",)
+RELEASE_TIMEOUT_S = 0.05
+RELEASE_POLL_S = 1e-4
+NO_PREPACKING = "session.disable_prepacking"
 
 
 class _Runner(NamedTuple):
-    """One immutable generation of the session, its binding and the OrtValues it must keep alive."""
+    """One generation of the session, its binding, the OrtValues it must keep alive and, for an in-place
+    generation, the initializer arrays the session reads (empty otherwise)."""
 
     session: Any
     binding: Any
     keep_alive: tuple[Any, ...]
+    arrays: dict[str, np.ndarray]
 
 
 _TOO_NEW = (
@@ -87,9 +114,15 @@ class OrtBackend(Backend):
         self._obs_row, self._action_row = self._obs[0], self._action[0]
         self._obs_value = ort.OrtValue.ortvalue_from_numpy(self._obs)
         self._action_value = ort.OrtValue.ortvalue_from_numpy(self._action)
-        self._runner = self._build({})
-        self._retired: _Runner | None = None
-        self._known: dict[str, tuple[tuple[int, ...], Any]] | None = None
+        self._graph: dict[str, np.ndarray] | None = None
+        self.entered = self.left = self._retired_at = 0  # act calls begun / returned; entered at the last flip
+        self._batch_lock = threading.Lock()
+        cpu_only = all((p if isinstance(p, str) else p[0]) == "CPUExecutionProvider" for p in providers)
+        self.in_place = options.refit and cpu_only and precision in IN_PLACE_PRECISIONS
+        self._runner = self._build({}, self.in_place)
+        self._retired: _Runner | None = self._build({}, in_place=True) if self.in_place else None
+        if self.in_place and not self._reads_in_place():
+            self.in_place, self._retired = False, None
         wanted = self._providers[0] if isinstance(self._providers[0], str) else self._providers[0][0]
         active = self._runner.session.get_providers()
         if active[0] != wanted:
@@ -98,13 +131,20 @@ class OrtBackend(Backend):
                 "use --backend onnxruntime"
             )
 
-    def _build(self, initializers: Mapping[str, np.ndarray]) -> _Runner:
+    def _build(self, initializers: Mapping[str, np.ndarray], in_place: bool = False) -> _Runner:
+        """A session with ``initializers`` overriding the file's; ``in_place``: over copies of all the graph's
+        swappable initializers (``initializers`` over the file's values), which it reads where they are."""
         ort = import_ort()
         so = ort.SessionOptions()
         so.intra_op_num_threads = self._threads
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        arrays: dict[str, np.ndarray] = {}
+        if in_place:
+            so.add_session_config_entry(NO_PREPACKING, "1")
+            arrays = {k: np.array(initializers.get(k, v), dtype=v.dtype) for k, v in self._swappable().items()}
+            initializers = arrays
         values = []
         for key, arr in initializers.items():
             value = ort.OrtValue.ortvalue_from_numpy(arr)
@@ -118,46 +158,78 @@ class OrtBackend(Backend):
         binding = session.io_binding()
         binding.bind_ortvalue_input(INPUT, self._obs_value)
         binding.bind_ortvalue_output(OUTPUT, self._action_value)
-        return _Runner(session, binding, (*values, *initializers.values()))
+        return _Runner(session, binding, (*values, *initializers.values()), arrays)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         np.copyto(self._obs_row, obs.reshape(-1), casting="unsafe")
+        self.entered += 1  # before reading the generation: a swap waits for this call to return
         runner = self._runner
-        runner.session.run_with_iobinding(runner.binding)  # no RunOptions: passing one costs ~30 us a call
+        try:
+            runner.session.run_with_iobinding(runner.binding)  # no RunOptions: passing one costs ~30 us a call
+        finally:
+            self.left += 1
         return self._action_row
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
         feed = {INPUT: np.ascontiguousarray(obs, dtype=np.float32)}
-        return self._runner.session.run([OUTPUT], feed)[0]
+        with self._batch_lock:
+            return self._runner.session.run([OUTPUT], feed)[0]
 
-    def _initializers(self) -> dict[str, tuple[tuple[int, ...], Any]]:
-        """Shape and dtype of the graph's swappable initializers: float, and the int8 weights / int32 biases
-        of an integer INT8 graph (onnx is imported only here, for swaps)."""
-        if self._known is None:
+    def _swappable(self) -> dict[str, np.ndarray]:
+        """The graph's swappable initializers as stored in the file: float, and the int8 weights / int32
+        biases of an integer INT8 graph (onnx is imported only here, for swaps)."""
+        if self._graph is None:
             try:
                 import onnx
+                from onnx import numpy_helper
             except ImportError:
                 raise SacEdgeError("swap_weights with onnxruntime needs the Python package 'onnx'") from None
-            dtypes = {
-                onnx.TensorProto.FLOAT: np.float32,
-                onnx.TensorProto.INT8: np.int8,
-                onnx.TensorProto.INT32: np.int32,
-            }
-            graph = onnx.load(str(self.model), load_external_data=False).graph
-            self._known = {
-                init.name: (tuple(int(d) for d in init.dims), dtypes[init.data_type])
-                for init in graph.initializer
-                if init.data_type in dtypes
-            }
-        return self._known
+            kinds = (onnx.TensorProto.FLOAT, onnx.TensorProto.INT8, onnx.TensorProto.INT32)
+            graph = onnx.load(str(self.model)).graph
+            self._graph = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.data_type in kinds}
+        return self._graph
+
+    def _reads_in_place(self) -> bool:
+        """Whether the retired generation, refilled with other values, answers like a fresh session built
+        with them (it does on the onnxruntime versions measured; an optimizer that copied a weight at load
+        would make refills silently ineffective)."""
+        assert self._retired is not None
+        graph = self._swappable()
+        other = {k: np.asarray(v * 0.5 + 0.125, v.dtype) for k, v in graph.items() if v.dtype == np.float32}
+        obs = np.linspace(-1.0, 1.0, self.spec.obs_dim, dtype=np.float32)[None]
+        self._refill(self._retired, other)
+        got = self._retired.session.run([OUTPUT], {INPUT: obs})[0]
+        want = self._build(other).session.run([OUTPUT], {INPUT: obs})[0]
+        self._refill(self._retired, {})
+        return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
+
+    def _refill(self, runner: _Runner, values: Mapping[str, np.ndarray]) -> None:
+        """Write ``values`` (the file's for names it lacks) into an in-place generation's arrays."""
+        with self._batch_lock:
+            for name, arr in runner.arrays.items():
+                np.copyto(arr, values.get(name, self._swappable()[name]), casting="unsafe")
+
+    def _released(self) -> bool:
+        """Whether every ``act`` that began before the last flip has returned (waits up to
+        ``RELEASE_TIMEOUT_S``): only then may the retired generation be written."""
+        deadline = time.monotonic() + RELEASE_TIMEOUT_S
+        while self.left < self._retired_at:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(RELEASE_POLL_S)
+        return True
 
     def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
         start = time.perf_counter()
-        known = self._initializers()
-        use, ignored = check_weights(
-            weights, {k: s for k, (s, _) in known.items()}, {k: d for k, (_, d) in known.items()}
-        )
-        runner = self._build(use)
+        known = self._swappable()
+        shapes = {k: tuple(v.shape) for k, v in known.items()}
+        use, ignored = check_weights(weights, shapes, {k: v.dtype for k, v in known.items()})
+        retired = self._retired
+        if self.in_place and retired is not None and self._released():
+            self._refill(retired, use)
+            runner = retired
+        else:  # the rebuild, or a fresh in-place generation when an act still holds the retired one
+            runner = self._build(use, self.in_place)
         if self.name in GATED_BACKENDS:
             parity = verify(
                 lambda obs: runner.session.run([OUTPUT], {INPUT: obs})[0],
@@ -169,7 +241,9 @@ class OrtBackend(Backend):
                 use,
             )
             self.parity = require(parity, "the swap was not applied").to_dict()
-        self._retired, self._runner = self._runner, runner  # the old one is freed on the next swap, here
+        # the old generation is refilled or freed on the next swap, here (never by the control thread)
+        self._retired, self._runner = self._runner, runner
+        self._retired_at = self.entered
         self.swaps += 1
         return SwapReport(len(use), ignored, time.perf_counter() - start)
 
@@ -179,5 +253,6 @@ class OrtBackend(Backend):
             "file": self.model.name,
             "providers": self._runner.session.get_providers(),
             "threads": self._threads,
+            "swap": "in place" if self.in_place else "rebuild",
             "onnxruntime": import_ort().__version__,
         }

@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.edge_runtime.backends.base import Backend, check_weights, open_bundle
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, check_weights, open_bundle
 from sac_edge.edge_runtime.backends.registry import candidates, open_backend, refusal
 
-BACKENDS = ("onnxruntime", pytest.param("torch", marks=pytest.mark.torch))
+# "for swaps": opened as --finetune opens it (onnxruntime's CPU fp32 session then swaps in place)
+BACKENDS = ("onnxruntime", "onnxruntime for swaps", pytest.param("torch", marks=pytest.mark.torch))
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, pendulum_bundle: Path) -> Backend:
-    return open_backend(open_bundle(pendulum_bundle), request.param, "fp32")
+    name = request.param.split()[0]
+    return open_backend(open_bundle(pendulum_bundle), name, "fp32", BackendOptions(refit="swaps" in request.param))
 
 
 @pytest.mark.torch

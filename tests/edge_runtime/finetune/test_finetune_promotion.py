@@ -64,7 +64,7 @@ def test_planted_regression_is_rolled_back(finetune_bundle: Path, tmp_path: Path
     obs = np.array([0.3, -0.2, 0.5], np.float32)
     good_action = backend.act(obs).copy()
     _episodes(tuner, 0, -150.0)  # the bundle's weights earn -150
-    negated = {k: -v for k, v in tuner.good_weights.items()}
+    negated = {k: -v for k, v in tuner.good_sets.actor.items()}
     _plant(tuner, negated)
     assert tuner.candidate is not None, events[-1]
     assert not np.allclose(backend.act(obs), good_action)  # the candidate is serving
@@ -79,7 +79,7 @@ def test_planted_regression_is_rolled_back(finetune_bundle: Path, tmp_path: Path
 def test_promotion_saves_last_good_and_a_later_rollback_keeps_it(finetune_bundle: Path, tmp_path: Path) -> None:
     tuner, _, _ = _tuner(finetune_bundle, tmp_path, shadow_max_diff=1.0)
     _episodes(tuner, 0, -300.0)
-    better = {k: v * 1.01 for k, v in tuner.good_weights.items()}
+    better = {k: v * 1.01 for k, v in tuner.good_sets.actor.items()}
     _plant(tuner, better)
     assert tuner.candidate is not None
     _episodes(tuner, tuner.candidate.generation, -200.0)

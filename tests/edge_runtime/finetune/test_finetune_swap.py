@@ -39,7 +39,7 @@ def test_concurrent_reader_sees_whole_sets(finetune_bundle: Path, backend: str, 
     obs = rng.normal(0, 1, (8, bundle.spec.obs_dim)).astype(np.float32)
     expected = []
     for weights in (a, b):
-        swapper.push(weights, obs, check=False)
+        swapper.install(swapper.prepare(weights, None))
         expected.append(np.stack([served.act(o).copy() for o in obs]))
     assert np.abs(expected[0] - expected[1]).min() > 1e-3  # each layer matters: a mixed set would show
     bad: list[str] = []
@@ -57,8 +57,9 @@ def test_concurrent_reader_sees_whole_sets(finetune_bundle: Path, backend: str, 
     thread = threading.Thread(target=reader)
     thread.start()
     try:
+        sets = [swapper.prepare(w, None) for w in (b, a)]
         for i in range(30):
-            swapper.push(a if i % 2 else b, obs, check=False)
+            swapper.install(sets[i % 2])
     finally:
         stop.set()
         thread.join()
@@ -89,7 +90,7 @@ def test_int8_candidate_failing_the_gate_is_installed_nowhere(finetune_bundle: P
     huge = {k: (v * 40 if k.endswith("trunk.0.weight") else v) for k, v in a.items()}
     states = np.random.default_rng(0).normal(0, 1, (128, bundle.spec.obs_dim)).astype(np.float32)
     before = fp32.swaps, int8.swaps
-    outcome = swapper.push(huge, states)
+    outcome = swapper.install(swapper.prepare(huge, states))
     assert not outcome.live and outcome.int8 is not None and not outcome.int8["passed"]
     assert (fp32.swaps, int8.swaps) == before
 
@@ -99,10 +100,11 @@ def test_warm_up_keeps_serving_the_same_weights(finetune_bundle: Path) -> None:
     fp32, int8 = open_backend(bundle, "onnxruntime", "fp32"), open_backend(bundle, "onnxruntime", "int8")
     swapper = WeightSwapper({"fp32": fp32, "int8": int8}, bundle)
     a = _actor(finetune_bundle)
-    swapper.push(a, np.zeros((0, bundle.spec.obs_dim), np.float32), check=False)
+    sets = swapper.prepare(a, None)
+    swapper.install(sets)
     obs = np.array([0.3, -0.2, 0.5], np.float32)
     before = fp32.act(obs).copy(), int8.act(obs).copy()
-    swapper.warm_up(a, 64)  # a second generation of the same weights, and an int8 re-check that installs nothing
+    swapper.warm_up(sets)  # a second generation of the same weights
     assert (fp32.swaps, int8.swaps) == (2, 2)
     np.testing.assert_allclose(fp32.act(obs), before[0], atol=1e-6)
     np.testing.assert_allclose(int8.act(obs), before[1], atol=1e-6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -16,43 +17,52 @@ import pytest
 
 from finetune_bundles import make_tuner
 from sac_edge.edge_runtime.backends.base import open_bundle
+from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.finetune.experience import StagingRing, ring_layout
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, read_learner_tensors
 from sac_edge.edge_runtime.finetune.learner_process import (
     CONTROL_LAYOUT,
+    INT8,
     N_STATES,
-    STATES,
     WINDOW_OK,
     LearnerLoop,
     _send,
+    weights_layout,
 )
-from sac_edge.edge_runtime.finetune.shared import SharedArrays, layout_of
+from sac_edge.edge_runtime.finetune.shared import SharedArrays
+from sac_edge.edge_runtime.finetune.weight_swap import Int8Requantizer
 
 SETTINGS = {
     "finetune_buffer": 2000, "finetune_batch": 32, "learning_starts": 100, "mem_budget_mb": None,
     "finetune_lr": 3e-4, "seed": 0, "finetune_utd": 1.0, "rate_hz": 1000.0, "learner_cpu": 0.5,
-    "swap_every": 20, "shadow_max_diff": 0.05, "main_baseline_mb": 0.0,
+    "swap_every": 20, "shadow_max_diff": 0.05, "main_baseline_mb": 0.0, "int8": False,
 }  # fmt: skip
 
 
-@pytest.fixture
-def loop(finetune_bundle: Path) -> Iterator[tuple[LearnerLoop, Any, SharedArrays]]:
-    """The child's loop, built in this process on blocks of its own, with the main process's pipe end."""
-    bundle = open_bundle(finetune_bundle)
+@contextlib.contextmanager
+def built_loop(bundle_dir: Path, **settings: Any) -> Iterator[tuple[LearnerLoop, Any, SharedArrays]]:
+    """The child's loop, built in this process on blocks of its own, with the main process's pipe end
+    (``int8=True``: with the int8 re-check, its initializers laid out from the bundle's weights)."""
+    bundle = open_bundle(bundle_dir)
     spec = bundle.spec
     tensors = read_learner_tensors(bundle)
+    where = {"bundle": str(bundle_dir), "manifest": bundle.manifest}
+    cfg = {**SETTINGS, **settings, **where, "tensor_names": list(tensors)}
+    int8 = {}
+    if cfg["int8"]:
+        actor = {k: v for k, v in tensors.items() if k.startswith("actor.")}
+        int8 = Int8Requantizer(bundle).requantize(actor, None).initializers
     blocks = [
         SharedArrays(ring_layout(256, spec.obs_dim, spec.act_dim)),
-        SharedArrays([*layout_of(tensors), (STATES, "<f4", (512, spec.obs_dim)), (N_STATES, "<i8", ())]),
+        SharedArrays(weights_layout(spec, tensors, int8)),
         SharedArrays(CONTROL_LAYOUT),
     ]
     ring_block, weights, control = blocks
     try:
-        weights.write(tensors)
+        weights.write({**tensors, **{INT8 + k: v for k, v in int8.items()}})
         control["knobs"][:] = (1.0, 32, 0)
         ring = StagingRing(ring_block.arrays, np.array(spec.action_low), np.array(spec.action_high))
         main_end, child_end = mp.Pipe()
-        cfg = {**SETTINGS, "tensor_names": list(tensors)}
         built = LearnerLoop.build(spec, ring, weights, control, child_end, cfg)
         rng = np.random.default_rng(0)
         for _ in range(200):
@@ -65,8 +75,18 @@ def loop(finetune_bundle: Path) -> Iterator[tuple[LearnerLoop, Any, SharedArrays
             block.unlink()
 
 
+@pytest.fixture
+def loop(finetune_bundle: Path) -> Iterator[tuple[LearnerLoop, Any, SharedArrays]]:
+    with built_loop(finetune_bundle) as built:
+        yield built
+
+
 def _plant(loop: LearnerLoop, factor: float) -> dict[str, np.ndarray]:
-    weights = {k: factor * v for k, v in loop.good_actor().items()}
+    return _propose(loop, {k: factor * v for k, v in loop.good_actor().items()})
+
+
+def _propose(loop: LearnerLoop, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Make ``weights`` the learner's actor after a real update, and propose it."""
     loop.learner.load_actor(weights)
     loop._metrics = loop.learner.update(32)  # finite losses, like a real update
     loop.learner.load_actor(weights)
@@ -111,6 +131,44 @@ def test_loop_proposes_only_with_a_full_window_and_nothing_pending(loop: tuple[L
     for _ in range(20):
         learner_loop.learn_once()
     assert _receive(conn)["kind"] in ("candidate", "event")
+
+
+def test_int8_is_checked_in_the_learner_and_a_failure_reaches_no_backend(finetune_bundle: Path, tmp_path: Path) -> None:
+    tuner, _ = make_tuner(finetune_bundle, tmp_path, precisions=("fp32", "int8"))
+    backends = tuner.swapper.backends
+    obs = np.array([0.3, -0.2, 0.5], np.float32)
+    before = {p: b.act(obs).copy() for p, b in backends.items()}
+    swaps = {p: b.swaps for p, b in backends.items()}
+    try:
+        with built_loop(finetune_bundle, int8=True, shadow_max_diff=1.0) as (learner_loop, conn, weights):
+            published = weights.copy(list(weights.arrays))
+            good = learner_loop.good_actor()
+            # hidden activations far outside the bundle's calibrated ranges: int8 clips them, its actions diverge
+            _propose(learner_loop, {k: v * 40 if k.endswith("trunk.0.weight") else v for k, v in good.items()})
+            skipped = _receive(conn)
+            assert skipped["kind"] == "event" and skipped["counter"] == "int8_skipped"
+            assert skipped["int8"]["passed"] is False and not learner_loop.awaiting
+            for name, value in published.items():  # nothing of it was published
+                np.testing.assert_array_equal(weights[name], value)
+            tuner._on_message(skipped)
+            assert tuner.counts["int8_skipped"] == tuner.counts["candidates"] == 1 and tuner.candidate is None
+            assert {p: b.swaps for p, b in backends.items()} == swaps
+            for p, b in backends.items():
+                np.testing.assert_allclose(b.act(obs), before[p], atol=1e-6)
+            # a candidate that passes carries every backend's initializers, re-quantised in the learner
+            better = _plant(learner_loop, 1.01)
+            candidate = _receive(conn)
+            assert candidate["kind"] == "candidate" and candidate["int8"]["passed"] is True
+            tuner.learner.weights.write(weights.copy(list(weights.arrays)))  # as if the tuner's child wrote it
+            tuner._on_message(candidate)
+    finally:
+        tuner.stop()
+    assert tuner.candidate is not None
+    assert {p: b.swaps for p, b in backends.items()} == {p: n + 1 for p, n in swaps.items()}
+    bundle = open_bundle(finetune_bundle)
+    reference = open_backend(bundle, "onnxruntime", "int8")
+    reference.swap_weights(Int8Requantizer(bundle).requantize(better, None).initializers)
+    np.testing.assert_allclose(backends["int8"].act(obs), reference.act(obs), atol=1e-6)
 
 
 def _segments(tuner: FineTuner) -> list[Path]:

@@ -1,0 +1,103 @@
+"""onnxruntime's in-place swap (``--finetune``, CPU fp32): same answers as a fresh session, and the
+retired generation is never written while an ``act`` may still be reading it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
+from sac_edge.edge_runtime.backends.onnxrt.runner import RELEASE_TIMEOUT_S, OrtBackend
+from sac_edge.edge_runtime.backends.registry import open_backend
+
+FOR_SWAPS = BackendOptions(refit=True)
+
+
+def _actor_sets(bundle_path: Path, n: int) -> list[dict[str, np.ndarray]]:
+    """``n`` actor weight sets that act differently in every layer (the deterministic graph's tensors)."""
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(bundle_path / "learner.safetensors"))
+    actor = {k: v for k, v in tensors.items() if k.startswith("actor.") and not k.startswith("actor.log_std")}
+    rng = np.random.default_rng(0)
+    return [
+        {k: (v * rng.uniform(-2.0, 2.0) + rng.normal(0, 0.05, v.shape)).astype(np.float32) for k, v in actor.items()}
+        for _ in range(n)
+    ]
+
+
+def _fresh(model: Path, weights: dict[str, np.ndarray]) -> ort.InferenceSession:
+    """A new default session (prepacking on) with ``weights`` as its initializers."""
+    so = ort.SessionOptions()
+    values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for v in weights.values()]
+    for name, value in zip(weights, values):
+        so.add_initializer(name, value)
+    session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+    session.keep_alive = values  # type: ignore[attr-defined]
+    return session
+
+
+def _in_place(bundle_path: Path) -> OrtBackend:
+    backend = open_backend(open_bundle(bundle_path), "onnxruntime", "fp32", FOR_SWAPS)
+    assert isinstance(backend, OrtBackend) and backend.describe()["swap"] == "in place"
+    return backend
+
+
+def test_in_place_swap_answers_like_a_fresh_session(pendulum_bundle: Path) -> None:
+    backend = _in_place(pendulum_bundle)
+    obs = np.random.default_rng(1).standard_normal((16, 3)).astype(np.float32) * 2
+    for weights in _actor_sets(pendulum_bundle, 4):
+        report = backend.swap_weights(weights)
+        assert report.applied == len(weights)
+        want = _fresh(backend.model, weights).run(["action"], {"obs": obs})[0]
+        np.testing.assert_allclose(np.stack([backend.act(o).copy() for o in obs]), want, atol=1e-5)
+        np.testing.assert_allclose(backend.act_batch(obs), want, atol=1e-5)
+    assert backend.swaps == 4
+
+
+def test_only_fp32_on_the_cpu_for_swaps_is_refilled(pendulum_bundle: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    assert open_backend(bundle, "onnxruntime", "fp32").describe()["swap"] == "rebuild"  # no --finetune
+    assert open_backend(bundle, "onnxruntime", "int8", FOR_SWAPS).describe()["swap"] == "rebuild"  # slower unpacked
+
+
+def test_the_retired_generation_waits_for_the_act_that_may_hold_it(pendulum_bundle: Path) -> None:
+    backend = _in_place(pendulum_bundle)
+    a, b = _actor_sets(pendulum_bundle, 2)
+    obs = np.array([0.3, -0.2, 1.5], np.float32)
+    serving = backend._runner
+    backend.entered += 1  # the control thread is inside act on the serving generation...
+    backend.swap_weights(a)  # ...when a swap retires it (the spare generation was free: it is refilled)
+    assert backend._retired is serving
+    before = {k: v.copy() for k, v in serving.arrays.items()}
+    swap = threading.Thread(target=backend.swap_weights, args=(b,))
+    swap.start()
+    swap.join(RELEASE_TIMEOUT_S / 5)
+    assert swap.is_alive()  # waiting for that act to return
+    for name, value in before.items():
+        np.testing.assert_array_equal(serving.arrays[name], value)
+    backend.left += 1  # it returns
+    swap.join()
+    assert backend._runner is serving  # refilled and serving again
+    want = _fresh(backend.model, b).run(["action"], {"obs": obs[None]})[0][0]
+    np.testing.assert_allclose(backend.act(obs), want, atol=1e-5)
+
+
+def test_an_act_that_never_returns_gets_a_fresh_generation_instead(pendulum_bundle: Path) -> None:
+    backend = _in_place(pendulum_bundle)
+    a, b = _actor_sets(pendulum_bundle, 2)
+    obs = np.array([0.3, -0.2, 1.5], np.float32)
+    serving = backend._runner
+    backend.entered += 1  # an act on the serving generation that does not return
+    backend.swap_weights(a)
+    before = {k: v.copy() for k, v in serving.arrays.items()}
+    report = backend.swap_weights(b)
+    assert report.seconds >= RELEASE_TIMEOUT_S and backend._runner is not serving
+    for name, value in before.items():  # never written
+        np.testing.assert_array_equal(serving.arrays[name], value)
+    want = _fresh(backend.model, b).run(["action"], {"obs": obs[None]})[0][0]
+    np.testing.assert_allclose(backend.act(obs), want, atol=1e-5)
+
