@@ -49,7 +49,7 @@ class RunConfig:
     warm_cache: bool = field(
         default=True,
         metadata={
-            "help": "rehearse the step (guards and inference on the last observation) just before each slot, so "
+            "help": "rehearse the step (guards and inference on its observation) just before each slot, so "
             "its code and weights are in the caches when the real one runs (costs up to a quarter period of CPU)"
         },
     )

@@ -107,7 +107,7 @@ class LoopSettings(NamedTuple):
     spin_us: float = 100.0
     seed: int = 0
     warm_cache: bool = True
-    """Rehearse the step on the last observation just before each slot (see ``WARM_LEAD``): between steps
+    """Rehearse the step on its observation just before each slot (see ``WARM_LEAD``): between steps
     the code and the weights leave the caches; the rehearsal brings them back before the step that counts."""
 
 
@@ -160,7 +160,6 @@ class ControlLoop:
         timer = time.perf_counter_ns
         sleep = time.sleep
         spin_ns = int(s.spin_us * 1000)
-        warm_obs: np.ndarray | None = None  # with warm_cache: the last observation inferred on
         warm_ns = 0  # how long before the slot the rehearsal starts (from the last one's duration)
         stats = self.stats = StepStats()
         add_jitter, add_latency, add_infer = stats.jitter.append, stats.latency.append, stats.infer.append
@@ -172,9 +171,9 @@ class ControlLoop:
         backend = self.backend
 
         def rehearse(obs: np.ndarray) -> None:
-            """The step's guard and inference calls on the last observation, without their effects: a fine
-            observation leaves the guard's state as it was (its values are already the last good ones), and
-            the real inference overwrites the output."""
+            """The step's guard and inference calls on the observation it is about to use, without their
+            effects: the guard's state after ``check`` of a fine observation is what the step's own
+            ``check`` leaves, the real inference overwrites the output, an unfit observation is skipped."""
             if obs_guard.fine(obs):
                 safe = obs_guard.check(obs)
                 assert safe is not None
@@ -200,15 +199,15 @@ class ControlLoop:
             now = clock()
             if slot - now > spin_ns + warm_ns:
                 sleep((slot - now - spin_ns - warm_ns) / 1e9)
-            if warm_obs is not None and (not warm_ns or slot - clock() > warm_ns // WARM_LEAD):  # time for it
+            if s.warm_cache and (not warm_ns or slot - clock() > warm_ns // WARM_LEAD):  # time for it
                 while clock() < slot - warm_ns:  # rehearse the step but the env's part until the slot
                     pass
                 t_warm = timer()
-                rehearse(warm_obs)
+                rehearse(obs)
                 last = first = timer() - t_warm  # the first is cold; those after it are hot and shorter
                 while clock() + last < slot:  # the next ones run hot: keep the caches so until the slot
                     t_warm = timer()
-                    rehearse(warm_obs)
+                    rehearse(obs)
                     last = timer() - t_warm
                 warm_ns = min(max(int(WARM_LEAD * first), warm_ns - (warm_ns >> 4)), period // 4)
             while (now := clock()) < slot:
@@ -224,8 +223,6 @@ class ControlLoop:
                 raw = backend.act(safe_obs)
                 took = timer() - t0
                 add_latency(took)
-                if s.warm_cache:
-                    warm_obs = safe_obs
                 if took > budget_ns:
                     overruns += 1
                     action = act_guard.hold()
