@@ -1,7 +1,8 @@
 """The control thread's side of fine-tuning: a staging ring of transitions, episode returns, exploration noise.
 
-Nothing here touches torch: the control thread copies each transition into preallocated numpy rows
-(a few microseconds) and the learner process drains them into the replay buffer in chunks; the rows live in
+Nothing here touches torch: the control thread copies each transition into one preallocated float32 row
+(one numpy store of a list of Python floats: the step's numpy calls are what a 1 kHz loop pays for, cold,
+between steps) and the learner process drains them into the replay buffer in chunks; the rows live in
 shared memory (``shared.py``). The ring is single-producer / single-consumer: the producer fills row
 ``written % capacity`` and only then advances ``written``; the consumer reads up to the ``written`` it saw
 and then advances ``read``, so neither ever sees a half-written row and the control path never waits.
@@ -41,14 +42,11 @@ class EpisodeRecord(NamedTuple):
 
 
 def ring_layout(capacity: int, obs_dim: int, act_dim: int) -> list[tuple[str, str, tuple[int, ...]]]:
-    """The arrays of a ``StagingRing`` (for ``shared.SharedArrays``): rows and the three counters."""
-    f32 = np.dtype(np.float32).str
+    """The arrays of a ``StagingRing`` (for ``shared.SharedArrays``): the rows and the three counters.
+
+    A row is ``obs | next_obs | action (normalised) | reward | done``, so a transition is one store."""
     return [
-        ("obs", f32, (capacity, obs_dim)),
-        ("next_obs", f32, (capacity, obs_dim)),
-        ("actions", f32, (capacity, act_dim)),
-        ("rewards", f32, (capacity,)),
-        ("dones", f32, (capacity,)),
+        ("rows", np.dtype(np.float32).str, (capacity, 2 * obs_dim + act_dim + 2)),
         ("counters", np.dtype(np.int64).str, (3,)),  # written, read, dropped
     ]
 
@@ -67,12 +65,15 @@ class StagingRing:
     def __init__(
         self, arrays: Mapping[str, np.ndarray], low: np.ndarray, high: np.ndarray, publish: Any = None
     ) -> None:
-        self.obs, self.next_obs, self.actions = arrays["obs"], arrays["next_obs"], arrays["actions"]
-        self.rewards, self.dones, self._counters = arrays["rewards"], arrays["dones"], arrays["counters"]
-        self.capacity = len(self.rewards)
-        low, high = np.asarray(low, np.float32), np.asarray(high, np.float32)
-        self._bias = (high + low) / 2
-        self._inv_scale = 2 / (high - low)
+        low, high = np.asarray(low, np.float32).reshape(-1), np.asarray(high, np.float32).reshape(-1)
+        rows, act_dim = arrays["rows"], len(low)
+        obs_dim = (rows.shape[1] - act_dim - 2) // 2
+        self._rows, self._counters = rows, arrays["counters"]
+        self.obs, self.next_obs = rows[:, :obs_dim], rows[:, obs_dim : 2 * obs_dim]  # column views
+        self.actions = rows[:, 2 * obs_dim : 2 * obs_dim + act_dim]
+        self.rewards, self.dones = rows[:, -2], rows[:, -1]
+        self.capacity = len(rows)
+        self._normalise = list(zip(((high + low) / 2).tolist(), (2 / (high - low)).tolist()))
         self._publish = publish
 
     @property
@@ -94,15 +95,12 @@ class StagingRing:
         if written - int(counters[1]) >= self.capacity:
             counters[2] += 1
             return
-        i = written % self.capacity
-        self.obs[i] = obs
-        self.next_obs[i] = next_obs
-        row = self.actions[i]
-        np.subtract(action, self._bias, out=row)
-        np.multiply(row, self._inv_scale, out=row)
-        np.clip(row, -1.0, 1.0, out=row)
-        self.rewards[i] = reward
-        self.dones[i] = 1.0 if done else 0.0
+        row = obs.reshape(-1).tolist() + next_obs.reshape(-1).tolist()
+        for a, (bias, scale) in zip(action.reshape(-1).tolist(), self._normalise):
+            a = (a - bias) * scale
+            row.append(-1.0 if a < -1.0 else 1.0 if a > 1.0 else a)
+        row += (reward, 1.0 if done else 0.0)
+        self._rows[written % self.capacity] = row
         if self._publish is None:
             counters[0] = written + 1  # publish only after the row is complete
         elif self._publish.acquire(False):
@@ -151,20 +149,29 @@ class EpisodeLog:
 
 
 class Exploration:
-    """Gaussian action noise while fine-tuning: ``std`` is a fraction of the half action range (0: none)."""
+    """Gaussian action noise while fine-tuning: ``std`` is a fraction of the half action range (0: none).
+
+    The noise is drawn ``NOISE_BLOCK`` steps at a time (one numpy call, about 10 us, once every 256 steps)
+    and added over Python floats, so a step costs a list lookup and one store."""
+
+    NOISE_BLOCK = 256
 
     def __init__(self, std: float, low: np.ndarray, high: np.ndarray, seed: int) -> None:
         low, high = np.asarray(low, np.float32), np.asarray(high, np.float32)
         self.sigma = (std * (high - low) / 2).astype(np.float32)
         self.enabled = std > 0
         self._rng = np.random.default_rng(seed)
-        self._noise = np.zeros_like(low)
+        self._block: list[list[float]] = []
+        self._next = 0
         self._out = np.zeros_like(low)
 
     def __call__(self, action: np.ndarray) -> np.ndarray:
         if not self.enabled:
             return action
-        self._rng.standard_normal(out=self._noise, dtype=np.float32)
-        np.multiply(self._noise, self.sigma, out=self._noise)
-        np.add(action, self._noise, out=self._out)
+        if self._next == len(self._block):
+            noise = self._rng.standard_normal((self.NOISE_BLOCK, self.sigma.size)) * self.sigma.reshape(-1)
+            self._block, self._next = noise.tolist(), 0
+        noise = self._block[self._next]
+        self._next += 1
+        self._out[:] = [a + n for a, n in zip(action.reshape(-1).tolist(), noise)]
         return self._out

@@ -107,3 +107,19 @@ def test_exploration_noise_is_scaled_and_off_at_zero() -> None:
         [Exploration(0.1, np.array([-2.0, 0.0]), np.array([2.0, 10.0]), s)(action).copy() for s in range(400)]
     )
     np.testing.assert_allclose(noisy.std(0), [0.2, 0.5], rtol=0.2)
+
+
+def test_a_transition_is_one_row_with_the_action_normalised_and_clipped() -> None:
+    ring = _ring()
+    ring.push(np.array([1.0, 2.0, 3.0]), np.array([5.0], np.float32), -0.5, np.array([4.0, 5.0, 6.0]), True)
+    chunk = ring.drain()
+    assert chunk is not None
+    assert chunk.obs.tolist() == [[1, 2, 3]] and chunk.next_obs.tolist() == [[4, 5, 6]]
+    assert chunk.actions.tolist() == [[1.0]] and chunk.rewards.tolist() == [-0.5] and chunk.dones.tolist() == [1.0]
+
+
+def test_exploration_draws_fresh_noise_across_its_blocks() -> None:
+    explore = Exploration(0.1, np.array([-1.0]), np.array([1.0]), 0)
+    draws = np.array([explore(np.zeros(1, np.float32))[0] for _ in range(3 * Exploration.NOISE_BLOCK)])
+    assert len(np.unique(draws)) == len(draws)  # no block repeats
+    assert abs(draws.mean()) < 0.02 and draws.std() == pytest.approx(0.1, rel=0.15)
