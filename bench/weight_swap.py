@@ -117,7 +117,6 @@ class Ticker:
             last = now
 
 
-
 def _actor_sets(bundle: Bundle) -> list[dict[str, np.ndarray]]:
     actor = {k: v for k, v in read_learner_tensors(bundle).items() if k.startswith("actor.")}
     return [actor, {k: (v * 0.9).astype(np.float32) for k, v in actor.items()}]

@@ -67,6 +67,10 @@ class Experience(Protocol):
         truncated: bool,
     ) -> None: ...
 
+    def rehearse(self, obs: np.ndarray, action: np.ndarray) -> None:
+        """``explore`` and ``observe``'s work without their effects (no noise drawn, nothing published):
+        the loop runs it with its rehearsal of the step, before the slot."""
+
 
 class BudgetReport(Protocol):
     """What the budget monitor reports once a second, and the knobs the governor wants applied.
@@ -177,7 +181,10 @@ class ControlLoop:
             if obs_guard.fine(obs):
                 safe = obs_guard.check(obs)
                 assert safe is not None
-                act_guard.rehearse(backend.act(safe))
+                raw = backend.act(safe)
+                act_guard.rehearse(raw)
+                if experience is not None:
+                    experience.rehearse(safe, raw)
 
         steps = misses = skipped = overruns = held = episodes = 0
         window_start_step = window_misses = 0

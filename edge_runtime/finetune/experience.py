@@ -69,6 +69,7 @@ class StagingRing:
         rows, act_dim = arrays["rows"], len(low)
         obs_dim = (rows.shape[1] - act_dim - 2) // 2
         self._rows, self._counters = rows, arrays["counters"]
+        self._scratch = np.zeros(rows.shape[1], rows.dtype)  # what ``rehearse`` writes
         self.obs, self.next_obs = rows[:, :obs_dim], rows[:, obs_dim : 2 * obs_dim]  # column views
         self.actions = rows[:, 2 * obs_dim : 2 * obs_dim + act_dim]
         self.rewards, self.dones = rows[:, -2], rows[:, -1]
@@ -95,12 +96,7 @@ class StagingRing:
         if written - int(counters[1]) >= self.capacity:
             counters[2] += 1
             return
-        row = obs.reshape(-1).tolist() + next_obs.reshape(-1).tolist()
-        for a, (bias, scale) in zip(action.reshape(-1).tolist(), self._normalise):
-            a = (a - bias) * scale
-            row.append(-1.0 if a < -1.0 else 1.0 if a > 1.0 else a)
-        row += (reward, 1.0 if done else 0.0)
-        self._rows[written % self.capacity] = row
+        self._rows[written % self.capacity] = self._row(obs, action, reward, next_obs, done)
         if self._publish is None:
             counters[0] = written + 1  # publish only after the row is complete
         elif self._publish.acquire(False):
@@ -108,6 +104,18 @@ class StagingRing:
             self._publish.release()
         else:
             counters[2] += 1
+
+    def rehearse(self, obs: np.ndarray, action: np.ndarray) -> None:
+        """``push``'s work into a scratch row, without publishing (the control loop warms the step with it)."""
+        self._scratch[:] = self._row(obs, action, 0.0, obs, False)
+
+    def _row(self, obs: np.ndarray, action: np.ndarray, reward: float, next_obs: np.ndarray, done: bool) -> list[float]:
+        row: list[float] = obs.reshape(-1).tolist() + next_obs.reshape(-1).tolist()
+        for a, (bias, scale) in zip(action.reshape(-1).tolist(), self._normalise):
+            a = (a - bias) * scale
+            row.append(-1.0 if a < -1.0 else 1.0 if a > 1.0 else a)
+        row += (reward, 1.0 if done else 0.0)
+        return row
 
     def drain(self, limit: int | None = None) -> Transitions | None:
         """Copies of the unread rows (learner), oldest first; None when there are none."""
@@ -164,6 +172,7 @@ class Exploration:
         self._block: list[list[float]] = []
         self._next = 0
         self._out = np.zeros_like(low)
+        self._scratch = np.zeros_like(low)
 
     def __call__(self, action: np.ndarray) -> np.ndarray:
         if not self.enabled:
@@ -171,7 +180,15 @@ class Exploration:
         if self._next == len(self._block):
             noise = self._rng.standard_normal((self.NOISE_BLOCK, self.sigma.size)) * self.sigma.reshape(-1)
             self._block, self._next = noise.tolist(), 0
-        noise = self._block[self._next]
         self._next += 1
-        self._out[:] = [a + n for a, n in zip(action.reshape(-1).tolist(), noise)]
-        return self._out
+        return self._add(action, self._block[self._next - 1], self._out)
+
+    def rehearse(self, action: np.ndarray) -> None:
+        """The call's work into a scratch array, drawing nothing (the control loop warms the step with it)."""
+        if self.enabled and self._block:
+            self._add(action, self._block[self._next - 1], self._scratch)
+
+    @staticmethod
+    def _add(action: np.ndarray, noise: list[float], out: np.ndarray) -> np.ndarray:
+        out[:] = [a + n for a, n in zip(action.reshape(-1).tolist(), noise)]
+        return out

@@ -159,6 +159,10 @@ class FineTuner:
         self.ring.push(obs, action, reward, next_obs, terminated)
         self.episodes.step(reward, terminated or truncated)
 
+    def rehearse(self, obs: np.ndarray, action: np.ndarray) -> None:
+        self._explore.rehearse(action)
+        self.ring.rehearse(obs, action)
+
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the coordinator thread, with a short GIL switch interval while it runs.

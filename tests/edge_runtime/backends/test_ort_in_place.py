@@ -100,4 +100,3 @@ def test_an_act_that_never_returns_gets_a_fresh_generation_instead(pendulum_bund
         np.testing.assert_array_equal(serving.arrays[name], value)
     want = _fresh(backend.model, b).run(["action"], {"obs": obs[None]})[0][0]
     np.testing.assert_allclose(backend.act(obs), want, atol=1e-5)
-
