@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from sac_edge.common.atomic import atomic_write_json
+from sac_edge.common.envs import make_env
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.base import Backend, open_bundle
@@ -65,7 +66,7 @@ FINETUNE_MODES = {
 
 def write_run_dir(env_id: str, out: Path, seed: int = 0) -> Path:
     """A run dir as sac-train writes it (config.json + checkpoint.safetensors), untrained."""
-    env = gym.make(env_id)
+    env = make_env(env_id)
     obs_space, act_space = env.observation_space, env.action_space
     assert isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)
     spec = PolicySpec(
