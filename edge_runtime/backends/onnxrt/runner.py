@@ -111,7 +111,7 @@ class OrtBackend(Backend):
         ort = import_ort()
         self._obs = np.zeros((1, bundle.spec.obs_dim), np.float32)
         self._action = np.zeros((1, bundle.spec.act_dim), np.float32)
-        self._obs_row, self._action_row = self._obs[0], self._action[0]
+        self._action_row = self._action[0]
         self._obs_value = ort.OrtValue.ortvalue_from_numpy(self._obs)
         self._action_value = ort.OrtValue.ortvalue_from_numpy(self._action)
         self._graph: dict[str, np.ndarray] | None = None
@@ -161,7 +161,7 @@ class OrtBackend(Backend):
         return _Runner(session, binding, (*values, *initializers.values()), arrays)
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        np.copyto(self._obs_row, obs.reshape(-1), casting="unsafe")
+        self._obs[:] = obs  # (obs_dim,) or (1, obs_dim); a slice store is a third of copyto + reshape
         self.entered += 1  # before reading the generation: a swap waits for this call to return
         runner = self._runner
         try:

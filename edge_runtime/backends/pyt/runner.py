@@ -53,11 +53,11 @@ class TorchBackend(Backend):
             raise SacEdgeError(f"{bundle.path / self.file}: cannot build the policy ({err})") from None
         self._obs_t = torch.zeros(1, bundle.spec.obs_dim)
         self._action_t = torch.zeros(1, bundle.spec.act_dim)
-        self._obs_np, self._action_np = self._obs_t.numpy()[0], self._action_t.numpy()[0]
+        self._obs_np, self._action_np = self._obs_t.numpy(), self._action_t.numpy()[0]
         self._shapes = {k: tuple(v.shape) for k, v in self._module.state_dict().items()}
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        np.copyto(self._obs_np, obs.reshape(-1), casting="unsafe")
+        self._obs_np[:] = obs  # (obs_dim,) or (1, obs_dim)
         module = self._module
         with self._torch.inference_mode():
             self._action_t.copy_(module(self._obs_t))

@@ -196,7 +196,7 @@ class TensorRTBackend(Backend):
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         self.cuda.ensure()
-        np.copyto(self._host_in[0], obs.reshape(-1), casting="unsafe")
+        self._host_in[:] = obs  # (obs_dim,) or (1, obs_dim), cast to the engine's input type
         runner = self._runner
         self.cuda.htod(self._dev_in, self._host_in)
         if not runner.context.execute_async_v3(self.cuda.stream):
