@@ -57,6 +57,14 @@ class RunConfig:
         default=0,
         metadata={"help": "SCHED_FIFO priority 1..99 for the control thread (needs root or CAP_SYS_NICE); 0: off"},
     )
+    idle_latency_us: int | None = field(
+        default=None,
+        metadata={
+            "help": "while the loop runs, keep every CPU out of idle states slower to leave than this (PM QoS "
+            "/dev/cpu_dma_latency; 0: the cores never sleep: fastest wake-ups, most idle power); default: 0 "
+            "with --realtime-priority, else the kernel's choice"
+        },
+    )
     lock_memory: bool = field(
         default=False, metadata={"help": "mlockall: no page faults in the loop, but reserved memory counts as RSS"}
     )

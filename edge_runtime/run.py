@@ -36,7 +36,7 @@ from .budget.monitor import BudgetMonitor
 from .budget.sensors import detect_power_sensor
 from .config import RunConfig
 from .control.loop import ControlLoop, LoopSettings
-from .control.realtime import enter_realtime
+from .control.realtime import enter_realtime, hold_idle_latency
 from .control.telemetry import StatusLine, TelemetryWriter
 from .finetune.finetuner import build_finetuner, finetune_dir, install_last_good
 from .finetune.promotion import LastGood, LastGoodStore
@@ -224,11 +224,14 @@ def _drive(
     )
     loop = ControlLoop(env, backends, first, settings, monitor, emit, status, experience=tuner)
     try:
-        with stop_on_signals(loop.stop):
+        with stop_on_signals(loop.stop), contextlib.ExitStack() as held:
             if tuner is not None:
                 tuner.start()
             for line in enter_realtime(cfg.realtime_priority, cfg.cpus, cfg.lock_memory):  # after the tuner starts
                 log(f"sac-edge run: {line}")
+            idle_us = cfg.idle_latency_us if cfg.idle_latency_us is not None else (0 if cfg.realtime_priority else None)
+            if idle_us is not None:
+                log(f"sac-edge run: {held.enter_context(hold_idle_latency(idle_us))}")
             summary = loop.run()
     finally:
         if status is not None:

@@ -1,17 +1,25 @@
-"""Real-time scheduling for the control thread: CPU pinning, SCHED_FIFO priority and locked memory.
+"""Real-time scheduling for the control thread: CPU pinning, SCHED_FIFO priority, locked memory, idle states.
 
 On a shared or busy CPU the loop's sleeps can wake milliseconds late; a SCHED_FIFO thread preempts
 ordinary work, and ``mlockall`` (opt-in) keeps pages resident so a page fault never stalls a step. Linux
 applies the policy per thread: call this from the control thread after starting the fine-tuner's threads
 and process, so they stay at normal priority. Needs root or CAP_SYS_NICE (and CAP_IPC_LOCK for large locks).
+
+Between steps the core idles, and waking from a deep idle state takes time: a Jetson's cores power down
+(exit latencies of hundreds of microseconds), a virtual machine's vCPU halts and waits for the host to
+run it again. ``hold_idle_latency`` caps the exit latency the kernel may choose through PM QoS
+(``/dev/cpu_dma_latency``: the request holds while the file is open, for every CPU), as cyclictest does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from sac_edge.common.errors import SacEdgeError
 
@@ -63,3 +71,25 @@ def _lock_memory() -> str:
             f"mlockall failed ({os.strerror(errno)}); raise the memlock limit (ulimit -l) or drop --lock-memory"
         )
     return "memory locked (mlockall)"
+
+
+PM_QOS_DEVICE = Path("/dev/cpu_dma_latency")
+
+
+@contextlib.contextmanager
+def hold_idle_latency(latency_us: int, device: Path = PM_QOS_DEVICE) -> Iterator[str]:
+    """Keep every CPU out of idle states whose exit latency exceeds ``latency_us`` while the block runs
+    (0: no sleep state at all; the cores poll when idle, which costs idle power). Yields the log line."""
+    if latency_us < 0:
+        raise SacEdgeError(f"--idle-latency-us {latency_us} is negative; use 0 or more microseconds")
+    try:
+        handle = open(device, "r+b", buffering=0)  # noqa: SIM115 (held open for the block: that is the request)
+    except FileNotFoundError:
+        raise SacEdgeError(
+            f"{device} does not exist (not Linux, or not visible here); drop --idle-latency-us"
+        ) from None
+    except PermissionError:
+        raise SacEdgeError(f"--idle-latency-us needs root to open {device}; run with sudo or drop it") from None
+    with handle:
+        handle.write(struct.pack("i", latency_us))
+        yield f"CPU idle states limited to {latency_us} us exit latency (PM QoS, {device})"

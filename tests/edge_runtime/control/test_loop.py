@@ -285,3 +285,16 @@ def test_miss_cause_is_the_largest_part() -> None:
     assert miss_cause(1_000, 900_000, 20_000, 5_000) == "inference"
     assert miss_cause(1_000, 10_000, 900_000, 5_000) == "env"
     assert miss_cause(1_000, 10_000, 20_000, 900_000) == "loop"
+
+
+def test_idle_latency_is_held_while_the_loop_runs_and_a_bad_value_is_one_line(
+    pendulum_bundle: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["run", str(pendulum_bundle), "--backend", "onnxruntime", "--rate-hz", "200", "--duration", "0.3"]
+    assert main([*base, "--idle-latency-us", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "negative" in err
+    if not os.access("/dev/cpu_dma_latency", os.W_OK):
+        pytest.skip("/dev/cpu_dma_latency is not writable here (needs root)")
+    assert main([*base, "--idle-latency-us", "0", "--json"]) == 0
+    assert "CPU idle states limited to 0 us" in capsys.readouterr().err
