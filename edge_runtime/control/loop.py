@@ -165,6 +165,7 @@ class ControlLoop:
         sleep = time.sleep
         spin_ns = int(s.spin_us * 1000)
         warm_ns = 0  # how long before the slot the rehearsal starts (from the last one's duration)
+        hot_ns = 0  # the last step's shortest hot rehearsal: when the next one still fits before the slot
         stats = self.stats = StepStats()
         add_jitter, add_latency, add_infer = stats.jitter.append, stats.latency.append, stats.infer.append
         add_env, add_step, causes = stats.env.append, stats.step.append, stats.causes
@@ -211,11 +212,14 @@ class ControlLoop:
                     pass
                 t_warm = timer()
                 rehearse(obs)
-                last = first = timer() - t_warm  # the first is cold; those after it are hot and shorter
-                while clock() + last < slot:  # the next ones run hot: keep the caches so until the slot
+                first = timer() - t_warm  # cold; the ones after it run hot, as long as the last step's did
+                shortest = hot_ns or first
+                hot_ns = 0
+                while clock() + shortest < slot:  # keep the caches warm until the slot
                     t_warm = timer()
                     rehearse(obs)
-                    last = timer() - t_warm
+                    hot_ns = min(hot_ns or first, timer() - t_warm)
+                    shortest = min(shortest, hot_ns)
                 warm_ns = min(max(int(WARM_LEAD * first), warm_ns - (warm_ns >> 4)), period // 4)
             while (now := clock()) < slot:
                 pass
