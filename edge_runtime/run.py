@@ -36,7 +36,7 @@ from .budget.monitor import BudgetMonitor
 from .budget.sensors import detect_power_sensor
 from .config import RunConfig
 from .control.loop import ControlLoop, LoopSettings
-from .control.realtime import enter_realtime, hold_idle_latency
+from .control.realtime import check_idle_latency, enter_realtime, hold_idle_latency
 from .control.telemetry import StatusLine, TelemetryWriter
 from .finetune.finetuner import build_finetuner, finetune_dir, install_last_good
 from .finetune.promotion import LastGood, LastGoodStore
@@ -83,6 +83,8 @@ def validate(cfg: RunConfig) -> None:
         raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {cfg.inference_budget}")
     if cfg.threads < 1 or cfg.auto_calls < 1:
         raise SacEdgeError("--threads and --auto-calls must be at least 1")
+    if cfg.idle_latency_us is not None:
+        check_idle_latency(cfg.idle_latency_us)
 
 
 @contextlib.contextmanager

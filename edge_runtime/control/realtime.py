@@ -77,12 +77,17 @@ def _lock_memory() -> str:
 PM_QOS_DEVICE = Path("/dev/cpu_dma_latency")
 
 
+def check_idle_latency(latency_us: int) -> None:
+    """A one-line error for a cap PM QoS cannot take (``sac-edge run`` checks it before any work)."""
+    if latency_us < 0:
+        raise SacEdgeError(f"--idle-latency-us {latency_us} is negative; use 0 or more microseconds")
+
+
 @contextlib.contextmanager
 def hold_idle_latency(latency_us: int, device: Path = PM_QOS_DEVICE) -> Iterator[str]:
     """Keep every CPU out of idle states whose exit latency exceeds ``latency_us`` while the block runs
     (0: no sleep state at all; the cores poll when idle, which costs idle power). Yields the log line."""
-    if latency_us < 0:
-        raise SacEdgeError(f"--idle-latency-us {latency_us} is negative; use 0 or more microseconds")
+    check_idle_latency(latency_us)
     try:
         handle = open(device, "r+b", buffering=0)  # noqa: SIM115 (held open for the block: that is the request)
     except FileNotFoundError:

@@ -28,6 +28,7 @@ from sac_edge.train import cli as train_cli
         (["--power-budget-w", "nan"], "--power-budget-w must be a positive number"),
         (["--mem-budget-mb", "0"], "--mem-budget-mb must be a positive number"),
         (["--restart"], "--restart only applies with --finetune"),
+        (["--idle-latency-us", "-1"], "--idle-latency-us -1 is negative"),
     ],
 )
 def test_bad_run_flag_is_one_line_before_any_work(
