@@ -66,6 +66,9 @@ class ObservationGuard:
         assert isinstance(obs, np.ndarray)
         if self._python:
             return self._in_bounds(obs.reshape(-1).tolist())
+        return self._array_in_bounds(obs)
+
+    def _array_in_bounds(self, obs: np.ndarray) -> bool:
         return bool(((obs >= self._low) & (obs <= self._high)).all())
 
     def _in_bounds(self, values: list[float]) -> bool:
@@ -84,7 +87,7 @@ class ObservationGuard:
             if self._in_bounds(values):
                 self._last = values  # a copy of the values, taken by tolist: the env may reuse its array
                 return obs
-        elif self.fine(obs):
+        elif self._array_in_bounds(obs):  # well formed: checked above
             np.copyto(self.last_good, obs)
             return obs
         if not bool(np.isfinite(obs).all()):
