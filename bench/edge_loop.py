@@ -259,20 +259,17 @@ def loop_figures(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def hot_act_p50(bundle: Path) -> float:
-    """``act``'s hot p50 (us), measured just before a loop run: this VM's speed drifts by 1.5x over
-    minutes, so a reference taken at the start of the section would set the ratio as much as the loop."""
+def loop_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The loop at each rate with and without the rehearsal; each ratio is against ``act``'s hot p50 measured
+    just before that run (this VM's speed drifts by 1.5x over minutes, so a reference taken at the start of
+    the section would set the ratio as much as the loop)."""
     backend = open_backend(open_bundle(bundle), "onnxruntime", "fp32")
     obs = np.random.default_rng(0).standard_normal(backend.spec.obs_dim).astype(np.float32)
-    return interleaved({"act": lambda: backend.act(obs)}, calls=400, rounds=5)["act"]
-
-
-def loop_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for rate in RATES:
         for warm in (True, False):
             flag = "--warm-cache" if warm else "--no-warm-cache"
-            hot = hot_act_p50(bundle)
+            hot = interleaved({"act": lambda: backend.act(obs)}, calls=400, rounds=5)["act"]
             r = run_loop(bundle, env_id, args, rate, "--backend", "onnxruntime", flag)
             row = {"backend": "onnxruntime", "rate_hz": rate, "warm_cache": warm, "finetune": False, **r}
             rows.append({**row, "hot_p50_us": hot, "p50_over_hot": round(r["p50_us"] / hot, 2)})
