@@ -8,6 +8,8 @@ from .backends.base import PRECISIONS
 from .backends.registry import BACKEND_CHOICES, KINDS
 from .control.safety import OBS_FAULT_POLICIES
 
+TRUSTED_KEYS_HELP = "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -151,10 +153,7 @@ class RunConfig:
     auto_calls: int = field(default=200, metadata={"help": "timed calls per candidate for --backend auto"})
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power/memory sensors read"})
     seed: int = field(default=0, metadata={"help": "environment reset seed"})
-    trusted_keys: str | None = field(
-        default=None,
-        metadata={"help": "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"},
-    )
+    trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
     verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the summary as one JSON object on the last line"})
 
@@ -177,10 +176,7 @@ class BenchConfig:
     out: str | None = field(default=None, metadata={"help": "write the rows (and the config) to this JSON file"})
     plot: str | None = field(default=None, metadata={"help": "PNG: latency distributions and power over time"})
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power sensors read"})
-    trusted_keys: str | None = field(
-        default=None,
-        metadata={"help": "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"},
-    )
+    trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
     verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})
 

@@ -27,6 +27,14 @@ from sac_edge.edge_runtime.backends.trt.plans import (
 )
 
 KEY = PlanKey("8.5.2", "Xavier", "7.2", "ab" * 32, "fp16")
+SHIPPED_PLAN = {  # what sac-export records for a plan it ships (manifest "tensorrt"): no ONNX hash
+    "tensorrt_version": "8.5.2",
+    "device": "Xavier",
+    "compute_capability": "7.2",
+    "precision": "fp16",
+    "refit": False,
+    "profiles": 2,
+}
 
 
 def test_plan_mismatch_names_the_field() -> None:
@@ -37,14 +45,7 @@ def test_plan_mismatch_names_the_field() -> None:
     assert "onnx_sha256" in str(plan_mismatch({**KEY._asdict(), "onnx_sha256": "00"}, KEY))
     assert "precision" in str(plan_mismatch({**KEY._asdict(), "precision": "int8"}, KEY))
     # export's manifest record: tensorrt_version, no ONNX hash
-    shipped = {
-        "tensorrt_version": "8.5.2",
-        "device": "Xavier",
-        "compute_capability": "7.2",
-        "precision": "fp16",
-        "refit": False,
-        "profiles": 2,
-    }
+    shipped = dict(SHIPPED_PLAN)
     assert plan_mismatch(shipped, KEY) is None
     assert "refit" in str(plan_mismatch(shipped, KEY._replace(refit=True)))  # --finetune needs a REFIT plan
     assert "calib_sha256" in str(plan_mismatch({**KEY._asdict(), "calib_sha256": "00"}, KEY))
@@ -101,17 +102,7 @@ def test_plan_shipped_in_the_bundle_is_checked_against_its_manifest_record(
     manifest["files"]["policy.fp16.plan"] = file_entry(
         root, "policy.fp16.plan", kind="tensorrt-engine", precision="fp16"
     )
-    manifest["tensorrt"] = {
-        "fp16": {
-            "status": "built",
-            "tensorrt_version": "8.5.2",
-            "device": "Xavier",
-            "compute_capability": "7.2",
-            "precision": "fp16",
-            "refit": False,
-            "profiles": 2,
-        }
-    }
+    manifest["tensorrt"] = {"fp16": {"status": "built", **SHIPPED_PLAN}}
     write_manifest(root, manifest)
     bundle = open_bundle(root)
     assert find_plan(bundle, KEY, tmp_path / "engines")[0] == root / "policy.fp16.plan"
