@@ -164,7 +164,7 @@ class ControlLoop:
         timer = time.perf_counter_ns
         sleep = time.sleep
         spin_ns = int(s.spin_us * 1000)
-        warm_ns = 0  # how long before the slot the rehearsal starts (from the last one's duration)
+        warm_ns = 0  # how long before the slot the rehearsal starts (from the first, cold, rehearsal's duration)
         hot_ns = 0  # the last step's shortest hot rehearsal: when the next one still fits before the slot
         stats = self.stats = StepStats()
         add_jitter, add_latency, add_infer = stats.jitter.append, stats.latency.append, stats.infer.append
