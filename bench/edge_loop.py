@@ -16,11 +16,17 @@ Then, side by side:
    goal: under 15 us at 1 kHz); the torch backend at 1 kHz.
 4. fine-tuning: ``sac-edge run --finetune`` at 1 kHz against the same run without learning (goal: the
    miss rate moves by less than 0.05 points); ``peak_rss_mb`` counts the learner process too,
-   ``torch_imported`` is the control process's (the learner runs in a process of its own). Two learning
-   runs: one that never proposes a candidate (the learner's own cost), and one that proposes a candidate
-   every 50 updates and judges it over 2 episodes, so that a run of a few seconds swaps weights several
-   times (the swaps' cost on top); ``swaps`` is the run summary's count (candidates swapped in, and
-   rollbacks swapped back).
+   ``torch_imported`` is the control process's (the learner runs in a process of its own). The modes
+   (``--modes``): ``off``; ``learner idle`` (the learner process, the coordinator thread and the loop's
+   hooks, but no update: sac-edge's own machinery); ``no swaps`` (learning, no candidate: the learner's
+   compute on top); ``swaps`` (a candidate every 50 updates judged over 2 episodes, so a run of a few
+   seconds swaps weights several times; ``swaps`` is the summary's count, rollbacks included); ``busy
+   neighbour`` (no learning, a Python busy loop on the CPUs the loop leaves to the learner: what any
+   CPU-bound process there costs the loop on this machine). ``--repeats`` rounds of one run per mode,
+   each round starting at another mode; each mode is compared with the same round's ``off`` run (and
+   learning with the busy neighbour), and the mean difference gets a 95% t interval: a goal is met when
+   that interval lies inside +-0.05 points (this VM's run-to-run spread is wider than the goal, so one
+   pair of runs cannot settle it).
 
 ``--seconds`` sets each loop run's length (default 5; the issue's figures use 8). ``--realtime-priority``
 and ``--core`` pin the loop. Prints one table per section, then one JSON line.
@@ -57,11 +63,19 @@ ENVS = ("Pendulum-v1", "HalfCheetah-v5")
 BIN = Path(sys.executable).parent
 RATES = (100.0, 500.0, 1000.0)
 LEARN = ("--finetune", "--learning-starts", "500")
-FINETUNE_MODES = {
-    "off": (),
-    "no swaps": (*LEARN, "--swap-every", str(10**9)),
-    "swaps": (*LEARN, "--swap-every", "50", "--promotion-window", "2"),
+#: name -> (``sac-edge run`` flags, whether a busy loop runs meanwhile on the CPUs the loop leaves to others)
+FINETUNE_MODES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "off": ((), False),
+    "learner idle": (("--finetune", "--learning-starts", "100000"), False),  # no update in a run under 100 s
+    "no swaps": ((*LEARN, "--swap-every", str(10**9)), False),
+    "swaps": ((*LEARN, "--swap-every", "50", "--promotion-window", "2"), False),
+    "busy neighbour": ((), True),
 }
+#: (mode, reference) pairs the fine-tuning section compares, when both ran
+COMPARED = [(m, "off") for m in FINETUNE_MODES if m != "off"] + [
+    ("no swaps", "busy neighbour"),
+    ("swaps", "busy neighbour"),
+]
 
 
 def write_run_dir(env_id: str, out: Path, seed: int = 0) -> Path:
@@ -186,7 +200,7 @@ def precision_rows(bundle: Path, rate: float) -> list[dict[str, Any]]:
     for batch in (1, 8, 64):
         obs = rng.standard_normal((batch, obs_dim)).astype(np.float32)
         fns = {p: _call(be, obs) for p, be in backends.items()}
-        p50 = interleaved(fns, calls=1000 if batch < 64 else 300)
+        p50 = interleaved(fns, calls=200 if batch < 64 else 60, rounds=25)  # short rounds, as in hot_path
         floor_us = flops_per_row * batch / rate * 1e6
         rows.append(
             {
@@ -279,25 +293,93 @@ def loop_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[
     return rows
 
 
-def finetune_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = []
-    for mode, flags in FINETUNE_MODES.items():
-        where = ("--finetune-dir", str(bundle.parent / f"{env_id}.{mode.replace(' ', '-')}.ft")) if flags else ()
+def busy_neighbour(core: int) -> subprocess.Popen[bytes]:
+    """A Python busy loop on the CPUs the loop's ``core`` leaves to others (where the learner process runs)."""
+    others = os.sched_getaffinity(0) - {core}
+    if not others:
+        raise SystemExit("edge_loop: the busy neighbour needs a CPU besides --core")
+    return subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, others)
+    )
+
+
+def finetune_run(bundle: Path, env_id: str, args: argparse.Namespace, mode: str, round_: int) -> dict[str, Any]:
+    """One 1 kHz run in fine-tuning ``mode`` (a key of ``FINETUNE_MODES``)."""
+    flags, busy = FINETUNE_MODES[mode]
+    where = ("--finetune-dir", str(bundle.parent / f"{env_id}.{mode.replace(' ', '-')}.{round_}.ft")) if flags else ()
+    neighbour = busy_neighbour(args.core) if busy else None
+    try:
         s = run_summary(bundle, env_id, args, 1000.0, "--backend", "onnxruntime", *flags, *where)
-        ft = s.get("finetune") or {}
-        swap = ft.get("swap_s", {}).get("fp32")
-        rows.append(
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
+    ft = s.get("finetune") or {}
+    swap = ft.get("swap_s", {}).get("fp32")
+    return {
+        "round": round_,
+        "finetune": mode,
+        **loop_figures(s),
+        "updates": ft.get("updates"),
+        "swaps": ft.get("swaps"),
+        "swap_p50_ms": round(swap["p50"] * 1e3, 3) if swap else None,
+    }
+
+
+def finetune_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--repeats`` rounds of one run per mode; round r starts at the r-th mode, so that no mode always
+    follows another (this VM's speed drifts over minutes: only runs close in time compare)."""
+    modes = args.modes.split(",")
+    unknown = sorted(set(modes) - set(FINETUNE_MODES))
+    if unknown or "off" not in modes:
+        raise SystemExit(f"edge_loop: --modes takes 'off' and any of {list(FINETUNE_MODES)[1:]} (got {unknown})")
+    rows = []
+    for r in range(args.repeats):
+        for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
+            rows.append(finetune_run(bundle, env_id, args, mode, r))
+    return rows
+
+
+def paired_effect(rows: list[dict[str, Any]], goal_points: float = 0.05) -> list[dict[str, Any]]:
+    """For each ``COMPARED`` pair that ran, the mode's miss rate minus its reference's in the same round:
+    mean and 95% t interval over rounds (points of percent), and whether the interval lies inside
+    +-``goal_points``."""
+    from scipy import stats
+
+    by_mode: dict[str, dict[int, float]] = {}
+    for r in rows:
+        by_mode.setdefault(r["finetune"], {})[r["round"]] = r["miss_pct"]
+    out = []
+    for mode, reference in COMPARED:
+        if mode not in by_mode or reference not in by_mode:
+            continue
+        rounds = sorted(by_mode[mode].keys() & by_mode[reference].keys())
+        diffs = np.array([by_mode[mode][k] - by_mode[reference][k] for k in rounds])
+        mean = float(diffs.mean())
+        if len(diffs) > 1 and diffs.std() > 0:
+            low, high = stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=stats.sem(diffs))
+        else:
+            low = high = mean
+        if -goal_points < low and high < goal_points:
+            verdict = f"within +-{goal_points}"
+        elif low > goal_points:
+            verdict = f"over +{goal_points}"
+        else:
+            verdict = "unsettled"
+        out.append(
             {
-                "backend": "onnxruntime",
-                "rate_hz": 1000.0,
-                "finetune": mode,
-                **loop_figures(s),
-                "updates": ft.get("updates"),
-                "swaps": ft.get("swaps"),
-                "swap_p50_ms": round(swap["p50"] * 1e3, 3) if swap else None,
+                "mode": mode,
+                "against": reference,
+                "rounds": len(diffs),
+                "mode_pct": round(float(np.mean([by_mode[mode][k] for k in rounds])), 3),
+                "against_pct": round(float(np.mean([by_mode[reference][k] for k in rounds])), 3),
+                "diff_points": round(mean, 3),
+                "ci95_low": round(float(low), 3),
+                "ci95_high": round(float(high), 3),
+                "verdict": verdict,
             }
         )
-    return rows
+    return out
 
 
 def main() -> None:
@@ -309,6 +391,8 @@ def main() -> None:
         "--realtime-priority", type=int, default=0, help="SCHED_FIFO priority for the loop (needs root; 0: off)"
     )
     parser.add_argument("--sections", default="hot,precision,loop,finetune", help="which sections to run")
+    parser.add_argument("--repeats", type=int, default=3, help="fine-tuning: rounds of one run per mode")
+    parser.add_argument("--modes", default=",".join(FINETUNE_MODES), help="fine-tuning: the modes to run")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     rate = gemm_rate_flops()
@@ -343,8 +427,11 @@ def main() -> None:
                 print(format_table([tuple(r.values()) for r in res["loop"]], tuple(res["loop"][0])))
             if "finetune" in sections:
                 res["finetune"] = finetune_rows(bundle, env_id, args)
-                print(f"\n{env_id}: 1 kHz without --finetune, learning without swaps, learning with swaps")
+                res["finetune_effect"] = effect = paired_effect(res["finetune"])
+                print(f"\n{env_id}: 1 kHz, each fine-tuning mode (--repeats rounds)")
                 print(format_table([tuple(r.values()) for r in res["finetune"]], tuple(res["finetune"][0])))
+                print(f"\n{env_id}: effect on 1 kHz misses, paired by round (goal: within 0.05 points)")
+                print(format_table([tuple(r.values()) for r in effect], tuple(effect[0])))
             out["envs"][env_id] = res
     print(json.dumps(out, sort_keys=True))
 
