@@ -14,7 +14,9 @@ For Pendulum-v1 and HalfCheetah-v5 (untrained 256x256 actors exported with ``sac
    what the coordinator did per candidate before (re-quantise and re-check for int8 in the control
    process, then rebuild every onnxruntime session); *after*, what it does now (copy the candidate's sets
    out of shared memory, the learner having re-quantised them, and install them: fp32 refilled in place,
-   int8 rebuilt). With ``fp32`` loaded alone (the default run) and with ``fp32,int8`` (budget runs).
+   int8 rebuilt from the graph onnxruntime optimised at start); with int8 loaded also *after, int8 from
+   the file*, the int8 rebuild from ``policy.int8-cpu.onnx`` as before the pre-optimised graph. With
+   ``fp32`` loaded alone (the default run) and with ``fp32,int8`` (budget runs).
 
 Prints one table per section, then one JSON line.
 """
@@ -47,7 +49,8 @@ from sac_edge.edge_runtime.finetune.weight_swap import WeightSets, WeightSwapper
 
 TICK_S = 2e-4
 LOADS = (("fp32",), ("fp32", "int8"))
-PATHS = ("none", "before", "after")
+FROM_FILE = "after, int8 from the file"
+PATHS = ("none", "before", FROM_FILE, "after")
 
 
 def _session(path: Path, prepack: bool) -> tuple[Any, list[Any]]:
@@ -125,8 +128,11 @@ def _actor_sets(bundle: Bundle) -> list[dict[str, np.ndarray]]:
 def stall(bundle: Bundle, load: tuple[str, ...], path: str, swaps: int, gap_s: float) -> tuple[list[int], list[float]]:
     """The ticker's gaps (ns) while ``path`` (none / before / after) swaps ``swaps`` times, ``gap_s`` apart,
     and the swaps' seconds."""
-    after = path == "after"
+    after = path.startswith("after")
     backends = {p: open_backend(bundle, "onnxruntime", p, BackendOptions(refit=after)) for p in load}
+    if path == FROM_FILE:
+        for backend in backends.values():
+            backend._pre = None  # rebuild from the file, as before
     swapper = WeightSwapper(backends, bundle)
     actors = _actor_sets(bundle)
     states = np.random.default_rng(0).standard_normal((SHADOW_STATES, bundle.spec.obs_dim)).astype(np.float32)
@@ -169,14 +175,15 @@ def stall_rows(bundle: Bundle, args: argparse.Namespace) -> list[dict[str, Any]]
     """Each load and path's figures over ``args.rounds`` rounds, the paths taking turns within a round."""
     rows = []
     for load in LOADS:
-        gaps: dict[str, list[int]] = {p: [] for p in PATHS}
-        seconds: dict[str, list[float]] = {p: [] for p in PATHS}
+        paths = [p for p in PATHS if p != FROM_FILE or "int8" in load]
+        gaps: dict[str, list[int]] = {p: [] for p in paths}
+        seconds: dict[str, list[float]] = {p: [] for p in paths}
         for _ in range(args.rounds):
-            for path in PATHS:
+            for path in paths:
                 g, s = stall(bundle, load, path, args.swaps, args.gap_ms / 1e3)
                 gaps[path] += g
                 seconds[path] += s
-        for path in PATHS:
+        for path in paths:
             ms = np.array(gaps[path]) / 1e6
             rows.append(
                 {
@@ -198,7 +205,7 @@ def main() -> None:
     parser.add_argument("--sections", default="prepack,stall")
     parser.add_argument("--swaps", type=int, default=40, help="swaps per stall row")
     parser.add_argument("--gap-ms", type=float, default=25.0, help="time between two swaps")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three paths, taken in turn")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the paths, taken in turn")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     out: dict[str, Any] = {}

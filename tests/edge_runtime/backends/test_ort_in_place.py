@@ -1,5 +1,6 @@
-"""onnxruntime's in-place swap (``--finetune``, CPU fp32): same answers as a fresh session, and the
-retired generation is never written while an ``act`` may still be reading it."""
+"""onnxruntime's swaps (``--finetune``): the in-place refill (CPU fp32) and the rebuild from the
+pre-optimised graph (CPU int8) answer like a fresh session from the file, and the retired in-place
+generation is never written while an ``act`` may still be reading it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
 from sac_edge.edge_runtime.backends.onnxrt.runner import RELEASE_TIMEOUT_S, OrtBackend
@@ -61,7 +63,8 @@ def test_in_place_swap_answers_like_a_fresh_session(pendulum_bundle: Path) -> No
 def test_only_fp32_on_the_cpu_for_swaps_is_refilled(pendulum_bundle: Path) -> None:
     bundle = open_bundle(pendulum_bundle)
     assert open_backend(bundle, "onnxruntime", "fp32").describe()["swap"] == "rebuild"  # no --finetune
-    assert open_backend(bundle, "onnxruntime", "int8", FOR_SWAPS).describe()["swap"] == "rebuild"  # slower unpacked
+    int8 = open_backend(bundle, "onnxruntime", "int8", FOR_SWAPS)  # slower unpacked: rebuilt
+    assert int8.describe()["swap"].startswith("rebuild")  # pre-optimised where the start-up check allows
 
 
 def test_the_retired_generation_waits_for_the_act_that_may_hold_it(pendulum_bundle: Path) -> None:
@@ -100,3 +103,42 @@ def test_an_act_that_never_returns_gets_a_fresh_generation_instead(pendulum_bund
         np.testing.assert_array_equal(serving.arrays[name], value)
     want = _fresh(backend.model, b).run(["action"], {"obs": obs[None]})[0][0]
     np.testing.assert_allclose(backend.act(obs), want, atol=1e-5)
+
+
+@pytest.mark.torch  # finetune_bundle is built with torch
+def test_int8_swaps_from_the_pre_optimised_graph_answer_like_the_file(finetune_bundle: Path) -> None:
+    from sac_edge.edge_runtime.finetune.weight_swap import Int8Requantizer
+
+    bundle = open_bundle(finetune_bundle)
+    backend = open_backend(bundle, "onnxruntime", "int8", FOR_SWAPS)
+    assert isinstance(backend, OrtBackend) and backend._pre is not None
+    assert backend.model.name == "policy.int8-cpu.onnx"
+    requantizer = Int8Requantizer(bundle)
+    obs = np.random.default_rng(1).standard_normal((16, bundle.spec.obs_dim)).astype(np.float32)
+    before = backend.act_batch(obs)
+    for weights in _actor_sets(finetune_bundle, 3):
+        sets = requantizer.requantize(weights, None).initializers
+        backend.swap_weights(sets)
+        want = _fresh(backend.model, sets).run(["action"], {"obs": obs})[0]
+        np.testing.assert_array_equal(backend.act_batch(obs), want)
+        np.testing.assert_array_equal(np.stack([backend.act(o).copy() for o in obs]), want)
+        assert not np.allclose(want, before, atol=1e-3)  # the swap changed the actions
+
+
+@pytest.mark.torch
+def test_a_pre_optimised_graph_that_drops_a_swapped_tensor_is_not_used(
+    finetune_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the optimiser folded a weight the swap must replace, builds from its graph would keep the old
+    value: the start-up check sees a different action and swaps rebuild from the file instead."""
+    real = OrtBackend._save_optimised
+
+    def drops_a_weight(self: OrtBackend) -> object:
+        pre = real(self)
+        assert pre is not None
+        return pre._replace(names=pre.names - {next(n for n in pre.names if n.endswith("_quantized"))})
+
+    monkeypatch.setattr(OrtBackend, "_save_optimised", drops_a_weight)
+    backend = open_backend(open_bundle(finetune_bundle), "onnxruntime", "int8", FOR_SWAPS)
+    assert isinstance(backend, OrtBackend) and backend._pre is None
+    assert backend.describe()["swap"] == "rebuild"
