@@ -28,7 +28,8 @@ int8 bias's scale, are folded into its fused nodes and follow from the others). 
 HalfCheetah graph: 0.44 ms a build against 1.9 ms from the file, so a quarter of the time the
 interpreter lock is held. At start the backend checks that a session built that way with changed
 initializers answers like a full build with them, and rebuilds from the file if it does not
-(onnxruntime 1.32 passes for both int8 graphs; 1.16.3 folds the last int8 layer's weight and fails). Measured with
+(with onnxruntime's ConstantSharing off while saving, which would merge small initializers under new
+names, onnxruntime 1.16.3 and 1.32 both pass for the int8 graphs). Measured with
 ``bench/weight_swap.py --sections prepack`` (BENCHMARKS.md), p50 prepacking off / on, one thread, 256x256
 actors: fp32 0.96-1.07x at batch 1 (the loop's call), 1.24-1.31x at 8 and 1.09-1.12x at 64 (``act_batch``:
 bench and evaluation); ``policy.int8-cpu.onnx`` 1.97-2.24x at batch 1.
@@ -63,6 +64,9 @@ RELEASE_TIMEOUT_S = 0.05
 RELEASE_POLL_S = 1e-4
 NO_PREPACKING = "session.disable_prepacking"
 SAVE_FORMAT, LOAD_FORMAT = "session.save_model_format", "session.load_model_format"
+#: Off while saving the pre-optimised graph: ConstantSharing merges equal small initializers (an int8 layer's
+#: per-channel scales and zero points of a few outputs) under new names a swap cannot override.
+KEEP_NAMES = ["ConstantSharing"]
 
 
 class _PreOptimized(NamedTuple):
@@ -208,7 +212,7 @@ class OrtBackend(Backend):
                     so = self._options("ORT_ENABLE_EXTENDED")
                     so.optimized_model_filepath = str(Path(tmp) / f"optimised.{fmt.lower()}")
                     so.add_session_config_entry(SAVE_FORMAT, fmt)
-                    ort.InferenceSession(str(self.model), so, providers=self._providers)
+                    ort.InferenceSession(str(self.model), so, providers=self._providers, disabled_optimizers=KEEP_NAMES)
                 import onnx
 
                 names = frozenset(i.name for i in onnx.load(str(Path(tmp) / "optimised.onnx")).graph.initializer)

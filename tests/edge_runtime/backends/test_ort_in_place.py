@@ -105,6 +105,23 @@ def test_an_act_that_never_returns_gets_a_fresh_generation_instead(pendulum_bund
     np.testing.assert_allclose(backend.act(obs), want, atol=1e-5)
 
 
+def test_swaps_into_the_test_int8_graph_from_the_pre_optimised_graph_match_the_file(pendulum_bundle: Path) -> None:
+    """The device suite's int8 graph (onnxruntime's static quantisation: int8 weights, int32 biases)."""
+    backend = open_backend(open_bundle(pendulum_bundle), "onnxruntime", "int8", FOR_SWAPS)
+    assert isinstance(backend, OrtBackend) and backend.describe()["swap"] == "rebuild (pre-optimised)"
+    obs = np.random.default_rng(1).standard_normal((16, 3)).astype(np.float32) * 2
+    before = backend.act_batch(obs)
+    layers = {k: v for k, v in backend._swappable().items() if k.startswith("actor.") and k.endswith("_quantized")}
+    assert len(layers) == 6  # three weights, three biases
+    rng = np.random.default_rng(2)
+    for _ in range(2):  # new integer weights and biases under the same (symmetric) scales
+        weights = {k: rng.permutation(v.ravel()).reshape(v.shape) for k, v in layers.items()}
+        backend.swap_weights(weights)
+        want = _fresh(backend.model, weights).run(["action"], {"obs": obs})[0]
+        np.testing.assert_array_equal(backend.act_batch(obs), want)
+        assert not np.allclose(want, before, atol=1e-3)
+
+
 @pytest.mark.torch  # finetune_bundle is built with torch
 def test_int8_swaps_from_the_pre_optimised_graph_answer_like_the_file(finetune_bundle: Path) -> None:
     from sac_edge.edge_runtime.finetune.weight_swap import Int8Requantizer
