@@ -165,17 +165,19 @@ class OrtBackend(Backend):
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
         return so
 
-    def _build(self, initializers: Mapping[str, np.ndarray], in_place: bool = False) -> _Runner:
+    def _build(
+        self, initializers: Mapping[str, np.ndarray], in_place: bool = False, pre: _PreOptimized | None = None
+    ) -> _Runner:
         """A session with ``initializers`` overriding the file's; ``in_place``: over copies of all the graph's
-        swappable initializers (``initializers`` over the file's values), which it reads where they are.
-        With new initializers and a pre-optimised graph, built from that graph."""
+        swappable initializers (``initializers`` over the file's values), which it reads where they are;
+        ``pre`` (with new initializers, not in place): built from that pre-optimised graph."""
         ort = import_ort()
         source: str | bytes = str(self.model)
-        if self._pre is not None and initializers and not in_place:
+        if pre is not None and initializers and not in_place:
             so = self._options("ORT_DISABLE_ALL")
             so.add_session_config_entry(LOAD_FORMAT, "ORT")
-            source = self._pre.model
-            initializers = {k: v for k, v in initializers.items() if k in self._pre.names}
+            source = pre.model
+            initializers = {k: v for k, v in initializers.items() if k in pre.names}
         else:
             so = self._options("ORT_ENABLE_ALL")
         arrays: dict[str, np.ndarray] = {}
@@ -199,9 +201,19 @@ class OrtBackend(Backend):
         return _Runner(session, binding, (*values, *initializers.values()), arrays)
 
     def _pre_optimize(self) -> _PreOptimized | None:
-        """The graph optimised once for the swaps' rebuilds, if builds from it answer like builds from the file."""
+        """The graph optimised once for the swaps' rebuilds, if a build from it with every swappable tensor
+        changed (integers negated, floats doubled: each layer stays self-consistent, an int8 bias's scale
+        doubling with its weight's) answers like a build from the file with them: an initializer the
+        optimiser renamed, copied or folded in a way a swap cannot follow shows as a different action."""
         pre = self._save_optimised()
-        return pre if pre is not None and self._answers_like_the_file(pre) else None
+        if pre is None:
+            return None
+        changed = {
+            k: -v if v.dtype.kind == "i" else v * np.asarray(2, v.dtype)
+            for k, v in self._swappable().items()
+            if v.ndim > 0
+        }
+        return pre if self._answers_like_the_file(self._build(changed, pre=pre), changed) else None
 
     def _save_optimised(self) -> _PreOptimized | None:
         """The graph at ``ORT_ENABLE_EXTENDED`` in onnxruntime's format, with its initializers' names."""
@@ -220,23 +232,12 @@ class OrtBackend(Backend):
         except Exception:  # a build that cannot save its optimised graph: swaps rebuild from the file
             return None
 
-    def _answers_like_the_file(self, pre: _PreOptimized) -> bool:
-        """Whether a build from ``pre`` with every swappable tensor changed (integers negated, floats doubled:
-        each layer stays self-consistent, an int8 bias's scale doubling with its weight's) answers like a
-        build from the file with them: an initializer the optimiser renamed, copied or folded in a way a
-        swap cannot follow shows as a different action."""
-        changed = {
-            k: -v if v.dtype.kind == "i" else v * np.asarray(2, v.dtype)
-            for k, v in self._swappable().items()
-            if v.ndim > 0
-        }
+    def _answers_like_the_file(self, runner: _Runner, changed: Mapping[str, np.ndarray]) -> bool:
+        """Whether ``runner``, holding the ``changed`` initializers, answers like a session built from the file
+        with them."""
         obs = np.linspace(-1.0, 1.0, 4 * self.spec.obs_dim, dtype=np.float32).reshape(4, self.spec.obs_dim)
         want = self._build(changed).session.run([OUTPUT], {INPUT: obs})[0]
-        self._pre = pre
-        try:
-            got = self._build(changed).session.run([OUTPUT], {INPUT: obs})[0]
-        finally:
-            self._pre = None
+        got = runner.session.run([OUTPUT], {INPUT: obs})[0]
         return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
 
     def act(self, obs: np.ndarray) -> np.ndarray:
@@ -275,12 +276,11 @@ class OrtBackend(Backend):
         assert self._retired is not None
         graph = self._swappable()
         other = {k: np.asarray(v * 0.5 + 0.125, v.dtype) for k, v in graph.items() if v.dtype == np.float32}
-        obs = np.linspace(-1.0, 1.0, self.spec.obs_dim, dtype=np.float32)[None]
         self._refill(self._retired, other)
-        got = self._retired.session.run([OUTPUT], {INPUT: obs})[0]
-        want = self._build(other).session.run([OUTPUT], {INPUT: obs})[0]
-        self._refill(self._retired, {})
-        return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
+        try:
+            return self._answers_like_the_file(self._retired, other)
+        finally:
+            self._refill(self._retired, {})
 
     def _refill(self, runner: _Runner, values: Mapping[str, np.ndarray]) -> None:
         """Write ``values`` (the file's for names it lacks) into an in-place generation's arrays."""
@@ -308,7 +308,7 @@ class OrtBackend(Backend):
             self._refill(retired, use)
             runner = retired
         else:  # the rebuild, or a fresh in-place generation when an act still holds the retired one
-            runner = self._build(use, self.in_place)
+            runner = self._build(use, self.in_place, self._pre)
         if self.name in GATED_BACKENDS:
             parity = verify(
                 lambda obs: runner.session.run([OUTPUT], {INPUT: obs})[0],
