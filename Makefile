@@ -24,7 +24,7 @@ lint: venv
 	$(BIN)/ruff check .
 
 typecheck: venv
-	$(BIN)/mypy common train export calibration edge_runtime sweep bench
+	$(BIN)/mypy sac_edge bench
 
 unit: venv
 	$(BIN)/python -m pytest -q

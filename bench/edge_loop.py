@@ -144,21 +144,12 @@ def hot_path(bundle: Path) -> dict[str, float]:
     b = open_bundle(bundle)
     obs = np.random.default_rng(0).standard_normal(b.spec.obs_dim).astype(np.float32)
     ort_backend = open_backend(b, "onnxruntime", "fp32")
-    runner = ort_backend._runner
-    session, binding = runner.session, runner.binding
     torch_backend = open_backend(b, "torch", "fp32")
-    module = torch_backend._module
-    tx = torch.from_numpy(obs[None].copy())
-
-    def eager() -> object:
-        with torch.inference_mode():
-            return module(tx)
-
     p50 = interleaved(
         {
-            "ort_bare": lambda: session.run_with_iobinding(binding),
+            "ort_bare": ort_backend.bare_call(),
             "ort_act": lambda: ort_backend.act(obs),
-            "torch_bare": eager,
+            "torch_bare": torch_backend.bare_call(),
             "torch_act": lambda: torch_backend.act(obs),
         },
         calls=400,

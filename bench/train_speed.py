@@ -92,7 +92,9 @@ def make_sb3(env_id: str, batch: int, device: str) -> Any:
     model = SB3SAC("MlpPolicy", env, batch_size=batch, buffer_size=FILL, learning_starts=0, device=device, seed=0)
     model.set_logger(configure(None, []))
     rng = np.random.default_rng(0)
-    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    obs_shape, act_shape = env.observation_space.shape, env.action_space.shape
+    assert obs_shape is not None and act_shape is not None
+    obs_dim, act_dim = obs_shape[0], act_shape[0]
     buffer = model.replay_buffer
     assert buffer is not None
     for _ in range(FILL):

@@ -129,10 +129,8 @@ def stall(bundle: Bundle, load: tuple[str, ...], path: str, swaps: int, gap_s: f
     """The ticker's gaps (ns) while ``path`` (none / before / after) swaps ``swaps`` times, ``gap_s`` apart,
     and the swaps' seconds."""
     after = path.startswith("after")
-    backends = {p: open_backend(bundle, "onnxruntime", p, BackendOptions(refit=after)) for p in load}
-    if path == FROM_FILE:
-        for backend in backends.values():
-            backend._pre = None  # rebuild from the file, as before
+    options = BackendOptions(refit=after, swap_from_file=path == FROM_FILE)
+    backends = {p: open_backend(bundle, "onnxruntime", p, options) for p in load}
     swapper = WeightSwapper(backends, bundle)
     actors = _actor_sets(bundle)
     states = np.random.default_rng(0).standard_normal((SHADOW_STATES, bundle.spec.obs_dim)).astype(np.float32)

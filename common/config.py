@@ -16,11 +16,12 @@ import json
 import re
 import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .atomic import atomic_write_json
+from .errors import SacEdgeError
 
 C = TypeVar("C")
 _TUPLE_OF = re.compile(r"^tuple\[\s*(\w+)\s*,\s*\.\.\.\s*\]$")
@@ -155,7 +156,20 @@ def parse_config(
 ) -> C:
     """Parse ``argv`` into a frozen ``cls`` instance (argparse exits 2 with one line on a bad flag)."""
     ns = build_parser(cls, prog, description, positional).parse_args(argv)
-    return cls(**vars(ns))
+    return config_from_dict(cls, vars(ns), prog)
+
+
+def config_from_dict(cls: type[C], values: Mapping[str, Any], source: str) -> C:
+    """A ``cls`` instance from parsed flags or a saved config (JSON lists become tuples); a name ``cls``
+    has no field for is a one-line error naming ``source``."""
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise SacEdgeError(
+            f"{source}: unknown setting(s) {', '.join(unknown)} (written by another sac-edge version?); "
+            "remove them or rerun without the saved settings"
+        )
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sac_edge.common.config import build_parser, config_dict
+from sac_edge.common.config import build_parser, config_dict, config_from_dict
 from sac_edge.common.errors import InternalError, SacEdgeError, run_cli
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.summary import emit_json
@@ -47,10 +47,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[SweepConfig, TrainConfig]:
     sweep_parser.allow_abbrev = False  # --seed is sac-train's, not an abbreviation of --seeds
     sweep_parser.epilog = "Every other option is sac-train's (see sac-train --help) and applies to every trial."
     ns, rest = sweep_parser.parse_known_args(argv)
-    flags: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(ns).items()}
-    sweep = SweepConfig(**flags)
+    sweep = config_from_dict(SweepConfig, vars(ns), PROG)
     train_ns = build_parser(TrainConfig, PROG, "").parse_args(rest)
-    train = dataclasses.replace(TrainConfig(**vars(train_ns)), env=sweep.env)
+    train = dataclasses.replace(config_from_dict(TrainConfig, vars(train_ns), PROG), env=sweep.env)
     return sweep, train
 
 
@@ -65,8 +64,11 @@ def _require_extra() -> None:
 def _saved(sweep_dir: Path, sweep: SweepConfig) -> tuple[SweepConfig, TrainConfig]:
     saved = read_json(sweep_dir / SAVED, "sweep config", "nothing to resume; run without --resume")
     flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
-    train = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["train"].items()}
-    return SweepConfig(**{**saved["sweep"], "grid": tuple(saved["sweep"]["grid"]), **flags}), TrainConfig(**train)
+    source = str(sweep_dir / SAVED)
+    return (
+        config_from_dict(SweepConfig, {**saved["sweep"], **flags}, source),
+        config_from_dict(TrainConfig, saved["train"], source),
+    )
 
 
 def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, TrainConfig]:

@@ -136,6 +136,9 @@ class BackendOptions:
     """Build for weight swaps (``--finetune``): TensorRT engines refittable (off otherwise, since REFIT can
     cost speed and, per the TensorRT 11.3 docs, drop a GEMM bias); onnxruntime's CPU fp32 session as two
     generations refilled in place (``backends/onnxrt/runner.py``)."""
+    swap_from_file: bool = False
+    """onnxruntime on the CPU: rebuild swapped sessions from the graph file instead of the graph onnxruntime
+    optimised at start (slower; for benchmarks that price the difference)."""
 
 
 class Backend(abc.ABC):
@@ -161,6 +164,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
         """Install ``weights`` atomically (see the module docstring)."""
+
+    def bare_call(self) -> Callable[[], object]:
+        """The library call ``act`` makes, on the backend's own input and output buffers, without the
+        wrapper's copies and bookkeeping: what benchmarks price ``act`` against."""
+        raise NotImplementedError(f"backend {self.name!r} has no bare call")
 
     def describe(self) -> dict[str, Any]:
         """Backend, precision and whatever identifies the runtime (extended by each backend)."""

@@ -46,7 +46,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -145,7 +145,7 @@ class OrtBackend(Backend):
         self._retired: _Runner | None = self._build({}, in_place=True) if self.in_place else None
         if self.in_place and not self._reads_in_place():
             self.in_place, self._retired = False, None
-        if options.refit and cpu_only and not self.in_place:
+        if options.refit and cpu_only and not self.in_place and not options.swap_from_file:
             self._pre = self._pre_optimize()
         wanted = self._providers[0] if isinstance(self._providers[0], str) else self._providers[0][0]
         active = self._runner.session.get_providers()
@@ -249,6 +249,10 @@ class OrtBackend(Backend):
         finally:
             self.left += 1
         return self._action_row
+
+    def bare_call(self) -> Callable[[], object]:
+        runner = self._runner
+        return lambda: runner.session.run_with_iobinding(runner.binding)
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
         feed = {INPUT: np.ascontiguousarray(obs, dtype=np.float32)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,15 @@ class TorchBackend(Backend):
         with self._torch.inference_mode():
             self._action_t.copy_(module(self._obs_t))
         return self._action_np
+
+    def bare_call(self) -> Callable[[], object]:
+        module, inference_mode, obs = self._module, self._torch.inference_mode, self._obs_t
+
+        def call() -> object:
+            with inference_mode():
+                return module(obs)
+
+        return call
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
         with self._torch.inference_mode():
