@@ -8,7 +8,7 @@ DEMO := runs/demo
 # what `make test` sees (tests/test_clean_clone.py checks this recipe).
 DEMO_BUNDLE := runs/demo-bundle
 
-.PHONY: venv test test-device device-suite lint typecheck unit demo bench clean
+.PHONY: venv test test-device device-suite lint typecheck docs unit demo bench clean
 
 # The pinned CPU torch goes in first: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -24,7 +24,10 @@ lint: venv
 	$(BIN)/ruff check .
 
 typecheck: venv
-	$(BIN)/mypy sac_edge bench
+	$(BIN)/mypy sac_edge bench scripts
+
+docs: venv
+	$(BIN)/python scripts/cli_reference.py
 
 unit: venv
 	$(BIN)/python -m pytest -q

@@ -1,4 +1,4 @@
-"""The fine-tuner's weight swap beside a control-like thread, before and after issue 18's swap path.
+"""The fine-tuner's weight swap beside a control-like thread: the shipped swap path against the in-process one.
 
 For Pendulum-v1 and HalfCheetah-v5 (untrained 256x256 actors exported with ``sac-export --int8``, as in
 ``edge_loop.py``), in one process:
@@ -10,13 +10,13 @@ For Pendulum-v1 and HalfCheetah-v5 (untrained 256x256 actors exported with ``sac
 2. stall: a control-like thread (``act`` on the serving backend, then a 0.2 ms sleep, under the fine-tuner's
    0.1 ms GIL switch interval) while another thread swaps a new weight set in every ``--gap-ms``. Its
    worst gap between two iterations, its p99.9 and the number of gaps over 1 ms, over ``--rounds``
-   rounds that take the paths in turn, for: no swaps (the machine's own noise); *before*,
-   what the coordinator did per candidate before (re-quantise and re-check for int8 in the control
-   process, then rebuild every onnxruntime session); *after*, what it does now (copy the candidate's sets
-   out of shared memory, the learner having re-quantised them, and install them: fp32 refilled in place,
-   int8 rebuilt from the graph onnxruntime optimised at start); with int8 loaded also *after, int8 from
-   the file*, the int8 rebuild from ``policy.int8-cpu.onnx`` as before the pre-optimised graph. With
-   ``fp32`` loaded alone (the default run) and with ``fp32,int8`` (budget runs).
+   rounds that take the paths in turn, for: no swaps (the machine's own noise); *before*, the reference
+   path that does everything in the control process (re-quantise and re-check for int8, then rebuild
+   every onnxruntime session); *after*, the shipped path (copy the candidate's sets out of shared memory,
+   the learner having re-quantised them, and install them: fp32 refilled in place, int8 rebuilt from the
+   graph onnxruntime optimised at start); with int8 loaded also *after, int8 from the file*, the int8
+   rebuild from ``policy.int8-cpu.onnx`` instead of the pre-optimised graph. With ``fp32`` loaded alone
+   (the default run) and with ``fp32,int8`` (budget runs).
 
 Prints one table per section, then one JSON line.
 """

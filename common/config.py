@@ -77,6 +77,11 @@ def _tuple_parser(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]
     return parse
 
 
+def flag_of(name: str) -> str:
+    """The command-line flag of the config field ``name``."""
+    return "--" + name.replace("_", "-")
+
+
 def build_parser(
     cls: type[Any], prog: str, description: str, positional: Sequence[str] = ()
 ) -> argparse.ArgumentParser:
@@ -100,7 +105,7 @@ def build_parser(
                 kwargs.update(nargs="?", default=default)
             parser.add_argument(f.name, type=tp if tp is not bool else _parse_bool, **kwargs)
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_of(f.name)
         if tp is bool:
             parser.add_argument(flag, action=_BoolFlag, default=default, **kwargs)
         elif typing.get_origin(tp) is tuple and f.metadata.get("repeat"):
@@ -124,6 +129,36 @@ def build_parser(
                 help=argparse.SUPPRESS,
             )
     return parser
+
+
+def reference_markdown(cls: type[Any], positional: Sequence[str] = ()) -> str:
+    """A Markdown table of the command line ``build_parser(cls, ...)`` makes: argument, default, help."""
+    lines = ["| argument | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = _field_type(cls, f.type)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.name in positional:
+            arg = f.name.upper() if f.default is dataclasses.MISSING else f"[{f.name.upper()}]"
+        elif tp is bool:
+            arg = f"{flag_of(f.name)}, --no-{flag_of(f.name)[2:]}"
+        elif "const" in f.metadata:
+            arg = f"{flag_of(f.name)} [VALUE]"
+        elif typing.get_origin(tp) is tuple:
+            arg = f"{flag_of(f.name)} {'VALUE [VALUE ...]' if f.metadata.get('repeat') else 'A,B,...'}"
+        else:
+            arg = f"{flag_of(f.name)} {getattr(tp, '__name__', 'VALUE').upper()}"
+        if isinstance(default, tuple):
+            shown = ",".join(map(str, default)) if default else "(none)"
+        else:
+            shown = "(required)" if f.default is dataclasses.MISSING else str(default)
+        meaning = f.metadata.get("help", "")
+        if "choices" in f.metadata:
+            meaning += f" (one of: {', '.join(map(str, f.metadata['choices']))})"
+        meaning = meaning.replace("|", "\\|")
+        lines.append(f"| `{arg}` | `{shown}` | {meaning} |")
+    return "\n".join(lines) + "\n"
 
 
 def parse_value(cls: type[Any], name: str, text: str) -> Any:

@@ -21,6 +21,7 @@ from .versions import installed_version
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+ENGINES_DIR = "engines"  # BUNDLE/engines: engines and provider caches built on this device
 FINETUNE_DIR = "finetune"  # BUNDLE/finetune: the last good fine-tuned weights (sac-edge run --finetune)
 MAX_MANIFEST_BYTES = 4 << 20
 MAX_FILES = 256

@@ -20,12 +20,12 @@ from sac_edge.common.config import config_dict
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.latency import latency_us, time_calls
 from sac_edge.common.table import format_table
+from sac_edge.edge_runtime.backends.autoselect import probe_observations
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, open_bundle
+from sac_edge.edge_runtime.backends.registry import candidates, check_precision, kind
+from sac_edge.edge_runtime.budget.memory import MemoryProbe
+from sac_edge.edge_runtime.budget.sensors import EnergyMeter, detect_power_sensor
 
-from .backends.autoselect import probe_observations
-from .backends.base import Backend, BackendOptions, open_bundle
-from .backends.registry import candidates, check_precision, kind
-from .budget.memory import MemoryProbe
-from .budget.sensors import EnergyMeter, detect_power_sensor
 from .config import BenchConfig
 
 #: The largest batch bench times (each probe batch is allocated up front).

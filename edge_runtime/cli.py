@@ -1,7 +1,7 @@
 """``sac-edge``: ``run`` (the control loop on a bundle), ``bench`` (backend x precision x batch figures) and
 ``doctor`` (what this device is and what will run on it).
 
-Conventions (DESIGN.md): with ``--json`` the last stdout line is one JSON object; errors are one line on
+Conventions (docs/CONTRACTS.md): with ``--json`` the last stdout line is one JSON object; errors are one line on
 stderr with exit code 2 (bad input) or 1 (internal); Ctrl-C / SIGTERM during ``run`` stop the loop
 cleanly and still print the summary.
 """

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .backends.base import PRECISIONS
-from .backends.registry import BACKEND_CHOICES, KINDS
-from .control.safety import OBS_FAULT_POLICIES
+from sac_edge.edge_runtime.backends.base import PRECISIONS
+from sac_edge.edge_runtime.backends.registry import BACKEND_CHOICES, KINDS
+from sac_edge.edge_runtime.control.safety import OBS_FAULT_POLICIES
 
 TRUSTED_KEYS_HELP = "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"
 

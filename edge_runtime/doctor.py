@@ -22,17 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import ENGINES_DIR
 from sac_edge.common.signing import SIGNED, TRUSTED, UNSIGNED, signature_state
 from sac_edge.common.table import format_table
 from sac_edge.common.versions import installed_version
+from sac_edge.edge_runtime.backends.base import PRECISIONS, Bundle, open_bundle
+from sac_edge.edge_runtime.backends.registry import KINDS, candidates
+from sac_edge.edge_runtime.backends.trt.plans import parity_records
+from sac_edge.edge_runtime.budget.memory import read_nvmap, read_system_memory
+from sac_edge.edge_runtime.budget.sensors.base import SensorError
+from sac_edge.edge_runtime.budget.sensors.detect import detect_power_sensor
+from sac_edge.edge_runtime.budget.sensors.estimate import nvpmodel_mode
 
-from .backends.base import PRECISIONS, Bundle, open_bundle
-from .backends.registry import KINDS, candidates
-from .backends.trt.plans import parity_records
-from .budget.memory import read_nvmap, read_system_memory
-from .budget.sensors.base import SensorError
-from .budget.sensors.detect import detect_power_sensor
-from .budget.sensors.estimate import nvpmodel_mode
 from .config import DoctorConfig
 
 OK, WARN, NO, INFO = "ok", "warn", "no", "info"
@@ -306,7 +307,7 @@ def bundle_rows(ctx: Context) -> Iterable[Row]:
         {TRUSTED: OK, SIGNED: INFO, UNSIGNED: INFO}.get(sig.state, NO),
         "" if sig.state in (TRUSTED, SIGNED) else "sac-export RUN --out BUNDLE --force --sign-key KEY",
     )
-    for record in parity_records(ctx.bundle.path / "engines"):
+    for record in parity_records(ctx.bundle.path / ENGINES_DIR):
         passed = bool(record.get("passed"))
         yield Row(
             "bundle",

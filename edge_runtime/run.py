@@ -26,22 +26,22 @@ from sac_edge.common.lockfile import pid_lock
 from sac_edge.common.manifest import MANIFEST
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
+from sac_edge.edge_runtime.backends.autoselect import autoselect
+from sac_edge.edge_runtime.backends.base import PRECISION_ORDER, Backend, BackendOptions, open_bundle
+from sac_edge.edge_runtime.backends.registry import open_backend, refusal
+from sac_edge.edge_runtime.budget.governor import Governor, GovernorConfig, build_ladder
+from sac_edge.edge_runtime.budget.memory import MemoryProbe
+from sac_edge.edge_runtime.budget.monitor import BudgetMonitor
+from sac_edge.edge_runtime.budget.sensors import detect_power_sensor
+from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
+from sac_edge.edge_runtime.control.realtime import check_idle_latency, enter_realtime, hold_idle_latency
+from sac_edge.edge_runtime.control.telemetry import StatusLine, TelemetryWriter
+from sac_edge.edge_runtime.finetune.finetuner import build_finetuner, finetune_dir, install_last_good
+from sac_edge.edge_runtime.finetune.promotion import LastGood, LastGoodStore
+from sac_edge.edge_runtime.finetune.shift import parse_shift, shifted
+from sac_edge.edge_runtime.finetune.weight_swap import WeightSwapper
 
-from .backends.autoselect import autoselect
-from .backends.base import PRECISION_ORDER, Backend, BackendOptions, open_bundle
-from .backends.registry import open_backend, refusal
-from .budget.governor import Governor, GovernorConfig, build_ladder
-from .budget.memory import MemoryProbe
-from .budget.monitor import BudgetMonitor
-from .budget.sensors import detect_power_sensor
 from .config import RunConfig
-from .control.loop import ControlLoop, LoopSettings
-from .control.realtime import check_idle_latency, enter_realtime, hold_idle_latency
-from .control.telemetry import StatusLine, TelemetryWriter
-from .finetune.finetuner import build_finetuner, finetune_dir, install_last_good
-from .finetune.promotion import LastGood, LastGoodStore
-from .finetune.shift import parse_shift, shifted
-from .finetune.weight_swap import WeightSwapper
 
 #: The fastest control rate accepted (a 10 us period; faster is not a control loop Python can keep).
 MAX_RATE_HZ = 100_000.0

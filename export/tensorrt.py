@@ -39,7 +39,7 @@ _CC_MAJOR, _CC_MINOR = 75, 76
 
 
 def plan_name(precision: str) -> str:
-    """``policy.<precision>.plan``, the engine's file name in a bundle (DESIGN.md)."""
+    """``policy.<precision>.plan``, the engine's file name in a bundle (docs/CONTRACTS.md)."""
     return f"policy.{precision}.plan"
 
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,3 +181,58 @@ def test_every_package_says_what_it_holds_and_may_import(package: str) -> None:
     assert doc, f"{package}/__init__.py has no docstring"
     if package in STAGES or (package.startswith("edge_runtime/") and package.count("/") == 1):
         assert "import" in doc, f"{package}/__init__.py does not say what it may import"
+
+
+def _unit(module: str) -> str:
+    """What relative imports may reach: one room of ``edge_runtime``, its composition root, or a stage."""
+    room = _room(module)
+    return f"{_stage(module)}.{room}" if room else _stage(module)
+
+
+def _imports_by_style(path: Path) -> Iterator[tuple[bool, str]]:
+    """(relative?, target module) of every ``sac_edge`` from-import in ``path``."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            yield True, ".".join(base + ([node.module] if node.module else []))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sac_edge."):
+            yield False, node.module
+
+
+@pytest.mark.parametrize("path", list(source_files()), ids=lambda p: str(p.relative_to(ROOT)))
+def test_one_import_style(path: Path) -> None:
+    """Relative imports inside a unit (a stage, or one room or the root of edge_runtime), absolute across."""
+    unit = _unit(module_name(path))
+    for relative, target in _imports_by_style(path):
+        if relative:
+            assert _unit(target) == unit, f"relative import of {target} crosses out of {unit}: import it absolutely"
+        else:
+            assert _unit(target) != unit, f"absolute import of {target} inside {unit}: import it relatively"
+
+
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+_MAPPED = re.compile(r"^\| `([^`]+)` \|")
+
+
+def _file_map() -> set[str]:
+    text = ARCHITECTURE.read_text()
+    section = text[text.index("\n## File map") :]
+    section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    return {m.group(1) for line in section.splitlines() if (m := _MAPPED.match(line))}
+
+
+def test_architecture_file_map_is_complete() -> None:
+    """docs/ARCHITECTURE.md's file map names every module, benchmark and script, and nothing else."""
+    packages = {f"{p.parent.relative_to(ROOT)}/" for p in source_files() if p.name == "__init__.py"}
+    modules = {str(p.relative_to(ROOT)) for p in source_files() if p.name != "__init__.py"}
+    tools = {
+        str(p.relative_to(ROOT))
+        for folder in ("bench", "scripts")
+        for p in (ROOT / folder).iterdir()
+        if p.suffix in (".py", ".sh")
+    }
+    mapped = _file_map()
+    assert sorted((packages | modules | tools) - mapped) == [], "missing from the file map"
+    assert sorted(mapped - (packages | modules | tools)) == [], "in the file map, but no such file"

@@ -1,4 +1,4 @@
-"""``sac-train``: train a SAC policy and write a run dir (see shared DESIGN.md, "Run dir")."""
+"""``sac-train``: train a SAC policy and write a run dir (docs/CONTRACTS.md, "Run dir")."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from sac_edge.common.signing import require_trusted
 from sac_edge.common.spec import PolicySpec
 
 PRECISIONS = ("fp32", "fp16", "int8")
-#: Cheapest last: the order the governor degrades through (DESIGN.md "cheaper precision").
+#: Cheapest last: the order the governor degrades through (its "cheaper precision" step).
 PRECISION_ORDER = PRECISIONS
 
 

@@ -1,7 +1,7 @@
 """The budget governor: keeps ``--mem-budget-mb`` and ``--power-budget-w`` by stepping down a fixed ladder.
 
 The ladder is built once (:func:`build_ladder`). Level 0 is the configuration asked for; each level
-below changes one knob, in the DESIGN.md order:
+below changes one knob, in this order:
 
 1. ``finetune_rate``  - lower the fine-tuner's update rate (``Knobs.update_rate_scale``: 1 -> 0.5 -> 0.25)
 2. ``finetune_batch`` - halve the fine-tuning batch, down to ``min_finetune_batch``

@@ -1,4 +1,4 @@
-"""Test bundles laid out as sac-export writes them (DESIGN.md "Bundle"), from freshly initialised networks.
+"""Test bundles laid out as sac-export writes them (docs/CONTRACTS.md, "Bundle"), from freshly initialised networks.
 
 policy.onnx is the TorchScript export of ``InferencePolicy`` (dynamic batch, obs -> action),
 policy.int8.onnx its symmetric Q/DQ quantisation by onnxruntime, learner.safetensors the learner tensors,

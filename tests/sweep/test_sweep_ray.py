@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("ray.tune")
 import ray
+from docs_tables import documented
 
 from sac_edge.export.cli import main as export_main
 from sac_edge.sweep.cli import main
@@ -36,6 +37,7 @@ def test_tiny_sweep_run_dirs_export_and_resume_reruns_nothing(
     assert (result["trials"], result["completed"], result["errors"]) == (4, 4, 0)
     assert [c["config"] for c in result["configs"]] and {c["completed"] for c in result["configs"]} == {2}
     assert result["best"]["run"] in {c["best_run"] for c in result["configs"]}
+    assert {p.name for p in out.iterdir()} == documented("Sweep dir")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["configs"] == result["configs"] and (out / "curves.png").stat().st_size > 0
     runs = sorted((out / "trials").iterdir())

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import ENGINES_DIR
 
 from ..base import Backend, BackendKind, BackendOptions, Bundle
 from ..parity_gate import check_backend, require
@@ -77,7 +78,7 @@ def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backe
 
 
 def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    cache = options.engine_dir or bundle.path / "engines"
+    cache = options.engine_dir or bundle.path / ENGINES_DIR
     cache.mkdir(parents=True, exist_ok=True)
     trt_options = {
         "trt_engine_cache_enable": True,

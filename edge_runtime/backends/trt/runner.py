@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import sha256_file
+from sac_edge.common.manifest import ENGINES_DIR, sha256_file
 
 from ..base import Backend, BackendOptions, Bundle, SwapReport, missing_package
 from ..parity_gate import ParityError, check_backend, require, verify
@@ -101,7 +101,7 @@ class TensorRTBackend(Backend):
             options.refit,
             PROFILES,
         )
-        self.key, self.engine_dir = key, options.engine_dir or bundle.path / "engines"
+        self.key, self.engine_dir = key, options.engine_dir or bundle.path / ENGINES_DIR
         plan, self.skipped = find_plan(bundle, key, self.engine_dir)
         self.device = f"{device.name} (sm {device.compute_capability})"
         self.built = plan is None

@@ -21,7 +21,7 @@ VDD_IN_MV = 5024  # in1_input in the fixture
 LADDER = build_ladder(
     1000.0, "fp32", ["fp32", "fp16", "int8"], min_rate_hz=250.0, finetune_batch=256, min_finetune_batch=64
 )
-EXPECTED = [  # (step, knob, new value), in the DESIGN.md order
+EXPECTED = [  # (step, knob, new value), in the governor's order
     ("finetune_rate", "update_rate_scale", 0.5),
     ("finetune_rate", "update_rate_scale", 0.25),
     ("finetune_batch", "finetune_batch", 128),

@@ -1,0 +1,95 @@
+"""docs/CONTRACTS.md and docs/CLI.md held to the code: the real commands train, export, run, benchmark and
+diagnose a small policy, and every file, manifest key and ``--json`` key they produce is documented, and
+everything documented is produced (a few entries only appear with hardware or flags this run cannot use)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from docs_tables import documented
+
+from sac_edge.common.manifest import ENGINES_DIR, FINETUNE_DIR, MANIFEST, read_manifest
+from sac_edge.sweep.cli import JSON_KEYS
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
+#: documented, but produced only with a GPU (engines) or a flag this run does not give
+NEEDS_TENSORRT = {"policy.<precision>.plan"}
+NEEDS_FINETUNE = {"finetune"}
+
+
+def _json(cmd: list[str], tmp_path: Path) -> dict:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _both_ways(produced: set[str], heading: str, absent_here: set[str] = frozenset()) -> None:
+    docs = documented(heading)
+    assert produced - docs == set(), f"produced but not in docs/CONTRACTS.md {heading!r}"
+    assert docs - absent_here - produced == set(), f"in docs/CONTRACTS.md {heading!r} but not produced"
+
+
+def test_cli_reference_is_current() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"], check=False)
+    assert proc.returncode == 0, "docs/CLI.md differs from the config classes: run make docs"
+
+
+def test_sweep_json_keys_documented() -> None:
+    _both_ways(set(JSON_KEYS), "sac-sweep --json")
+
+
+@pytest.mark.slow
+def test_train_export_run_bench_doctor_keep_the_contracts(tmp_path: Path) -> None:
+    run, bundle, key = tmp_path / "run", tmp_path / "bundle", tmp_path / "key"
+    train = _json([
+        str(BIN / "sac-train"), "--env", "Pendulum-v1", "--total-steps", "400", "--learning-starts", "300",
+        "--batch-size", "64", "--hidden", "64,64", "--eval-every", "200", "--eval-episodes", "1",
+        "--no-progress", "--out", str(run), "--json",
+    ], tmp_path)  # fmt: skip
+    _both_ways(set(train), "sac-train --json")
+    _both_ways({p.name for p in run.iterdir()}, "Run dir")
+
+    subprocess.run([str(BIN / "sac-edge"), "keygen", str(key)], check=True, capture_output=True, timeout=60)
+    export = _json([
+        str(BIN / "sac-export"), str(run), "--out", str(bundle), "--fp16", "--int8", "--calib-samples", "256",
+        "--gate-episodes", "2", "--sign-key", str(key), "--json",
+    ], tmp_path)  # fmt: skip
+    assert export["bundle"] == str(bundle) and export["parity_max_abs"] <= 1e-5
+    _both_ways(set(export), "sac-export --json")
+    _both_ways({p.name for p in bundle.iterdir()}, "Bundle", NEEDS_TENSORRT)
+    manifest = read_manifest(bundle)
+    _both_ways(set(manifest), MANIFEST)
+    assert set(manifest["files"]) == {p.name for p in bundle.iterdir()} - {MANIFEST, "manifest.sig"}
+    assert manifest["source"]["path"] == str(run.resolve())
+    obs = np.load(run / "calib_states.npy")[:32]
+    for name in ("policy.onnx", "policy.fp16.onnx", "policy.int8.onnx", "policy.int8-cpu.onnx"):
+        sess = ort.InferenceSession(str(bundle / name), providers=["CPUExecutionProvider"])
+        action = sess.run(["action"], {"obs": obs})[0]
+        assert action.shape == (32, 1) and np.all(np.abs(action) <= 2.0 + 1e-5)
+
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / "key.pub").write_bytes((tmp_path / "key.pub").read_bytes())
+    summary = _json([
+        str(BIN / "sac-edge"), "run", str(bundle), "--duration", "0.5", "--rate-hz", "100",
+        "--trusted-keys", str(trusted), "--telemetry", str(tmp_path / "t.jsonl"), "--json",
+    ], tmp_path)  # fmt: skip
+    _both_ways(set(summary), "sac-edge run --json", NEEDS_FINETUNE)
+    assert summary["steps"] + summary["skipped_slots"] == 50 and summary["stopped_by"] == "duration"
+    device_dirs = documented("Written on the device")
+    assert device_dirs == {ENGINES_DIR, FINETUNE_DIR}
+    assert {p.name for p in bundle.iterdir() if p.is_dir()} <= device_dirs
+
+    bench = _json([
+        str(BIN / "sac-edge"), "bench", str(bundle), "--batch", "1", "--calls", "20", "--warmup", "5", "--json",
+    ], tmp_path)  # fmt: skip
+    _both_ways(set(bench), "sac-edge bench --json")
+    doctor = _json([str(BIN / "sac-edge"), "doctor", str(bundle), "--json"], tmp_path)
+    _both_ways(set(doctor), "sac-edge doctor --json")
