@@ -22,13 +22,13 @@ Then, side by side:
    compute on top); ``swaps`` (a candidate every 50 updates judged over 2 episodes, so a run of a few
    seconds swaps weights several times; ``swaps`` is the summary's count, rollbacks included); ``busy
    neighbour`` (no learning, a Python busy loop on the CPUs the loop leaves to the learner: what any
-   CPU-bound process there costs the loop on this machine). ``--repeats`` rounds of one run per mode,
+   CPU-bound process there costs the loop). ``--repeats`` rounds of one run per mode,
    each round starting at another mode; each mode is compared with the same round's ``off`` run (and
    learning with the busy neighbour), and the mean difference gets a 95% t interval: a goal is met when
-   that interval lies inside +-0.05 points (this VM's run-to-run spread is wider than the goal, so one
-   pair of runs cannot settle it).
+   that interval lies inside +-0.05 points (a shared machine's run-to-run spread can be wider than the goal,
+   so one pair of runs cannot settle it).
 
-``--seconds`` sets each loop run's length (default 5; the issue's figures use 8). ``--realtime-priority``
+``--seconds`` sets each loop run's length (default 5; BENCHMARKS.md's figures use 8). ``--realtime-priority``
 and ``--core`` pin the loop. Prints one table per section, then one JSON line.
 """
 
@@ -138,8 +138,8 @@ def hot_path(bundle: Path) -> dict[str, float]:
     """``act`` against the bare library call it wraps, for onnxruntime and torch.
 
     The bare onnxruntime call runs the backend's own session and binding: a second session would hold a
-    second copy of the weights, and which copy the caches favour then decides the ratio (1.06 to 1.73x
-    in alternating runs on this VM), not the wrapper's work.
+    second copy of the weights, and which copy the caches favour would then decide the ratio, not the
+    wrapper's work.
     """
     b = open_bundle(bundle)
     obs = np.random.default_rng(0).standard_normal(b.spec.obs_dim).astype(np.float32)
@@ -153,7 +153,7 @@ def hot_path(bundle: Path) -> dict[str, float]:
             "torch_act": lambda: torch_backend.act(obs),
         },
         calls=400,
-        rounds=25,  # short rounds, finely interleaved: this VM's noise comes in bursts of seconds
+        rounds=25,  # short rounds, finely interleaved: a shared machine's noise comes in bursts of seconds
     )
     p50["ort_act_over_bare"] = round(p50["ort_act"] / p50["ort_bare"], 3)
     p50["torch_act_over_bare"] = round(p50["torch_act"] / p50["torch_bare"], 3)
@@ -266,7 +266,7 @@ def loop_figures(s: dict[str, Any]) -> dict[str, Any]:
 
 def loop_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The loop at each rate with and without the rehearsal; each ratio is against ``act``'s hot p50 measured
-    just before that run (this VM's speed drifts by 1.5x over minutes, so a reference taken at the start of
+    just before that run (a shared machine's speed drifts over minutes, so a reference taken at the start of
     the section would set the ratio as much as the loop)."""
     backend = open_backend(open_bundle(bundle), "onnxruntime", "fp32")
     obs = np.random.default_rng(0).standard_normal(backend.spec.obs_dim).astype(np.float32)
@@ -319,7 +319,7 @@ def finetune_run(bundle: Path, env_id: str, args: argparse.Namespace, mode: str,
 
 def finetune_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """``--repeats`` rounds of one run per mode; round r starts at the r-th mode, so that no mode always
-    follows another (this VM's speed drifts over minutes: only runs close in time compare)."""
+    follows another (a shared machine's speed drifts over minutes: only runs close in time compare)."""
     modes = args.modes.split(",")
     unknown = sorted(set(modes) - set(FINETUNE_MODES))
     if unknown or "off" not in modes:

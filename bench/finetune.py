@@ -7,9 +7,10 @@
 4. ``sac-edge run --finetune`` for ``--finetune-s`` seconds (misses during learning, swaps, rollbacks), then
    the last good weights' deterministic return, measured exactly as *before* (same graph, same seeds, same
    shifted env): *after*. Weights that were never promoted do not count;
-5. the same under a tight ``--mem-budget-mb`` (default: the resident memory before the learner of a 1 s
-   run with a budget, so with the int8 backend a budget also loads, + 56 MiB): the sizing it chose and its
-   peak RSS against the budget.
+5. the same under a tight ``--mem-budget-mb``: by default the budget that leaves the learner
+   ``TIGHT_LEARNER_MB`` after the sizing's headroom, over the resident memory measured before the learner
+   in a 1 s run with a budget (so with the int8 backend a budget also loads): the sizing it chose and
+   its peak RSS against the budget. Derived from the measurement, so it holds on any machine.
 
 Why ``g=13`` (gravity 13 instead of 10). Deterministic return of a 15k-step nominal policy (nominal -144)
 on 20 fixed seeds, and what 8k offline SAC updates on the shifted env reach from it (same learner, lr 3e-4,
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -56,10 +58,17 @@ from sac_edge.edge_runtime.backends.base import open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.finetune.promotion import LastGoodStore
 from sac_edge.edge_runtime.finetune.shift import parse_shift, shifted
+from sac_edge.edge_runtime.finetune.sizing import HEADROOM
 
 BIN = Path(sys.executable).parent
 EVAL_SEED = 50_000
-TIGHT_ROOM_MB = 56  # 0.9 x (baseline + 56) - baseline ~ 13 MiB of room: batch 256, 1M replay rows cut to ~60k
+TIGHT_LEARNER_MB = 16.0  # what the tight run leaves the learner: batch 256 fits, the 1M replay rows do not
+
+
+def tight_budget_mb(baseline_mb: float) -> int:
+    """The budget whose room after the sizing's headroom, ``(1 - HEADROOM) x budget - baseline``, is
+    ``TIGHT_LEARNER_MB``."""
+    return math.ceil((baseline_mb + TIGHT_LEARNER_MB) / (1 - HEADROOM))
 
 
 def sh(args: list[str]) -> dict[str, Any]:
@@ -120,7 +129,11 @@ def main() -> int:
     p.add_argument("--window", type=int, default=8, help="episodes a candidate is judged on")
     p.add_argument("--baseline-s", type=float, default=20.0, help="seconds of the no-learning loop")
     p.add_argument("--eval-episodes", type=int, default=20)
-    p.add_argument("--tight-mb", type=float, help=f"second run's budget (default: baseline + {TIGHT_ROOM_MB} MiB)")
+    p.add_argument(
+        "--tight-mb",
+        type=float,
+        help=f"second run's budget (default: {TIGHT_LEARNER_MB:g} MiB for the learner over the measured baseline)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     out = Path(args.out)
@@ -143,7 +156,7 @@ def main() -> int:
     after = returns(bundle, shift, args.eval_episodes, weights)
     if args.tight_mb is None:  # a budget loads the cheaper (int8) backend too: read the baseline with one loaded
         probe = finetune_run(bundle, args, "ft_probe", 1.0, ["--mem-budget-mb", "1000000"])
-        tight_mb = round(probe["finetune"]["sizing"]["baseline_mb"] + TIGHT_ROOM_MB)
+        tight_mb = tight_budget_mb(probe["finetune"]["sizing"]["baseline_mb"])
     else:
         tight_mb = args.tight_mb
     tight = finetune_run(

@@ -82,7 +82,8 @@ def test_train_export_run_bench_doctor_keep_the_contracts(tmp_path: Path) -> Non
         "--trusted-keys", str(trusted), "--telemetry", str(tmp_path / "t.jsonl"), "--json",
     ], tmp_path)  # fmt: skip
     _both_ways(set(summary), "sac-edge run --json", NEEDS_FINETUNE)
-    assert summary["steps"] + summary["skipped_slots"] == 50 and summary["stopped_by"] == "duration"
+    slots = summary["steps"] + summary["skipped_slots"]  # 50 scheduled; a late last step may skip past the end
+    assert 50 <= slots <= max(50, int(summary["duration_s"] * 100) + 1) and summary["stopped_by"] == "duration"
     device_dirs = documented("Written on the device")
     assert device_dirs == {ENGINES_DIR, FINETUNE_DIR}
     assert {p.name for p in bundle.iterdir() if p.is_dir()} <= device_dirs

@@ -5,12 +5,13 @@ and run, and saved resolved in ``config.json`` (so ``--resume`` continues on exa
   AVX512-BF16 or AMX), fp32 elsewhere: without those units oneDNN emulates bf16 GEMMs in fp32, slower.
   bf16 GEMM operands learn the same curves as fp32 (BENCHMARKS.md, learning curves, Pendulum and
   HalfCheetah).
-- ``--compile auto``: on when the run has enough updates to repay compiling them. Measured on a 2-core
-  CPU: compiling the hand-written update takes about ``COMPILE_S`` seconds and each compiled update saves
-  ``SAVED_S`` (per precision), so it pays from ``COMPILE_S / SAVED_S`` updates (about 14,600 in bf16,
-  20,600 in fp32; the saving is scaled linearly with the batch size). Off on CUDA (its gain there has not
-  been measured; ``scripts/gpu_check.sh`` measures it) and with ``--backward autograd`` on a CPU (measured
-  slower than eager there).
+- ``--compile auto``: on when the run has enough updates to repay compiling them: from
+  ``COMPILE_S / SAVED_S`` updates (the saving scaled linearly with the batch size). The two constants are
+  defaults measured on the reference CPU (``bench/train_speed.py``; the figures and the resulting
+  break-even are in BENCHMARKS.md's training section); a machine that compiles faster or slower moves
+  the break-even, and ``--compile on`` / ``--compile off`` decide it outright. Off on CUDA (its gain
+  there is measured by ``scripts/gpu_check.sh``, not assumed) and with ``--backward autograd`` on a CPU
+  (slower than eager there).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import torch
 from . import compat
 from .config import TrainConfig
 
-COMPILE_S = 35.0  # compiling the hand-written update on a 2-core CPU: 28 to 41 s measured (bf16, shared VM)
-# Seconds a compiled update saves over the eager one (batch 256, 256x256 networks, 2-core CPU; BENCHMARKS.md's
-# per-update table: fp32 1.3 to 2.0 ms, bf16 2.25 to 2.6 ms).
+#: Default seconds to compile the hand-written update (the reference CPU's measurement, BENCHMARKS.md).
+COMPILE_S = 35.0
+#: Default seconds a compiled update saves over the eager one, per --amp (batch 256, 256x256 networks).
 SAVED_S = {"off": 1.7e-3, "bf16": 2.4e-3}
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
 

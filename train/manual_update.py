@@ -2,9 +2,9 @@
 
 Same losses, same order, same random draws and the same fused Adam kernel as ``SAC.autograd_update``,
 which stays the readable reference and the path fp16, CUDA graphs and gradient checkpointing use. On a
-2-core CPU an update is sixteen 256x256x256 GEMMs, and autograd's tape, per-op backward dispatch and
-``Optimizer.step``'s bookkeeping cost about as much again. Written out by hand (the derivatives are the
-textbook ones for ReLU MLPs and the reparameterised tanh-Gaussian), the update:
+CPU an update is sixteen 256x256x256 GEMMs, and autograd's tape, per-op backward dispatch and
+``Optimizer.step``'s bookkeeping cost about as much again (``bench/train_speed.py`` times both paths). Written out
+by hand (the derivatives are the textbook ones for ReLU MLPs and the reparameterised tanh-Gaussian), the update:
 
 - runs the actor once on ``[next_obs; obs]``: one 512-row GEMM per layer instead of two 256-row ones
   (the actor's weights do not change between the critic target and the actor loss);
@@ -106,9 +106,9 @@ def _matmul(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
 
     Eagerly the GEMM, with the bias fused as ``addmm``/``baddbmm`` do. Under inductor the bias is left to
     the pointwise kernel that follows (ReLU, cast), instead of being copied into the GEMM's output first
-    (7% of a bf16 update), and a product over a thin inner dimension (at most ``_THIN``: a first layer on
-    a few observations) becomes a float32 multiply-sum fused into that kernel too: a GEMM at that shape
-    is bound by writing its output (6% on Pendulum's 3 to 4 inputs; no gain at 12 to 23).
+    (a measurable share of a bf16 update), and a product over a thin inner dimension (at most ``_THIN``: a
+    first layer on a few observations) becomes a float32 multiply-sum fused into that kernel too: a GEMM at
+    that shape is bound by writing its output (it pays at Pendulum's 3 to 4 inputs, not at 12 to 23).
     """
     if compat.is_compiling():
         thin = a.shape[-1] <= _THIN
@@ -200,8 +200,8 @@ class ManualUpdate:
         ``lr / (1 - beta1^t)`` and ``sqrt(1 - beta2^t)``, in float64 as in the fused kernel, then float32.
 
         Worked out on the host for the compiled update: inside its graph inductor would inline both float64
-        ``pow`` calls into every vector iteration of every parameter's Adam loop (0.2 ms per 131k
-        parameters; 7 to 11% of a bf16 update). The step counts are mirrored on the host, read from the
+        ``pow`` calls into every vector iteration of every parameter's Adam loop, a cost that grows with
+        the parameter count. The step counts are mirrored on the host, read from the
         optimiser state once after a (re)start (no host sync per update).
         """
         groups = [(opt, g) for opt in (self.sac.critic_opt, self.sac.actor_opt) for g in opt.param_groups]
@@ -237,8 +237,8 @@ class ManualUpdate:
             self._guards_checked = True
             return self._compiled_core_at(rows, next_noise, noise, corrections)
         # Every later call passes the same guards: shapes and dtypes are fixed by the frozen config and the
-        # hyperparameters never change within a run, so dynamo's per-call guard tree (about 0.4 ms on a
-        # 2-core CPU, 7% of a bf16 update) is skipped, as set_stance documents for warmed-up graphs.
+        # hyperparameters never change within a run, so dynamo's per-call guard tree (a sizeable share of
+        # a small update) is skipped, as set_stance documents for warmed-up graphs.
         with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
             return self._compiled_core_at(rows, next_noise, noise, corrections)
 

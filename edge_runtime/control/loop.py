@@ -44,8 +44,8 @@ WARM_LEAD = 2
 """With ``warm_cache``, the step is rehearsed from this many times the first rehearsal's duration before
 the slot until the slot (the most recent duration, or a slowly decaying maximum of the earlier ones: the
 first, cold, rehearsal's time varies step to step), and never for more than a quarter of the period. The
-first rehearsal brings the code and the weights back into the caches (10 to 20x a hot step on the 2-core
-VM after 10 ms asleep); the ones after it run hot and keep them there until the slot."""
+first rehearsal brings the code and the weights back into the caches (it is many times slower than a
+hot step after a sleep: ``bench/edge_loop.py``); the ones after it run hot and keep them there."""
 
 
 class Experience(Protocol):

@@ -6,8 +6,8 @@ applies the policy per thread: call this from the control thread after starting 
 and process, so they stay at normal priority. Needs root or CAP_SYS_NICE (and CAP_IPC_LOCK for large locks).
 
 Between steps the core idles, and waking from a deep idle state takes time: a Jetson's cores can be
-power-gated, a virtual machine's vCPU halts and waits for the host to run it again (on the 2-core VM:
-1.69% misses at 1 kHz with the kernel's choice, 0.15% with 0, BENCHMARKS.md). ``hold_idle_latency``
+power-gated, a virtual machine's vCPU halts and waits for the host to run it again (the miss rates at
+1 kHz with and without the hold are in BENCHMARKS.md). ``hold_idle_latency``
 caps the exit latency the kernel may choose through PM QoS (``/dev/cpu_dma_latency``: the request holds
 while the file is open, for every CPU), as cyclictest does.
 """

@@ -26,8 +26,7 @@ OBS_FAULT_POLICIES = ("clip", "hold")
 
 
 #: Up to this many components the checks run over Python floats (one ``tolist`` and a chained comparison
-#: each); numpy's per-call cost only pays beyond it. Measured in the loop on the 2-core VM: for Pendulum's
-#: 3 and HalfCheetah's 17 components, about a fifth of the numpy form's time, and far less when cold.
+#: each); numpy's fixed per-call cost only pays beyond it (``bench/edge_loop.py`` times both forms).
 PYTHON_CHECK_MAX = 64
 
 
@@ -131,8 +130,8 @@ class ActionGuard:
         is not finite. No side effects: the loop also calls it to warm the step before its slot.
 
         Written over Python floats: for the few dimensions of an action this is one conversion and a
-        comparison per element (about 2.5 us), where the numpy form (isfinite, two range tests, clip,
-        copy) cost about 13 us a step in ``bench/edge_loop.py``'s loop.
+        comparison per element, several times cheaper than the numpy form's five calls (isfinite, two
+        range tests, clip, copy).
         """
         values = action.reshape(-1).tolist()
         clipped = False

@@ -1,8 +1,8 @@
 """Where the control loop's time goes, per step, in memory that does not grow with the run.
 
 Each step appends five integers (nanoseconds) to Python lists: an append is the cheapest record the
-interpreter has, about a fifth of a numpy item store, and the loop's own work is what the issue's 15 us
-goal measures. Once a second (``fold``) the window's lists become arrays, the second's exact figures are
+interpreter has (several times cheaper than a numpy item store), and the loop's own work has a goal of
+its own in BENCHMARKS.md. Once a second (``fold``) the window's lists become arrays, the second's exact figures are
 taken from them, and they are folded into whole-run ``LatencyHistogram``s and fixed-edge histograms, so a
 run of days at 1 kHz keeps kilobytes, not gigabytes.
 """

@@ -159,8 +159,9 @@ class EpisodeLog:
 class Exploration:
     """Gaussian action noise while fine-tuning: ``std`` is a fraction of the half action range (0: none).
 
-    The noise is drawn ``NOISE_BLOCK`` steps at a time (one numpy call, about 10 us, once every 256 steps)
-    and added over Python floats, so a step costs a list lookup and one store."""
+    The noise is drawn ``NOISE_BLOCK`` steps at a time (one numpy call every 256 steps; a numpy call per
+    step would cost more than the rest of the step's work) and added over Python floats, so a step costs a
+    list lookup and one store."""
 
     NOISE_BLOCK = 256
 

@@ -7,10 +7,11 @@ the 1 kHz loop"). Here the main process keeps everything the control path and th
 staging ring's producer, the weight swap into its backends, promotion and the last good store, the one
 writer), and a ``spawn`` child (``serve``) imports torch and runs ``DeviceLearner``, and makes each
 candidate's int8 weights (``weight_swap.weight_sets``: re-quantisation and the action-error check, which
-held the control process's interpreter lock for 1-13 ms a candidate when they ran there):
+held the control process's interpreter lock for milliseconds a candidate when they ran there; BENCHMARKS.md,
+weight swaps):
 
-- experience: the ``StagingRing`` rows live in shared memory; the control thread's ``observe`` is the
-  same copy as before, and the child drains the rows into its replay buffer;
+- experience: the ``StagingRing`` rows live in shared memory; the control thread's ``observe`` copies a
+  transition in, and the child drains the rows into its replay buffer;
 - weights: one shared block holds a full learner state, the int8 backends' re-quantised initializers
   (``INT8`` + name; laid out from the starting weights' set) and the recent states a candidate was checked
   on (``weights``); the main process writes the starting tensors before the child starts, the child writes
@@ -18,8 +19,8 @@ held the control process's interpreter lock for 1-13 ms a candidate when they ra
   nothing more until the main process resolves that candidate, so the main process copies out a whole set
   and swaps it in. A candidate that fails the int8 check never reaches the block: the child reports it as
   an ``event`` (``int8_skipped``) and learns on. The child does not write into the arrays the serving
-  onnxruntime session reads (``backends/onnxrt/runner.py``), though that would save one copy (~0.3 MB
-  for a 256x256 actor, a fraction of the 0.08 ms swap): when the retired generation may be written is
+  onnxruntime session reads (``backends/onnxrt/runner.py``), though that would save one copy (small
+  beside the swap itself): when the retired generation may be written is
   known only in the control process (its ``act`` counters), and the control process stays the only one
   that changes what a backend serves, so a rollback or a failed child can never leave a half-written set;
 - control: a small shared block carries the governor's knobs (rate scale, batch, pause), whether the last

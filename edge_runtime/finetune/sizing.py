@@ -11,8 +11,8 @@ Estimate (float32 everywhere, bytes):
   True)``) splits the hidden layers after the first into about sqrt(n) segments (``checkpoint_segments``):
   it keeps the first layer and each segment's output, plus one segment's layers while that segment is
   recomputed in the backward pass. With two hidden layers that is more, not less, so it is offered only
-  where the model says it saves memory (measured: 0.54x the activation peak of a 12-layer critic,
-  ``tests/train/test_policies.py``).
+  where the model says it saves memory (``tests/train/test_policies.py`` checks that it does for a deep
+  critic).
 
 The room for all of it is the budget less the resident memory measured just before the learner is built
 (the control process's backends, env and swap path: ``WeightSwapper.warm_up``; plus the learner process's

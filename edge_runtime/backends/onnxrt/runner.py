@@ -6,9 +6,8 @@ arrays, so the hot path copies the observation in and reads the action out of th
 call. A weight swap publishes a new generation of the session with one assignment, built one of two ways:
 
 - rebuilt: a new session whose initializers are overridden with ``SessionOptions.add_initializer`` (the
-  graph file is unchanged). onnxruntime holds the interpreter lock while it builds a session (measured:
-  another Python thread stalls ~1 ms for the fp32 graph, 2 to 4.5 ms for ``policy.int8-cpu.onnx``), so
-  this is the slow way;
+  graph file is unchanged). onnxruntime holds the interpreter lock while it builds a session (another
+  Python thread stalls for milliseconds: ``bench/weight_swap.py``), so this is the slow way;
 - refilled in place (fp32 on the CPU provider with ``BackendOptions.refit``, i.e. ``--finetune``): two
   generations are built at start, each over numpy arrays given by ``add_initializer`` with the session
   option ``session.disable_prepacking``, so the session reads the arrays where they are; a swap writes
@@ -24,15 +23,14 @@ sessions copy weights to the device and go through the parity gate) keep the reb
 provider that rebuild starts from the graph onnxruntime has already optimised: at start the backend
 saves it (``ORT_ENABLE_EXTENDED``, in onnxruntime's own format, in memory) and each swap builds from it
 with optimisation off, overriding only the initializers that graph still has (the rest, such as an
-int8 bias's scale, are folded into its fused nodes and follow from the others). Measured on the int8
-HalfCheetah graph: 0.44 ms a build against 1.9 ms from the file, so a quarter of the time the
-interpreter lock is held. At start the backend checks that a session built that way with changed
-initializers answers like a full build with them, and rebuilds from the file if it does not
+int8 bias's scale, are folded into its fused nodes and follow from the others), which holds the
+interpreter lock for a fraction of a build from the file (``bench/weight_swap.py``). At start the backend checks
+that a session built that way with changed initializers answers like a full build with them, and rebuilds from the
+file if it does not
 (with onnxruntime's ConstantSharing off while saving, which would merge small initializers under new
-names, onnxruntime 1.16.3 and 1.32 both pass for the int8 graphs). Measured with
-``bench/weight_swap.py --sections prepack`` (BENCHMARKS.md), p50 prepacking off / on, one thread, 256x256
-actors: fp32 0.96-1.07x at batch 1 (the loop's call), 1.24-1.31x at 8 and 1.09-1.12x at 64 (``act_batch``:
-bench and evaluation); ``policy.int8-cpu.onnx`` 1.97-2.24x at batch 1.
+names, the device pin and the newest onnxruntime both pass for the int8 graphs). Why fp32 refills in
+place and int8 rebuilds: prepacking off costs fp32 about nothing at batch 1 and the int8 graph about
+half its speed (``bench/weight_swap.py --sections prepack``, BENCHMARKS.md).
 
 A swapped session never uses the TensorRT execution provider's engine cache: onnxruntime keys that cache by
 the model file name, graph names and versions, not by weight values, so it would load the engine built
@@ -245,7 +243,7 @@ class OrtBackend(Backend):
         self.entered += 1  # before reading the generation: a swap waits for this call to return
         runner = self._runner
         try:
-            runner.session.run_with_iobinding(runner.binding)  # no RunOptions: passing one costs ~30 us a call
+            runner.session.run_with_iobinding(runner.binding)  # no RunOptions: passing one adds a cost to every call
         finally:
             self.left += 1
         return self._action_row
