@@ -51,7 +51,7 @@ class RunConfig:
         default=2.0,
         metadata={
             "help": "seconds one inference may run before the watchdog holds the last safe action and ends the "
-            "run with its summary (a graph that never returns); at least the --inference-budget share of a period"
+            "run with its summary (a graph that never returns)"
         },
     )
     max_backend_errors: int = field(
