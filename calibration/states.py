@@ -54,9 +54,9 @@ def load_calib_states(path: Path, obs_dim: int) -> np.ndarray:
     file = path / CALIB_STATES if path.is_dir() else path
     if not file.is_file():
         raise SacEdgeError(f"{file}: calibration states not found (sac-train writes them into the run dir)")
-    try:
-        arr = np.load(file, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as err:
+    try:  # mapped first: a header declaring more data than the file holds is refused before any allocation
+        arr = np.array(np.load(file, mmap_mode="r", allow_pickle=False))
+    except (OSError, ValueError, EOFError, MemoryError) as err:
         raise SacEdgeError(f"{file}: not a readable .npy array ({str(err).splitlines()[0]})") from None
     return validate_states(arr, obs_dim, str(file))
 

@@ -13,6 +13,7 @@ import argparse
 import builtins
 import dataclasses
 import json
+import math
 import re
 import sys
 import typing
@@ -82,13 +83,37 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the one-line error convention: a bad flag is a ``SacEdgeError`` naming the flag and the
+    fix, not argparse's usage block (tens of lines) and its own exit."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise SacEdgeError(f"{message}; {_fix(message)} ('{self.prog} --help' lists the options)")
+
+
+def _fix(message: str) -> str:
+    """What to do about one of argparse's messages."""
+    if "invalid choice" in message:
+        return "pass one of the choices"
+    if message.startswith("unrecognized arguments"):
+        return "remove them or check their spelling"
+    if "required" in message:
+        return "give it"
+    if "expected" in message and "argument" in message:
+        return "give the flag its value"
+    match = re.search(r"invalid (\w+) value", message)
+    if match:
+        kind = {"float": "a number", "int": "an integer"}.get(match.group(1), f"a {match.group(1)} value")
+        return f"pass {kind}"
+    return "correct the flag"
+
+
 def build_parser(
     cls: type[Any], prog: str, description: str, positional: Sequence[str] = ()
 ) -> argparse.ArgumentParser:
-    """An argparse parser whose options are the fields of the dataclass ``cls``."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    """An argparse parser whose options are the fields of the dataclass ``cls``; its errors are one-line
+    ``SacEdgeError``s."""
+    parser = _Parser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
@@ -180,6 +205,8 @@ def parse_value(cls: type[Any], name: str, text: str) -> Any:
     except (ValueError, argparse.ArgumentTypeError):
         kind = "a comma-separated list" if typing.get_origin(tp) is tuple else getattr(tp, "__name__", str(tp))
         raise ValueError(f"expected {kind}, got {text!r}") from None
+    if not _finite(value):
+        raise ValueError(f"expected a finite number, got {text!r}")
     choices = fld.metadata.get("choices")
     if choices is not None and value not in choices:
         raise ValueError(f"expected one of {', '.join(map(str, choices))}, got {text!r}")
@@ -189,14 +216,15 @@ def parse_value(cls: type[Any], name: str, text: str) -> Any:
 def parse_config(
     cls: type[C], argv: Sequence[str] | None, prog: str, description: str, positional: Sequence[str] = ()
 ) -> C:
-    """Parse ``argv`` into a frozen ``cls`` instance (argparse exits 2 with one line on a bad flag)."""
+    """Parse ``argv`` into a frozen ``cls`` instance (a bad flag is one ``SacEdgeError`` line, exit 2)."""
     ns = build_parser(cls, prog, description, positional).parse_args(argv)
     return config_from_dict(cls, vars(ns), prog)
 
 
 def config_from_dict(cls: type[C], values: Mapping[str, Any], source: str) -> C:
     """A ``cls`` instance from parsed flags or a saved config (JSON lists become tuples); a name ``cls``
-    has no field for is a one-line error naming ``source``."""
+    has no field for is a one-line error naming ``source``, and so is a NaN or infinite number: no setting
+    takes one (a NaN compares false with every bound, so range checks after this one would let it through)."""
     fields = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(values) - fields)
     if unknown:
@@ -204,7 +232,17 @@ def config_from_dict(cls: type[C], values: Mapping[str, Any], source: str) -> C:
             f"{source}: unknown setting(s) {', '.join(unknown)} (written by another sac-edge version?); "
             "remove them or rerun without the saved settings"
         )
+    for name, value in values.items():
+        if not _finite(value):
+            raise SacEdgeError(f"--{name.replace('_', '-')} must be a finite number, got {value}; pass a finite value")
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def _finite(value: Any) -> bool:
+    """False for a NaN or infinite float, alone or inside a tuple or list; True for anything else."""
+    if isinstance(value, (tuple, list)):
+        return all(_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:

@@ -33,12 +33,23 @@ def run_cli(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequen
                 warnings.simplefilter("ignore")
             return main(args)
     except SacEdgeError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {printable(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # one line, never a traceback, for anything unforeseen
         message = str(err).splitlines()[0] if str(err) else ""
-        print(f"{prog}: internal error: {type(err).__name__}: {message}", file=sys.stderr)
+        print(f"{prog}: internal error: {type(err).__name__}: {printable(message)}", file=sys.stderr)
         return 1
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or format character escaped (``\\n``, ``\\x1b``, ``\\u202e``).
+
+    Messages quote names from untrusted files (a manifest's file names, a zip's member names); a newline
+    in one would forge a second line of output, an ANSI escape would drive the terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

@@ -19,6 +19,8 @@ def read_json(path: Path, what: str, fix: str, max_bytes: int = MAX_JSON_BYTES) 
         data = json.loads(read_capped(path, max_bytes, what, fix))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise SacEdgeError(f"{path}: {what} is not valid JSON ({err}); {fix}") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise SacEdgeError(f"{path}: {what} holds a number too long to be one sac-edge wrote; {fix}") from None
     except RecursionError:
         raise SacEdgeError(f"{path}: {what} is nested too deeply to be one sac-edge wrote; {fix}") from None
     if not isinstance(data, dict):

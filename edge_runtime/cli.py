@@ -8,8 +8,10 @@ cleanly and still print the summary.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from sac_edge.common.config import parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
@@ -37,11 +39,27 @@ def _run(argv: Sequence[str]) -> int:
     from .run import raise_env_error, run_command, summary_table
 
     cfg = parse_config(RunConfig, argv, f"{PROG} run", RunConfig.__doc__ or "", positional=("bundle",))
-    summary = run_command(cfg, log)
-    print(summary_table(summary), flush=True)
-    if cfg.json:
-        emit_json(summary)
-    raise_env_error(summary)
+
+    def report(summary: dict[str, Any]) -> None:
+        print(summary_table(summary), flush=True)
+        if cfg.json:
+            emit_json(summary)
+        raise_env_error(summary)
+
+    def on_hang(summary: dict[str, Any]) -> None:
+        """On the watchdog's thread: the control thread is stuck inside a backend call that will not return,
+        so the process ends here, once the summary is out (exit 1, one line, as for any failed run)."""
+
+        def reported(_: Sequence[str] | None) -> int:
+            report(summary)
+            return 0
+
+        code = run_cli(PROG, reported, [])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 1)
+
+    report(run_command(cfg, log, on_hang))
     return 0
 
 

@@ -47,6 +47,19 @@ class RunConfig:
     inference_budget: float = field(
         default=0.5, metadata={"help": "fraction of the period an inference may take; slower ones hold the action"}
     )
+    inference_timeout: float = field(
+        default=2.0,
+        metadata={
+            "help": "seconds one inference may run before the watchdog holds the last safe action and ends the "
+            "run with its summary (a graph that never returns)"
+        },
+    )
+    max_backend_errors: int = field(
+        default=10,
+        metadata={
+            "help": "failed inferences (each one holds the last safe action) after which the run ends with its summary"
+        },
+    )
     spin_us: float = field(default=100.0, metadata={"help": "busy-wait this long before each slot (sleep before)"})
     warm_cache: bool = field(
         default=True,

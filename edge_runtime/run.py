@@ -33,7 +33,7 @@ from sac_edge.edge_runtime.budget.governor import Governor, GovernorConfig, buil
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.budget.monitor import BudgetMonitor
 from sac_edge.edge_runtime.budget.sensors import detect_power_sensor
-from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
+from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings, describe_error
 from sac_edge.edge_runtime.control.realtime import check_idle_latency, enter_realtime, hold_idle_latency
 from sac_edge.edge_runtime.control.telemetry import StatusLine, TelemetryWriter
 from sac_edge.edge_runtime.finetune.finetuner import build_finetuner, finetune_dir, install_last_good
@@ -45,6 +45,12 @@ from .config import RunConfig
 
 #: The fastest control rate accepted (a 10 us period; faster is not a control loop Python can keep).
 MAX_RATE_HZ = 100_000.0
+#: The slowest: one step every 1000 s (slower is not a control loop; the loop still sees a stop at once).
+MIN_RATE_HZ = 1e-3
+#: The longest ``--duration`` other than 0 (run until stopped): about 31 years.
+MAX_DURATION_S = 1e9
+#: The longest busy-wait before a slot and the longest inference watchdog limit.
+MAX_SPIN_US, MAX_INFERENCE_TIMEOUT_S = 1e6, 3600.0
 
 
 def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:
@@ -70,10 +76,24 @@ def validate(cfg: RunConfig) -> None:
         raise SacEdgeError("--resume and --restart exclude each other: continue from the last good weights, or not")
     if cfg.restart and not cfg.finetune:
         raise SacEdgeError("--restart only applies with --finetune")
-    if not 0 < cfg.rate_hz <= MAX_RATE_HZ:
-        raise SacEdgeError(f"--rate-hz must be positive and at most {MAX_RATE_HZ:g}, got {cfg.rate_hz}")
-    if not 0 <= cfg.duration < math.inf:
-        raise SacEdgeError(f"--duration must be finite and >= 0 (0 runs until stopped), got {cfg.duration}")
+    if not MIN_RATE_HZ <= cfg.rate_hz <= MAX_RATE_HZ:
+        raise SacEdgeError(
+            f"--rate-hz must be from {MIN_RATE_HZ:g} to {MAX_RATE_HZ:g} steps per second, got {cfg.rate_hz}"
+        )
+    if not 0 <= cfg.duration <= MAX_DURATION_S:
+        raise SacEdgeError(
+            f"--duration must be from 0 (run until stopped) to {MAX_DURATION_S:g} seconds, got {cfg.duration}"
+        )
+    if not 0 <= cfg.spin_us <= MAX_SPIN_US:
+        raise SacEdgeError(f"--spin-us must be from 0 to {MAX_SPIN_US:g} microseconds, got {cfg.spin_us}")
+    if not 0 <= cfg.realtime_priority <= 99:
+        raise SacEdgeError(f"--realtime-priority must be 1..99 (0: off), got {cfg.realtime_priority}")
+    if not 0 <= cfg.seed < 2**64:
+        raise SacEdgeError(f"--seed must be from 0 to 2**64 - 1 (numpy's seeds), got {cfg.seed}")
+    if any(cpu < 0 for cpu in cfg.cpus):
+        raise SacEdgeError(f"--cpus takes CPU numbers from 0, got {','.join(map(str, cfg.cpus))}")
+    if cfg.max_backend_errors < 1:
+        raise SacEdgeError(f"--max-backend-errors must be at least 1, got {cfg.max_backend_errors}")
     for flag, budget in (("--mem-budget-mb", cfg.mem_budget_mb), ("--power-budget-w", cfg.power_budget_w)):
         if budget is not None and not 0 < budget < math.inf:
             raise SacEdgeError(f"{flag} must be a positive number, got {budget}")
@@ -81,6 +101,13 @@ def validate(cfg: RunConfig) -> None:
         check_output_path(cfg.telemetry, "--telemetry")
     if not 0 < cfg.inference_budget <= 1:
         raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {cfg.inference_budget}")
+    if not 0 < cfg.inference_timeout <= MAX_INFERENCE_TIMEOUT_S:
+        raise SacEdgeError(
+            f"--inference-timeout must be more than 0 and at most {MAX_INFERENCE_TIMEOUT_S:g} seconds, "
+            f"got {cfg.inference_timeout}"
+        )
+    if cfg.finetune:  # a read-only bundle would otherwise fail at the lock, after the bundle was verified
+        check_output_path(finetune_dir(cfg), "--finetune-dir", directory=True)
     if cfg.threads < 1 or cfg.auto_calls < 1:
         raise SacEdgeError("--threads and --auto-calls must be at least 1")
     if cfg.idle_latency_us is not None:
@@ -121,8 +148,14 @@ def open_backends(cfg: RunConfig, bundle: Any, log: Callable[[str], None]) -> tu
     return backends, figures
 
 
-def run_command(cfg: RunConfig, log: Callable[[str], None]) -> dict[str, Any]:
-    """Run the loop per ``cfg`` and return the summary (also printed as a table by the CLI)."""
+def run_command(
+    cfg: RunConfig, log: Callable[[str], None], on_hang: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """Run the loop per ``cfg`` and return the summary (also printed as a table by the CLI).
+
+    When a backend call hangs, the inference watchdog finishes the run on its own thread (env, monitor,
+    fine-tuner, telemetry, as after a normal end) and hands the summary to ``on_hang``, which is expected
+    to report it and end the process: the control thread is still inside the call."""
     validate(cfg)
     bundle = open_bundle(cfg.bundle, cfg.trusted_keys)
     env_name = cfg.env or file_env(bundle.spec.env_id, str(bundle.path / MANIFEST))
@@ -140,11 +173,17 @@ def run_command(cfg: RunConfig, log: Callable[[str], None]) -> dict[str, Any]:
                     "at the first promotion)"
                 )
         last = store.load() if cfg.resume else None
-        return _run_with(cfg, bundle, env, env_name, last, log)
+        return _run_with(cfg, bundle, env, env_name, last, log, on_hang)
 
 
 def _run_with(
-    cfg: RunConfig, bundle: Any, env: Any, env_name: str, last: LastGood | None, log: Callable[[str], None]
+    cfg: RunConfig,
+    bundle: Any,
+    env: Any,
+    env_name: str,
+    last: LastGood | None,
+    log: Callable[[str], None],
+    on_hang: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Open the backends, build the fine-tuner when asked, drive the loop and write the summary."""
     backends, figures = open_backends(cfg, bundle, log)
@@ -156,18 +195,28 @@ def _run_with(
             tuner, resumed = build_finetuner(cfg, bundle, backends, probe, last, emit, log)
         elif last is not None:
             resumed = install_last_good(WeightSwapper(backends, bundle), last)[1]
-        try:
-            summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log)
-        finally:
+
+        def finish(summary: dict[str, Any]) -> dict[str, Any]:
+            """After the loop (or the watchdog): the fine-tuner's part and the telemetry's summary record."""
             if tuner is not None:  # the learner process stops and its shared memory goes, whatever happened
                 tuner.stop()
-        summary.update(telemetry_records=telemetry.records + 1, resume=resumed)
-        if tuner is not None:
-            summary["finetune"] = tuner.summary()
-            if tuner.error:
-                log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
-        telemetry.write({"type": "summary", **summary})
-    return summary
+            summary.update(telemetry_records=telemetry.records + 1, resume=resumed)
+            if tuner is not None:
+                summary["finetune"] = tuner.summary()
+                if tuner.error:
+                    log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
+            summary["telemetry_dropped"] = telemetry.dropped
+            telemetry.write({"type": "summary", **summary})
+            return summary
+
+        hang = None if on_hang is None else (lambda summary: on_hang(finish(summary)))
+        try:
+            summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log, hang)
+        except BaseException:
+            if tuner is not None:
+                tuner.stop()
+            raise
+        return finish(summary)
 
 
 def locked(write: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
@@ -192,6 +241,7 @@ def _drive(
     tuner: Any,
     emit: Callable[[dict[str, Any]], None],
     log: Callable[[str], None],
+    on_hang: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """The governor, the monitor and the loop (with the fine-tuner started before it when there is one; the
     caller stops it)."""
@@ -210,23 +260,52 @@ def _drive(
     monitor = BudgetMonitor(probe, sensor, governor)
     status = StatusLine() if sys.stderr.isatty() else None
     settings = LoopSettings(
-        cfg.rate_hz, cfg.duration, cfg.obs_fault, cfg.inference_budget, cfg.spin_us, cfg.seed, cfg.warm_cache
+        cfg.rate_hz,
+        cfg.duration,
+        cfg.obs_fault,
+        cfg.inference_budget,
+        cfg.spin_us,
+        cfg.seed,
+        cfg.warm_cache,
+        cfg.inference_timeout,
+        cfg.max_backend_errors,
     )
-    emit(
-        {
-            "type": "config",
-            "config": config_dict(cfg),
+    closed = False
+
+    def finish(summary: dict[str, Any]) -> dict[str, Any]:
+        """After the loop (on the watchdog's thread when a call hung): status line, monitor, env."""
+        nonlocal closed
+        if not closed:
+            closed = True
+            if status is not None:
+                status.finish()
+            monitor.close()
+            close_env(env, summary)
+        return {
+            **summary,
             "env": env_name,
             "shift": getattr(env, "shift", None),
-            "backend": backends[first].describe(),
-            "auto": [m._asdict() for m in figures],
-            "power_source": sensor.source if sensor else None,
-            "loaded_precisions": list(backends),
+            "auto": [m._asdict() for m in figures if m.refusal is None or "unavailable" not in m.refusal],
+            "torch_imported": "torch" in sys.modules,
         }
-    )
-    loop = ControlLoop(env, backends, first, settings, monitor, emit, status, experience=tuner)
+
+    hang = None if on_hang is None else (lambda summary: on_hang(finish(summary)))
+    loop = ControlLoop(env, backends, first, settings, monitor, emit, status, experience=tuner, on_hang=hang)
+    summary: dict[str, Any] = {}
     try:
         with stop_on_signals(loop.stop), contextlib.ExitStack() as held:
+            emit(  # once a stop is handled: a test (or a service manager) may signal as soon as it sees this
+                {
+                    "type": "config",
+                    "config": config_dict(cfg),
+                    "env": env_name,
+                    "shift": getattr(env, "shift", None),
+                    "backend": backends[first].describe(),
+                    "auto": [m._asdict() for m in figures],
+                    "power_source": sensor.source if sensor else None,
+                    "loaded_precisions": list(backends),
+                }
+            )
             if tuner is not None:
                 tuner.start()
             for line in enter_realtime(cfg.realtime_priority, cfg.cpus, cfg.lock_memory):  # after the tuner starts
@@ -236,31 +315,39 @@ def _drive(
                 log(f"sac-edge run: {held.enter_context(hold_idle_latency(idle_us))}")
             summary = loop.run()
     finally:
-        if status is not None:
-            status.finish()
-        monitor.close()
-        env.close()
+        summary = finish(summary)
     if tuner is not None and tuner.error:
         log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
-    return {
-        **summary,
-        "env": env_name,
-        "shift": getattr(env, "shift", None),
-        "auto": [m._asdict() for m in figures if m.refusal is None or "unavailable" not in m.refusal],
-        "torch_imported": "torch" in sys.modules,
-    }
+    return summary
+
+
+def close_env(env: Any, summary: dict[str, Any]) -> None:
+    """``env.close()``, whose exception (foreign code) is kept in the summary's ``env_error`` unless the run
+    already ended on one, instead of replacing the summary."""
+    try:
+        env.close()
+    except BaseException as err:
+        if summary.get("env_error") is None:
+            text = describe_error(err)
+            text = text.splitlines()[0][:200] if text else ""
+            summary["env_error"] = {"call": "close", "type": type(err).__name__, "message": text}
 
 
 def raise_env_error(summary: dict[str, Any]) -> None:
-    """After the summary was printed and written: the environment's failure as the command's outcome.
+    """After the summary was printed and written: the run's failure as the command's outcome.
 
-    A ``KeyboardInterrupt`` from the env stays an interrupt (exit 130); anything else is one line, exit 1."""
+    A ``KeyboardInterrupt`` from the env stays an interrupt (exit 130); an env error, a hung inference or
+    a run ended by backend errors is one line, exit 1."""
     error = summary.get("env_error")
-    if not error:
-        return
-    if error["type"] == "KeyboardInterrupt":
-        raise KeyboardInterrupt
-    raise InternalError(f"{summary['stopped_by']}; the summary above covers the run until then")
+    until = "the summary above covers the run until then"
+    if error:
+        if error["type"] == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+        message = error["type"] + (f": {error['message']}" if error.get("message") else "")
+        raise InternalError(f"environment error in {error['call']}(): {message}; {until}")
+    stopped = str(summary.get("stopped_by"))
+    if summary.get("inference_hang") or stopped.startswith("backend error"):
+        raise InternalError(f"{stopped}; {until}")
 
 
 def summary_table(summary: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 
-from sac_edge.common.atomic import atomic_dir
+from sac_edge.common.atomic import atomic_dir, check_output_path
 from sac_edge.common.config import save_config
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.jsonfile import read_json
@@ -88,6 +88,9 @@ def check_out(cfg: ExportConfig) -> None:
     unless ``--discard-finetuned`` says so: they exist nowhere else.
     """
     out = Path(cfg.out)
+    if out.is_symlink() and not out.exists():  # exists() follows the link: the export would run, then fail
+        raise SacEdgeError(f"--out {out} is a symlink to a missing path; remove it or choose another --out")
+    check_output_path(out, "--out", directory=True)
     if out.exists() and not cfg.force:
         raise SacEdgeError(f"{out} already exists; pass --force to replace it (only once the new bundle is complete)")
     if not out.exists():

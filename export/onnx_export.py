@@ -27,22 +27,13 @@ from torch import nn
 
 from sac_edge.common.atomic import atomic_write_bytes
 from sac_edge.common.errors import InternalError
+from sac_edge.common.graph_ops import TENSORRT_85_OPS
 
 OPSET = 17
 IR_VERSION = 8
 INPUT = "obs"
 OUTPUT = "action"
 BATCH_DIM = "batch"
-
-# Ops a policy graph (fp32 or Q/DQ) may contain: each is "Y" in onnx-tensorrt release/8.5-GA
-# docs/operators.md (IsInf, for one, is "N" there).
-TENSORRT_85_OPS = frozenset(
-    {
-        "Add", "Cast", "Clip", "Constant", "DequantizeLinear", "Div", "Equal", "Gemm", "Identity", "IsNaN",
-        "MatMul", "Max", "Min", "Mul", "Not", "QuantizeLinear", "Relu", "Reshape", "Sigmoid", "Softplus",
-        "Sub", "Tanh", "Where",
-    }
-)  # fmt: skip
 
 
 class OnnxInfo(NamedTuple):

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from sac_edge.common.config import parse_value
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.train.config import TrainConfig
+from sac_edge.train.config import TrainConfig, value_error
 
 # Set by the sweep itself (per trial or for the whole sweep's resources), so not grid keys.
 NOT_GRID_KEYS = {
@@ -77,9 +77,13 @@ def _parse_one(spec: str, fields: set[str]) -> tuple[str, list[tuple[str, Any]]]
     parsed = []
     for text in texts:
         try:
-            parsed.append((text, parse_value(TrainConfig, name, text)))
+            value = parse_value(TrainConfig, name, text)
         except ValueError as err:
             raise SacEdgeError(f"--grid {name}: {err}") from None
+        problem = value_error(name, value)
+        if problem:  # here, not as a failed trial's traceback once Ray has started
+            raise SacEdgeError(f"--grid {name}: {problem}")
+        parsed.append((text, value))
     return name, parsed
 
 

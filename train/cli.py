@@ -9,13 +9,14 @@ from sac_edge.common.config import parse_config
 from sac_edge.common.errors import run_cli
 from sac_edge.common.summary import emit_json
 
-from .config import TrainConfig
+from .config import TrainConfig, check_values
 
 PROG = "sac-train"
 
 
 def _main(argv: Sequence[str] | None) -> int:
     cfg = parse_config(TrainConfig, argv, PROG, __doc__ or "")
+    check_values(cfg)  # before torch loads
     from .trainer import Trainer  # torch and gymnasium load after the flags parse (fast --help)
 
     summary = Trainer(cfg).train()

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from sac_edge.common.errors import SacEdgeError
 
 
 @dataclass(frozen=True)
@@ -76,3 +79,33 @@ class TrainConfig:
     @property
     def critic_hidden(self) -> tuple[int, ...]:
         return (self.hidden[-1],) * self.critic_layers
+
+
+#: Settings that must be positive, and those that must be in (0, 1] (a discount, a soft update rate).
+POSITIVE = ("actor_lr", "critic_lr", "alpha_lr", "init_alpha")
+FRACTIONS = ("gamma", "tau")
+#: Counts that must be at least 1, and those that may also be 0 (off, or all).
+AT_LEAST_ONE = ("total_steps", "num_envs", "batch_size", "buffer_size", "critic_layers", "utd", "eval_episodes")
+NOT_NEGATIVE = ("seed", "learning_starts", "eval_every", "checkpoint_every", "calib_states", "threads")
+
+
+def value_error(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the setting ``name`` (None when it can): checked on the command line and on
+    every value of a sweep's grid before any trial starts. NaN fails every range test here."""
+    if name in POSITIVE and not (isinstance(value, (int, float)) and value > 0):
+        return f"must be a positive number, got {value}"
+    if name in FRACTIONS and not (isinstance(value, (int, float)) and 0 < value <= 1):
+        return f"must be in (0, 1], got {value}"
+    if name in AT_LEAST_ONE and not (isinstance(value, int) and value >= 1):
+        return f"must be at least 1, got {value}"
+    if name in NOT_NEGATIVE and not (isinstance(value, int) and value >= 0):
+        return f"must be 0 or more, got {value}"
+    return None
+
+
+def check_values(cfg: TrainConfig) -> None:
+    """One-line ``SacEdgeError`` for the first setting of ``cfg`` ``value_error`` refuses."""
+    for name in (*POSITIVE, *FRACTIONS, *AT_LEAST_ONE, *NOT_NEGATIVE):
+        problem = value_error(name, getattr(cfg, name))
+        if problem:
+            raise SacEdgeError(f"--{name.replace('_', '-')} {problem}")

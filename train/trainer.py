@@ -31,7 +31,7 @@ from sac_edge.common.jsonfile import read_json
 from sac_edge.common.spec import PolicySpec
 
 from . import checkpoint as ckpt
-from .config import TrainConfig
+from .config import TrainConfig, check_values
 from .defaults import cpu_bf16_flags, resolve_speed
 from .envs import env_state, make_vector_env, policy_spec, restore_env_state
 from .evaluate import evaluate
@@ -78,6 +78,7 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
     Raises SacEdgeError before anything is written.
     """
     run = Path(cfg.out)
+    check_values(cfg)
     check_output_path(run, "--out", directory=True)
     if not cfg.hidden or any(not 1 <= width <= MAX_WIDTH for width in cfg.hidden):
         shown = ",".join(map(str, cfg.hidden)) or "(empty)"

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.graph_ops import check_graph_ops
 from sac_edge.common.manifest import read_manifest
 from sac_edge.common.signing import require_trusted
 from sac_edge.common.spec import PolicySpec
@@ -76,7 +77,23 @@ def open_bundle(path: str | Path, trusted_keys: str | Path | None = None) -> Bun
         require_trusted(root, trusted_keys)
     manifest = read_manifest(root, verify=True)
     spec = PolicySpec.from_dict(manifest.get("spec", {}), source=str(root / "manifest.json"))
-    return Bundle(root, manifest, spec)
+    bundle = Bundle(root, manifest, spec)
+    check_bundle_graphs(bundle)
+    return bundle
+
+
+GRAPH_KINDS = ("onnx", "onnx-cpu")
+
+
+def check_bundle_graphs(bundle: Bundle) -> None:
+    """Every ONNX graph of the bundle against the op allow-list and the manifest's op list
+    (``common.graph_ops``), before any runtime opens one: a graph that would never return is refused here."""
+    onnx_section = bundle.manifest.get("onnx")
+    listed = onnx_section.get("ops") if isinstance(onnx_section, dict) else None
+    for kind in GRAPH_KINDS:
+        for name in bundle.files(kind):
+            precision = bundle.manifest["files"][name].get("precision") or "fp32"
+            check_graph_ops((bundle.path / name).read_bytes(), str(bundle.path / name), precision, listed)
 
 
 ACCEPTED = ("accepted", "accepted-mixed")

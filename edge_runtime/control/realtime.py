@@ -75,12 +75,16 @@ def _lock_memory() -> str:
 
 
 PM_QOS_DEVICE = Path("/dev/cpu_dma_latency")
+#: The request is a signed 32-bit count of microseconds.
+PM_QOS_MAX_US = 2**31 - 1
 
 
 def check_idle_latency(latency_us: int) -> None:
     """A one-line error for a cap PM QoS cannot take (``sac-edge run`` checks it before any work)."""
     if latency_us < 0:
         raise SacEdgeError(f"--idle-latency-us {latency_us} is negative; use 0 or more microseconds")
+    if latency_us > PM_QOS_MAX_US:
+        raise SacEdgeError(f"--idle-latency-us {latency_us} is more than PM QoS takes; use 0 to {PM_QOS_MAX_US}")
 
 
 @contextlib.contextmanager

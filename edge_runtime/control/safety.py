@@ -30,6 +30,23 @@ OBS_FAULT_POLICIES = ("clip", "hold")
 PYTHON_CHECK_MAX = 64
 
 
+def plain_array(obs: object) -> object:
+    """A numpy subclass instance as a plain array, anything else as it is (the guard judges it).
+
+    A masked array's masked entries become NaN (a reading that is missing is a non-finite one, repaired
+    or held by the policy); other subclasses (``np.matrix``, say) would reshape or list themselves in their
+    own way inside the guard. A conversion that raises (foreign code) gives None, a malformed observation.
+    """
+    if type(obs) is np.ndarray or not isinstance(obs, np.ndarray):
+        return obs
+    try:
+        if isinstance(obs, np.ma.MaskedArray):
+            return np.ma.filled(obs.astype(np.float64), np.nan)
+        return np.array(obs, subok=False)
+    except Exception:
+        return None
+
+
 class ObservationGuard:
     """Checks each observation against finiteness and the declared bounds, repairing per the policy.
 

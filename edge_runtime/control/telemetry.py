@@ -2,12 +2,16 @@
 live status line.
 
 The file is a log, written as the run goes and flushed per record so a crash keeps everything up to it;
-it is not rewritten atomically like the other artifacts.
+it is not rewritten atomically like the other artifacts. A record the disk refuses (full, gone, read-only
+after an error) is dropped and counted (``dropped``, in the summary), and the loop goes on: control
+matters more than its log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -24,6 +28,9 @@ class TelemetryWriter:
         self.path = Path(path) if path else None
         self._fh: IO[str] | None = None
         self.records = 0
+        self._size = 0  # bytes of whole records written
+        self.dropped = 0
+        """Records the disk refused."""
         if self.path is not None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,14 +41,26 @@ class TelemetryWriter:
     def write(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             return
-        self._fh.write(json.dumps(json_safe(record), sort_keys=True, default=str) + "\n")
-        self._fh.flush()
+        data = (json.dumps(json_safe(record), sort_keys=True, default=str) + "\n").encode()
+        fd = self._fh.fileno()
+        try:  # one system call a record, past the file object's buffer: a refused record leaves nothing behind
+            done = 0
+            while done < len(data):
+                done += os.write(fd, data[done:])
+        except OSError:  # ENOSPC, EFBIG, EIO: the record is lost, the run is not
+            self.dropped += 1
+            with contextlib.suppress(OSError):  # a partial line is cut off, so the file stays whole lines
+                os.ftruncate(fd, self._size)
+                os.lseek(fd, self._size, os.SEEK_SET)
+            return
+        self._size += len(data)
         self.records += 1
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None
+            with contextlib.suppress(OSError):
+                fh.close()
 
     def __enter__(self) -> TelemetryWriter:
         return self

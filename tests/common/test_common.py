@@ -55,9 +55,9 @@ def test_config_parser_uses_field_help_and_types():
     cfg = parse_config(TrainConfig, ["--hidden", "64,32", "--amp", "bf16", "--compile"], "sac-train", "x")
     assert cfg.hidden == (64, 32) and cfg.amp == "bf16" and cfg.compile == "on"
     assert parse_config(TrainConfig, ["--no-compile"], "sac-train", "x").compile == "off"
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(SacEdgeError, match=r"argument --amp: invalid choice: 'fp8'.*pass one of the choices") as err:
         parse_config(TrainConfig, ["--amp", "fp8"], "sac-train", "x")
-    assert err.value.code == 2
+    assert err.value.exit_code == 2
 
 
 def test_run_cli_turns_errors_into_one_line(capsys):

@@ -69,3 +69,56 @@ class Noisy(_Pendulum):
 
     def misbehave(self) -> None:
         warnings.warn("deprecated call in the driver library", DeprecationWarning, stacklevel=2)
+
+
+class MaskedObservations(_Pendulum):
+    """Observations as numpy masked arrays, every 4th with its first entry masked (a missing reading)."""
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        return np.ma.masked_array(obs, mask=[self.t % 4 == 0, False, False]), reward, terminated, truncated, info
+
+
+class ArrayFlags(_Pendulum):
+    """``terminated``/``truncated`` as one-element numpy arrays (accepted), then an array of two."""
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        flag = np.array([terminated]) if self.t <= BAD_AFTER else np.array([terminated, truncated])
+        return obs, reward, flag, np.array([truncated]), info
+
+
+class _NoTruth:
+    def __bool__(self) -> bool:
+        raise RuntimeError("truth of a driver status word")
+
+
+class RaisingFlag(_Pendulum):
+    """``terminated`` is an object whose ``__bool__`` raises (after a few steps)."""
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        return obs, reward, _NoTruth() if self.t > BAD_AFTER else terminated, truncated, info
+
+
+class CloseRaises(_Pendulum):
+    """Runs fine; ``close()`` raises."""
+
+    def misbehave(self) -> None:
+        pass
+
+    def close(self) -> None:
+        raise OSError("actuator did not park")
+
+
+class NoReward(_Pendulum):
+    """Reward ``None`` on every other step, NaN on every 7th (a plant without a reward signal)."""
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        bad = None if self.t % 2 else (float("nan") if self.t % 7 == 0 else reward)
+        return obs, bad, terminated, truncated, info

@@ -59,6 +59,7 @@ INPUT, OUTPUT = "obs", "action"
 #: Precisions whose CPU session is refilled in place when built for swaps (see the module docstring).
 IN_PLACE_PRECISIONS = ("fp32",)
 RELEASE_TIMEOUT_S = 0.05
+FATAL = 4  # onnxruntime's log severity levels: 0 verbose .. 3 error, 4 fatal
 RELEASE_POLL_S = 1e-4
 NO_PREPACKING = "session.disable_prepacking"
 SAVE_FORMAT, LOAD_FORMAT = "session.save_model_format", "session.load_model_format"
@@ -161,6 +162,7 @@ class OrtBackend(Backend):
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        so.log_severity_level = FATAL  # a failed run is the exception the caller reports, not coloured log lines
         return so
 
     def _build(

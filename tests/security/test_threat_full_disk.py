@@ -1,0 +1,42 @@
+"""The telemetry disk fills up (or the file hits its size limit) while the loop runs: control matters more
+than its log. A refused record is dropped and counted, the file keeps only whole records, and the run ends
+as it would have, with its summary on stdout.
+
+The full disk is real: the run is a child process whose file-size limit (``RLIMIT_FSIZE``) is smaller than
+its telemetry, so the kernel refuses the writes past it (``EFBIG``, the way a full disk gives ``ENOSPC``).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+LIMIT = 2048  # bytes: the config record (about 1.2 KB) fits, the per-second records do not all fit
+
+
+def _limit_file_size() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+
+
+def test_a_full_telemetry_disk_drops_and_counts_records_and_the_loop_goes_on(bundle: Path, tmp_path: Path) -> None:
+    telemetry = tmp_path / "t.jsonl"
+    argv = ["run", str(bundle), "--backend", "onnxruntime", "--rate-hz", "200", "--duration", "3.2", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "sac_edge.edge_runtime.cli", *argv, "--telemetry", str(telemetry)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_file_size,  # Python ignores SIGXFSZ, so the write fails instead of killing the child
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["stopped_by"] == "duration" and summary["steps"] > 0
+    assert summary["telemetry_dropped"] >= 1
+    written = telemetry.read_bytes()
+    assert len(written) <= LIMIT and written.endswith(b"\n")
+    records = [json.loads(line) for line in written.decode().splitlines()]  # whole records only
+    assert records[0]["type"] == "config"
+    assert len(records) == summary["telemetry_records"] - 1  # the written ones, all whole (the summary: dropped)
