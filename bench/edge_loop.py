@@ -375,7 +375,7 @@ def paired_effect(rows: list[dict[str, Any]], goal_points: float = 0.05) -> list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each loop run (the issue: 8)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each loop run (BENCHMARKS.md uses 8)")
     parser.add_argument("--core", type=int, default=max(os.sched_getaffinity(0)), help="CPU core to pin to")
     parser.add_argument("--envs", default=",".join(ENVS))
     parser.add_argument(

@@ -3,8 +3,8 @@ and run, and saved resolved in ``config.json`` (so ``--resume`` continues on exa
 
 - ``--amp auto``: bf16 where the device multiplies bf16 natively (a CUDA device with bf16; a CPU with
   AVX512-BF16 or AMX), fp32 elsewhere: without those units oneDNN emulates bf16 GEMMs in fp32, slower.
-  bf16 GEMM operands learn the same curves as fp32 (BENCHMARKS.md, learning curves, Pendulum and
-  HalfCheetah).
+  bf16 GEMM operands learn the same curves as fp32 (BENCHMARKS.md, learning
+  curves).
 - ``--compile auto``: on when the run has enough updates to repay compiling them: from
   ``COMPILE_S / SAVED_S`` updates (the saving scaled linearly with the batch size). The two constants are
   defaults measured on the reference CPU (``bench/train_speed.py``; the figures and the resulting

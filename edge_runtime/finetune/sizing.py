@@ -18,8 +18,8 @@ The room for all of it is the budget less the resident memory measured just befo
 (the control process's backends, env and swap path: ``WeightSwapper.warm_up``; plus the learner process's
 torch after a warm-up update and its int8 re-check after a warm-up one: ``learner_process.LearnerLoop.build``)
 less a 10% headroom for allocator slack. That slack is real: each later swap (session rebuilds, the int8
-re-check) leaves ~1-3 MiB more resident at first, shrinking as the allocator's free lists fill (measured
-on x86 onnxruntime fp32 + int8: +17 MiB over 12 candidates, against a 42 MiB headroom at a 416 MB budget).
+re-check) leaves a little more resident at first, less as the allocator's free lists fill, and the peak
+has to stay under the budget all run (``bench/finetune.py``'s tight-budget run checks exactly that).
 Choices, in order, until the estimate fits: the requested sizes; fewer replay rows (down to
 ``min_rows``); gradient checkpointing (where it saves memory); halving the batch (down to 32).
 If even that does not fit it is a one-line error with the figures. The update-to-data ratio is a compute
