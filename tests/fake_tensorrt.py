@@ -21,9 +21,30 @@ Sources for the tables (NVIDIA TensorRT Python API docs and migration guides):
 
 from __future__ import annotations
 
+import enum
+import importlib.machinery
 import json
+import sys
 import types
+from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pytest
+
+NULLPTR = "pybind11::init(): factory function returned nullptr"  # what pybind11 raises for a failed factory
+NO_DEVICE = "CUDA initialization failure with error: 35"  # TensorRT 8.5's WARNING without a usable GPU
+
+
+class Severity(enum.IntEnum):
+    """``trt.ILogger.Severity``: the values of NvInferRuntimeBase.h (most severe first)."""
+
+    INTERNAL_ERROR = 0
+    ERROR = 1
+    WARNING = 2
+    INFO = 3
+    VERBOSE = 4
+
 
 COMMON = frozenset(
     {
@@ -86,8 +107,11 @@ class Surface:
         self._used.append(full)
 
 
-def fake_tensorrt(version: str, qdq: bool = True) -> tuple[types.ModuleType, list[str]]:
-    """A ``tensorrt`` module for ``version`` (a key of SURFACE) and the list of names the code used."""
+def fake_tensorrt(version: str, qdq: bool = True, device: bool = True) -> tuple[types.ModuleType, list[str]]:
+    """A ``tensorrt`` module for ``version`` (a key of SURFACE) and the list of names the code used.
+
+    Without a ``device``, ``Builder`` and ``Runtime`` log TensorRT's WARNING to the logger they are given
+    and raise pybind11's nullptr TypeError, as the real modules do on a machine without a usable GPU."""
     names, used = SURFACE[version], []  # type: ignore[var-annotated]
 
     def obj(kind: str, **values: Any) -> Surface:
@@ -131,10 +155,24 @@ def fake_tensorrt(version: str, qdq: bool = True) -> tuple[types.ModuleType, lis
     )
 
     class ILogger:
-        Severity = types.SimpleNamespace(INTERNAL_ERROR=0, ERROR=1, WARNING=2)
+        Severity = globals()["Severity"]
 
         def __init__(self) -> None:
             used.append("ILogger.__init__")
+
+    def needs_device(make: Any) -> Any:
+        def factory(*args: Any) -> Any:
+            if not device:
+                args[-1].log(Severity.WARNING, NO_DEVICE)
+                raise TypeError(NULLPTR)
+            return make(*args)
+
+        return factory
+
+    def nptype(dtype: Any) -> Any:
+        if version.startswith("8.5"):  # its table names np.bool, absent from numpy 1.24 to 1.26 (NVIDIA/TensorRT#2557):
+            raise AttributeError("module 'numpy' has no attribute 'bool'")  # 8.5 is Python 3.8's, numpy <= 1.24.4
+        return {"DataType.FLOAT": np.float32, "DataType.HALF": np.float16}[dtype]
 
     class IInt8EntropyCalibrator2:
         def __init__(self) -> None:
@@ -142,9 +180,10 @@ def fake_tensorrt(version: str, qdq: bool = True) -> tuple[types.ModuleType, lis
 
     module = types.ModuleType("tensorrt")
     top: dict[str, Any] = {
-        "Builder": lambda logger: builder,
+        "Builder": needs_device(lambda logger: builder),
         "OnnxParser": lambda net, logger: obj("OnnxParser", parse=lambda data: True, num_errors=0, get_error=str),
-        "Runtime": lambda logger: obj("Runtime", deserialize_cuda_engine=lambda plan: engine),
+        "Runtime": needs_device(lambda logger: obj("Runtime", deserialize_cuda_engine=lambda plan: engine)),
+        "nptype": nptype,
         "ILogger": ILogger,
         "IInt8EntropyCalibrator2": IInt8EntropyCalibrator2,
         "MemoryPoolType": enum("MemoryPoolType", "WORKSPACE"),
@@ -164,4 +203,16 @@ def fake_tensorrt(version: str, qdq: bool = True) -> tuple[types.ModuleType, lis
 
     module.__getattr__ = module_getattr  # type: ignore[method-assign]
     module.__version__ = version  # type: ignore[attr-defined]
+    module.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)  # find_spec sees it as installed
     return module, used
+
+
+def plant_broken_tensorrt(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``tensorrt`` package on ``sys.path`` whose import fails as the real bindings' does without libnvinfer."""
+    package = root / "tensorrt"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        'raise ImportError("libnvinfer.so.10: cannot open shared object file: No such file or directory")\n'
+    )
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
