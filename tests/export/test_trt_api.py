@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_tensorrt import NO_DEVICE, NULLPTR, SURFACE, Severity, fake_tensorrt, plant_broken_tensorrt
+from fake_tensorrt import NO_DEVICE, NULLPTR, VERSIONS, fake_tensorrt, plant_broken_tensorrt
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.export import tensorrt as builder
@@ -27,7 +27,7 @@ def test_numpy_types_of_the_data_types_numpy_has() -> None:
             numpy_type(name)
 
 
-@pytest.mark.parametrize("version", sorted(SURFACE))
+@pytest.mark.parametrize("version", VERSIONS)
 def test_create_names_tensorrts_reason_in_one_line(version: str) -> None:
     trt, _ = fake_tensorrt(version, device=False)
     logger = make_logger(trt)
@@ -55,21 +55,22 @@ def test_create_passes_other_type_errors_and_none_results() -> None:
 
 
 def test_logger_keeps_warnings_and_errors_above_its_floor() -> None:
-    trt, _ = fake_tensorrt("11.4.0")
+    trt, _ = fake_tensorrt("11.4.0.106")
     logger = make_logger(trt)
-    for severity in Severity:
+    severity_type = trt.ILogger.Severity
+    for severity in severity_type:
         logger.log(severity, f"{severity.name} message")
     assert [m for _, m in logger.messages] == ["INTERNAL_ERROR message", "ERROR message", "WARNING message"]
     assert logger.reason() == "ERROR message"  # an error says more than a later warning
     verbose = make_logger(trt, floor="VERBOSE")
-    verbose.log(Severity.VERBOSE, "tactic 7\n  chosen")
+    verbose.log(severity_type.VERBOSE, "tactic 7\n  chosen")
     assert verbose.reason() == "tactic 7 chosen"  # one line
-    verbose.log(Severity.WARNING, "the warning")
+    verbose.log(severity_type.WARNING, "the warning")
     assert verbose.reason() == "the warning"
 
 
 def test_build_without_a_device_is_one_line_with_the_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    trt, _ = fake_tensorrt("8.5.2", device=False)
+    trt, _ = fake_tensorrt("8.5.3.1", device=False)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     monkeypatch.setattr(builder, "tensorrt_unavailable", lambda: None)
     monkeypatch.setattr(builder, "cuda_device", lambda index=0: builder.CudaDevice("GPU", "7.2"))

@@ -234,7 +234,7 @@ def _fake_device(monkeypatch: pytest.MonkeyPatch, version: str, device: bool) ->
     monkeypatch.setattr(export_trt, "_probe_cuda", lambda index=0: export_trt.CudaDevice("Xavier", "7.2"))
 
 
-@pytest.mark.parametrize("version", ["8.5.2", "10.3.0", "11.4.0"])
+@pytest.mark.parametrize("version", ["8.5.3.1", "10.3.0", "11.4.0.106"])
 def test_runner_names_why_tensorrt_cannot_start(
     monkeypatch: pytest.MonkeyPatch, pendulum_bundle: Path, version: str
 ) -> None:
