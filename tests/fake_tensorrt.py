@@ -125,18 +125,24 @@ def fake_tensorrt(version: str, qdq: bool = True, device: bool = True) -> tuple[
     def member(kind: str, name: str) -> Any:
         return getattr(enum_of(kind), name)
 
-    profiles: list[Any] = []
     timing = obj("ITimingCache", serialize=lambda: b"timing")
-    config = obj(
-        "IBuilderConfig",
-        set_memory_pool_limit=lambda pool, size: None,
-        add_optimization_profile=lambda p: profiles.append(p) or len(profiles) - 1,
-        set_flag=lambda flag: used.append(f"set_flag:{flag}"),
-        create_timing_cache=lambda data: timing,
-        set_timing_cache=lambda cache, ignore_mismatch: True,
-        get_timing_cache=lambda: timing,
-        set_calibration_profile=lambda p: True,
-    )
+
+    def new_config() -> FakeObject:
+        profiles: list[Any] = []
+        weak = (
+            {"set_calibration_profile": lambda p: True} if surface.member("IBuilderConfig", "int8_calibrator") else {}
+        )
+        return obj(
+            "IBuilderConfig",
+            **weak,
+            set_memory_pool_limit=lambda pool, size: None,
+            add_optimization_profile=lambda p: profiles.append(p) or len(profiles) - 1,
+            set_flag=lambda flag: used.append(f"set_flag:{flag}"),
+            create_timing_cache=lambda data: timing,
+            set_timing_cache=lambda cache, ignore_mismatch: True,
+            get_timing_cache=lambda: timing,
+        )
+
     tensor = obj("ITensor", name="obs", shape=(-1, 3))
     layer = obj("ILayer", type=member("LayerType", "QUANTIZE" if qdq else "MATRIX_MULTIPLY"))
     network = obj(
@@ -166,7 +172,7 @@ def fake_tensorrt(version: str, qdq: bool = True, device: bool = True) -> tuple[
     builder = obj(
         "Builder",
         create_network=lambda flags=0: network,
-        create_builder_config=lambda: config,
+        create_builder_config=new_config,
         create_optimization_profile=lambda: obj("IOptimizationProfile", set_shape=lambda *a: None),
         build_serialized_network=lambda net, cfg: build_log() or b"serialized plan",
     )
