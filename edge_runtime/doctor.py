@@ -101,12 +101,25 @@ def tensorrt_row(version: str) -> Row:
 
 
 def accelerator_rows(ctx: Context) -> Iterable[Row]:
-    if importlib.util.find_spec("tensorrt") is None:
+    from sac_edge.export.tensorrt import cuda_device, cuda_problem
+    from sac_edge.export.trt_api import import_problem
+
+    problem = import_problem()
+    if problem is not None and importlib.util.find_spec("tensorrt") is None:
         yield Row("software", "tensorrt", "not installed", WARN, "sudo apt install python3-libnvinfer (JetPack)")
+    elif problem is not None:  # installed without its libraries: a row, not the end of the report
+        yield Row("software", "tensorrt", problem, NO, "sudo apt install tensorrt (JetPack), or pip uninstall tensorrt")
     else:
         import tensorrt
 
         yield tensorrt_row(str(tensorrt.__version__))
+    device = cuda_device()
+    yield Row(
+        "software",
+        "cuda device",
+        f"{device.name} (sm {device.compute_capability})" if device else str(cuda_problem()),
+        OK if device else INFO,
+    )
     cuda = ctx.root / "usr/local/cuda"
     version_json = _text(cuda / "version.json")
     if version_json:
@@ -278,6 +291,10 @@ def _fix(refusal: str) -> str:
         return "pip install onnxruntime-gpu (JetPack: the Jetson AI Lab wheel for your JetPack)"
     if "'tensorrt' is not installed" in refusal:
         return "sudo apt install python3-libnvinfer (JetPack)"
+    if "does not import" in refusal:
+        return "sudo apt install tensorrt (JetPack), or pip uninstall tensorrt"
+    if "no CUDA device usable" in refusal:
+        return "check the GPU with nvidia-smi or tegrastats; --backend onnxruntime meanwhile"
     if "cuda-python" in refusal:
         return "pip install pycuda (JetPack 5) or pip install 'cuda-python<13' (JetPack 6)"
     if "'torch' is not installed" in refusal:

@@ -19,7 +19,6 @@ imports tensorrt at module import time.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any, NamedTuple
 from sac_edge.common.atomic import atomic_write_bytes
 from sac_edge.common.errors import InternalError, SacEdgeError
 
+from .trt_api import create, import_problem, make_logger, reason
 from .trt_generations import Generation, generation
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -79,16 +79,30 @@ class EngineInfo(NamedTuple):
 
 def cuda_device(index: int = 0) -> CudaDevice | None:
     """The CUDA device through the driver API (libcuda, present wherever a GPU driver is, Jetson included),
-    so no Python CUDA package is needed; None without a driver or device."""
+    so no Python CUDA package is needed; None without a driver or device (``cuda_problem`` says which)."""
+    found = _probe_cuda(index)
+    return found if isinstance(found, CudaDevice) else None
+
+
+def cuda_problem(index: int = 0) -> str | None:
+    """Why no CUDA device ``index`` is usable here, in one phrase (None when it is)."""
+    found = _probe_cuda(index)
+    return None if isinstance(found, CudaDevice) else found
+
+
+def _probe_cuda(index: int) -> CudaDevice | str:
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return None
+        return "no CUDA device usable: libcuda.so.1 is not installed (no NVIDIA driver)"
     count, dev = ctypes.c_int(0), ctypes.c_int(0)
-    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value <= index:
-        return None
+    status = lib.cuInit(0)
+    if status != 0:
+        return f"no CUDA device usable: the CUDA driver does not initialise (cuInit error {status})"
+    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value <= index:
+        return f"no CUDA device usable: the driver reports {count.value} device(s)"
     if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
-        return None
+        return f"no CUDA device usable: device {index} cannot be opened"
     name = ctypes.create_string_buffer(256)
     major, minor = ctypes.c_int(0), ctypes.c_int(0)
     lib.cuDeviceGetName(name, len(name), dev)
@@ -99,15 +113,10 @@ def cuda_device(index: int = 0) -> CudaDevice | None:
 
 def tensorrt_unavailable() -> str | None:
     """Why engines cannot be built here (None when they can)."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return "the tensorrt Python package is not installed"
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError as err:
-        return f"tensorrt does not import ({err})"
-    if cuda_device() is None:
-        return "no CUDA device (libcuda.so.1 reports none)"
-    return None
+    problem = import_problem()
+    if problem is not None:
+        return problem
+    return cuda_problem()
 
 
 def tensorrt_version() -> str:
@@ -145,9 +154,9 @@ def build_engine(
     """
     if precision not in PRECISIONS:
         raise SacEdgeError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
-    reason = tensorrt_unavailable()
-    if reason is not None:
-        raise SacEdgeError(f"cannot build a TensorRT engine: {reason}")
+    problem = tensorrt_unavailable()
+    if problem is not None:
+        raise SacEdgeError(f"cannot build a TensorRT engine: {problem}")
     import tensorrt as trt
 
     gen = generation(trt.__version__)
@@ -158,14 +167,14 @@ def build_engine(
     if calib_cache is not None and not gen.implicit_int8:
         raise SacEdgeError(f"TensorRT {gen.name} has no implicit INT8 calibration; build int8 from policy.int8.onnx")
     started = time.perf_counter()
-    logger = _logger(trt)
-    builder = _require(trt.Builder(logger), logger, "create a builder")
+    logger = make_logger(trt)
+    builder = create(trt.Builder, logger, logger=logger, what="create a builder")
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH) if gen.explicit_batch_flag else 0
     network = _require(builder.create_network(flags), logger, "create a network")
-    parser = trt.OnnxParser(network, logger)
+    parser = create(trt.OnnxParser, network, logger, logger=logger, what="create an ONNX parser")
     if not parser.parse(onnx_path.read_bytes()):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise InternalError(f"TensorRT cannot parse {onnx_path.name}: {errors or _last(logger)}")
+        raise InternalError(f"TensorRT cannot parse {onnx_path.name}: {errors or reason(logger)}")
     config = _require(builder.create_builder_config(), logger, "create a builder config")
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
@@ -191,11 +200,11 @@ def build_engine(
         _check(config.set_timing_cache(cache, False), logger, f"use a timing cache ({cache_path.name} is ignored)")
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        raise InternalError(f"TensorRT could not build the {precision} engine: {_last(logger)}")
+        raise InternalError(f"TensorRT could not build the {precision} engine: {reason(logger)}")
     plan = bytes(serialized)
-    engine = trt.Runtime(logger).deserialize_cuda_engine(plan)
+    engine = create(trt.Runtime, logger, logger=logger, what="create a runtime").deserialize_cuda_engine(plan)
     if engine is None:
-        raise InternalError(f"TensorRT cannot load the {precision} engine it just built: {_last(logger)}")
+        raise InternalError(f"TensorRT cannot load the {precision} engine it just built: {reason(logger)}")
     atomic_write_bytes(plan_path, plan)
     atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
     io_tensors = tuple(engine.get_tensor_name(i) for i in range(engine.num_io_tensors))
@@ -237,7 +246,7 @@ def _add_profiles(
             profile.set_shape(tensor.name, *[(b, *features) for b in batch])
             shapes[tensor.name] = list(batch)
         if config.add_optimization_profile(profile) != index:
-            raise InternalError(f"TensorRT refused optimisation profile {index} (batch {batch}): {_last(logger)}")
+            raise InternalError(f"TensorRT refused optimisation profile {index} (batch {batch}): {reason(logger)}")
         first = first or profile
     return shapes, first
 
@@ -269,32 +278,13 @@ def _inspect(trt: Any, engine: Any) -> tuple[int, int]:
 def _require(value: Any, logger: Any, what: str) -> Any:
     """``value`` unless TensorRT returned None for it (one line with TensorRT's last message)."""
     if value is None:
-        raise InternalError(f"TensorRT could not {what}: {_last(logger)}")
+        raise InternalError(f"TensorRT could not {what}: {reason(logger)}")
     return value
 
 
 def _check(ok: bool, logger: Any, what: str) -> None:
     if not ok:
-        raise InternalError(f"TensorRT could not {what}: {_last(logger)}")
-
-
-def _logger(trt: Any) -> Any:
-    """A TensorRT logger that keeps error messages, so failures are reported in TensorRT's own words."""
-
-    class Logger(trt.ILogger):
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-
-        def log(self, severity: Any, msg: str) -> None:
-            if severity in (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR):
-                self.errors.append(msg)
-
-    return Logger()
-
-
-def _last(logger: Any) -> str:
-    return logger.errors[-1] if logger.errors else "no error message from TensorRT"
+        raise InternalError(f"TensorRT could not {what}: {reason(logger)}")
 
 
 def _cache_calibrator(trt: Any, cache: bytes) -> Any:

@@ -109,3 +109,15 @@ def test_tensorrt_generation_row() -> None:
     assert "strongly typed" in tensorrt_row("11.4.0").value
     old = tensorrt_row("7.1.3")
     assert old.status == "no" and old.fix
+
+
+def test_an_installed_tensorrt_that_does_not_import_is_a_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pendulum_bundle: Path
+) -> None:
+    from fake_tensorrt import plant_broken_tensorrt
+
+    plant_broken_tensorrt(tmp_path, monkeypatch)
+    rows = _rows(FIXTURES / "xavier_nx_jp5", pendulum_bundle)
+    assert rows["tensorrt"].status == "no" and "libnvinfer.so.10: cannot open" in rows["tensorrt"].value
+    assert "does not import" in rows["tensorrt (any precision)"].value
+    assert rows["onnxruntime fp32"].value == "usable" and "permissions" in {r.section for r in rows.values()}

@@ -1,9 +1,9 @@
 """One TensorRT code path per generation, and the API-surface check of each path.
 
-The build runs here against ``fake_tensorrt``, a module exposing exactly one generation's Python names:
-these tests check NAMES, NOT BEHAVIOUR (that no path touches a name its TensorRT lacks, e.g. the
-``BuilderFlag.FP16`` that TensorRT 11 removed, and which flags/inputs each path chooses). Engines built
-for real are the ``tensorrt``-marked tests in test_tensorrt.py and the runtime parity gate on a device.
+The build runs here against ``fake_tensorrt``, a module with exactly one real release's Python names and
+signatures (the committed surfaces): these tests check that no path touches a name its TensorRT lacks
+(e.g. the ``BuilderFlag.FP16`` that TensorRT 11 removed) and which flags and inputs each path chooses.
+Engines built for real are the ``tensorrt``-marked tests in test_tensorrt.py and the parity gate on a device.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_tensorrt import REMOVED_IN_11, SURFACE, fake_tensorrt
+from api_surface import load
+from fake_tensorrt import REMOVED_IN_11, VERSIONS, fake_tensorrt
 
 from sac_edge.calibration.cache import read_cache, trt_version_code, write_cache
 from sac_edge.common.errors import SacEdgeError
@@ -34,12 +35,19 @@ def test_unsupported_tensorrt_is_one_line_naming_the_fix(version: str) -> None:
     assert "\n" not in str(err.value) and ("8.5/8.6, 10.x or 11.x" in str(err.value) or "reinstall" in str(err.value))
 
 
+def _has(version: str, name: str) -> bool:
+    cls, _, member = name.partition(".")
+    surface = load(version)
+    return surface.top(cls) and (not member or surface.member(cls, member) is not None)
+
+
 def test_the_documented_surfaces() -> None:
-    """TensorRT 11 lacks what its migration guide removed; 8.5 and 10 have it (fake_tensorrt cites both)."""
-    assert SURFACE["8.5.2"] >= REMOVED_IN_11 and SURFACE["10.3.0"] >= REMOVED_IN_11
-    assert not REMOVED_IN_11 & SURFACE["11.4.0"]
-    for names in SURFACE.values():  # the name-based execution API the runner uses exists from 8.5 on
-        assert {"IExecutionContext.execute_async_v3", "IExecutionContext.set_optimization_profile_async"} <= names
+    """TensorRT 11 lacks what its migration guide removed; 8.5 and 10 have it (the real modules' surfaces)."""
+    for name in REMOVED_IN_11:
+        assert [_has(v, name) for v in VERSIONS] == [True, True, True, False], name
+    for version in VERSIONS:  # the name-based execution API the runner uses exists from 8.5 on
+        assert _has(version, "IExecutionContext.execute_async_v3")
+        assert _has(version, "IExecutionContext.set_optimization_profile_async")
 
 
 def _bundle(root: Path) -> Path:
@@ -60,36 +68,33 @@ def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, precis
     return info, used
 
 
-@pytest.mark.parametrize("version", sorted(SURFACE))
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
 def test_each_generation_path_uses_only_its_own_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, precision: str
 ) -> None:
-    info, used = _build(tmp_path, monkeypatch, version, precision)
-    names = {u for u in used if not u.startswith("set_flag:") and not u.endswith("__init__")}
-    assert names <= SURFACE[version]
+    info, used = _build(tmp_path, monkeypatch, version, precision)  # the fake raises on a name it lacks
+    assert all(_has(version, u) for u in used if not u.startswith("set_flag:") and not u.endswith("__init__"))
     assert info.profiles == 2 and info.refit and "REFIT" in info.flags  # type: ignore[attr-defined]
     gen = generation(version)
     assert info.generation == gen.name  # type: ignore[attr-defined]
     if version.startswith("11"):
-        assert not REMOVED_IN_11 & set(used)
+        assert not set(REMOVED_IN_11) & set(used)
         assert info.flags == ("REFIT",)  # type: ignore[attr-defined]  strongly typed: no precision flags
     elif precision != "fp32":
         assert precision.upper() in info.flags  # type: ignore[attr-defined]
 
 
 def test_the_inputs_and_int8_source_per_generation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fp16_11, _ = _build(tmp_path, monkeypatch, "11.4.0", "fp16")
+    fp16_11, _ = _build(tmp_path, monkeypatch, "11.4.0.106", "fp16")
     assert fp16_11.onnx == "policy.fp16.onnx"  # type: ignore[attr-defined]
     fp16_10, _ = _build(tmp_path, monkeypatch, "10.3.0", "fp16")
     assert fp16_10.onnx == "policy.onnx"  # type: ignore[attr-defined]
-    int8_8, used = _build(tmp_path, monkeypatch, "8.5.2", "int8")
+    int8_8, used = _build(tmp_path, monkeypatch, "8.5.3.1", "int8")
     assert int8_8.onnx == "policy.onnx" and int8_8.int8_source == "calib.cache"  # type: ignore[attr-defined]
-    assert int8_8.calib_header == "TRT-8502-EntropyCalibration2"  # type: ignore[attr-defined]
+    assert int8_8.calib_header == "TRT-8503-EntropyCalibration2"  # type: ignore[attr-defined]
     assert "IBuilderConfig.set_calibration_profile" in used
-    int8_86, _ = _build(tmp_path, monkeypatch, "8.6.1", "int8")
-    assert int8_86.calib_header == "TRT-8601-EntropyCalibration2"  # type: ignore[attr-defined]  re-headed, not skipped
-    for version in ("10.3.0", "11.4.0"):
+    for version in ("10.3.0", "10.13.3.9", "11.4.0.106"):
         info, used = _build(tmp_path, monkeypatch, version, "int8")
         assert info.onnx == "policy.int8.onnx" and info.int8_source == "explicit Q/DQ"  # type: ignore[attr-defined]
         assert "IBuilderConfig.int8_calibrator" not in used
@@ -99,7 +104,7 @@ def test_the_check_can_fail_the_10x_path_on_11(tmp_path: Path, monkeypatch: pyte
     """The same build forced onto the 10.x path against TensorRT 11's names hits the removed flag."""
     monkeypatch.setattr(builder, "generation", lambda version: TRT10)
     with pytest.raises(AttributeError, match=r"BuilderFlag\.FP16"):
-        _build(tmp_path, monkeypatch, "11.4.0", "fp16")
+        _build(tmp_path, monkeypatch, "11.4.0.106", "fp16")
 
 
 def test_refit_is_off_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -184,7 +184,13 @@ def open_cuda() -> CudaPython | PyCuda:
     """cuda-python when its runtime bindings import, else pycuda; a one-line error naming what to install."""
     rt = _runtime_module()
     if rt is not None:
-        return CudaPython(rt)
+        try:
+            return CudaPython(rt)
+        except RuntimeError as err:  # cuda-python 11.8/12.2 raise it, not an error code, where libcuda is missing
+            raise SacEdgeError(
+                f"cuda-python cannot reach the CUDA driver ({err}); check the NVIDIA driver with nvidia-smi or "
+                "tegrastats, or use --backend onnxruntime"
+            ) from None
     if importlib.util.find_spec("pycuda") is not None:
         return PyCuda()
     raise missing_package(

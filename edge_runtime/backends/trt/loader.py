@@ -12,6 +12,12 @@ from .runner import TensorRTBackend
 def _unavailable() -> str | None:
     if importlib.util.find_spec("tensorrt") is None:
         return "the Python package 'tensorrt' is not installed (TensorRT >= 8.5: sudo apt install python3-libnvinfer)"
+    from sac_edge.export.tensorrt import cuda_problem
+    from sac_edge.export.trt_api import import_problem
+
+    problem = import_problem() or cuda_problem()
+    if problem is not None:
+        return problem
     if importlib.util.find_spec("cuda") is None and importlib.util.find_spec("pycuda") is None:
         return "neither 'cuda-python' nor 'pycuda' is installed (pip install pycuda, or 'cuda-python<13' on CUDA 12)"
     return None

@@ -37,7 +37,7 @@ import numpy as np
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import ENGINES_DIR, sha256_file
 
-from ..base import Backend, BackendOptions, Bundle, SwapReport, missing_package
+from ..base import Backend, BackendOptions, Bundle, SwapReport
 from ..parity_gate import ParityError, check_backend, require, verify
 from .cuda import open_cuda
 from .plans import PlanKey, cached_plan_paths, find_plan, record_parity, write_sidecar
@@ -67,23 +67,21 @@ class TensorRTBackend(Backend):
 
     def __init__(self, bundle: Bundle, precision: str, options: BackendOptions) -> None:
         super().__init__(bundle.spec)
-        try:
-            import tensorrt as trt
-        except ImportError:
-            raise missing_package("tensorrt", "tensorrt", "install TensorRT's Python bindings") from None
-        from sac_edge.export.tensorrt import PROFILES, cuda_device, engine_inputs
+        from sac_edge.export.tensorrt import PROFILES, cuda_device, cuda_problem, engine_inputs
+        from sac_edge.export.trt_api import create, import_tensorrt, make_logger, numpy_type
         from sac_edge.export.trt_generations import generation
 
+        trt = import_tensorrt()
         self.trt, self.precision, self.bundle = trt, precision, bundle
         self.generation = generation(trt.__version__)
         self.refittable = options.refit
+        device = cuda_device()
+        if device is None:  # before any CUDA or TensorRT object: each would fail with a less clear reason
+            raise SacEdgeError(f"backend 'tensorrt': {cuda_problem()}; use --backend onnxruntime")
+        self.logger = make_logger(trt)
+        self.runtime = create(trt.Runtime, self.logger, logger=self.logger, what="create a runtime")
         self.cuda = open_cuda()
         self._batch_cuda = open_cuda()
-        self.logger = trt.Logger(trt.Logger.WARNING)
-        self.runtime = trt.Runtime(self.logger)
-        device = cuda_device()
-        if device is None:
-            raise SacEdgeError("backend 'tensorrt' needs a CUDA device (libcuda reports none)")
         self.onnx, self.calib = engine_inputs(bundle.path, precision, trt.__version__)
         if not self.onnx.is_file():
             raise SacEdgeError(
@@ -112,8 +110,8 @@ class TensorRTBackend(Backend):
         self._runner = self._load(None)
         self._retired: _Engine | None = None
         dims = bundle.spec.obs_dim, bundle.spec.act_dim
-        self._in_dtype = trt.nptype(self._runner.engine.get_tensor_dtype(INPUT))
-        self._out_dtype = trt.nptype(self._runner.engine.get_tensor_dtype(OUTPUT))
+        self._in_dtype = numpy_type(self._runner.engine.get_tensor_dtype(INPUT))
+        self._out_dtype = numpy_type(self._runner.engine.get_tensor_dtype(OUTPUT))
         self._host_in = self.cuda.pinned((1, dims[0]), self._in_dtype)
         self._host_out = self.cuda.pinned((1, dims[1]), self._out_dtype)
         self._dev_in = self.cuda.device_alloc(self._host_in.nbytes)
@@ -179,7 +177,7 @@ class TensorRTBackend(Backend):
         return _Engine(engine, contexts[0], contexts[1])
 
     def _refit(self, engine: Any, weights: Mapping[str, np.ndarray]) -> None:
-        refitter = self.trt.Refitter(engine, self.logger)
+        refitter = self._refitter(engine)
         for name, arr in weights.items():
             if not refitter.set_named_weights(name, self.trt.Weights(arr)):
                 raise SacEdgeError(f"swap_weights: TensorRT refused weights {name!r} (wrong name, size or type)")
@@ -187,6 +185,11 @@ class TensorRTBackend(Backend):
         if missing:
             raise SacEdgeError(f"swap_weights: the refit lacks weights {', '.join(missing[:5])}")
         _ok(refitter.refit_cuda_engine(), "refit the engine")
+
+    def _refitter(self, engine: Any) -> Any:
+        from sac_edge.export.trt_api import create
+
+        return create(self.trt.Refitter, engine, self.logger, logger=self.logger, what="create a refitter")
 
     def _bind(self, runner: _Engine) -> None:
         self.cuda.ensure()
@@ -232,7 +235,7 @@ class TensorRTBackend(Backend):
         if not self.refittable:
             raise SacEdgeError(f"{self.plan.name}: engine was built without REFIT; swaps need sac-edge run --finetune")
         self.cuda.ensure()
-        refitter = self.trt.Refitter(self._runner.engine, self.logger)
+        refitter = self._refitter(self._runner.engine)
         known = set(refitter.get_all_weights())
         dtypes = self._initializer_dtypes()
         use = {k: np.asarray(v, dtype=dtypes.get(k, np.float32), order="C") for k, v in weights.items() if k in known}

@@ -7,7 +7,9 @@ tensorrt-marked (skipped here, run on a GPU machine).
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -219,3 +221,41 @@ def test_tensorrt_act_batch_beside_act_in_another_thread(tmp_path: Path, pendulu
         worker.join()
     trt_backend.close()
     assert not bad, bad[:5]
+
+
+def _fake_device(monkeypatch: pytest.MonkeyPatch, version: str, device: bool) -> None:
+    """``version``'s fake tensorrt; libcuda reports a GPU, which TensorRT can use only when ``device``."""
+    from fake_tensorrt import fake_tensorrt
+
+    from sac_edge.export import tensorrt as export_trt
+
+    trt, _ = fake_tensorrt(version, device=device)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setattr(export_trt, "_probe_cuda", lambda index=0: export_trt.CudaDevice("Xavier", "7.2"))
+
+
+@pytest.mark.parametrize("version", ["8.5.3.1", "10.3.0", "11.4.0.106"])
+def test_runner_names_why_tensorrt_cannot_start(
+    monkeypatch: pytest.MonkeyPatch, pendulum_bundle: Path, version: str
+) -> None:
+    from fake_tensorrt import NO_DEVICE
+
+    from sac_edge.edge_runtime.backends.trt.runner import TensorRTBackend
+
+    _fake_device(monkeypatch, version, device=False)
+    with pytest.raises(SacEdgeError) as err:
+        TensorRTBackend(open_bundle(pendulum_bundle), "fp32", BackendOptions())
+    assert str(err.value).startswith(f"TensorRT could not create a runtime: {NO_DEVICE}") and err.value.exit_code == 2
+
+
+def test_runner_and_registry_without_a_cuda_device(monkeypatch: pytest.MonkeyPatch, pendulum_bundle: Path) -> None:
+    from sac_edge.edge_runtime.backends.trt.runner import TensorRTBackend
+    from sac_edge.export import tensorrt as export_trt
+
+    _fake_device(monkeypatch, "10.3.0", device=False)
+    gone = "no CUDA device usable: libcuda.so.1 is not installed (no NVIDIA driver)"
+    monkeypatch.setattr(export_trt, "_probe_cuda", lambda index=0: gone)
+    with pytest.raises(SacEdgeError, match=f"backend 'tensorrt': {re.escape(gone)}; use --backend onnxruntime"):
+        TensorRTBackend(open_bundle(pendulum_bundle), "fp32", BackendOptions())
+    with pytest.raises(SacEdgeError, match=re.escape(gone)):  # the registry refuses it before opening
+        open_backend(open_bundle(pendulum_bundle), "tensorrt", "fp32")
