@@ -33,7 +33,7 @@ from .backends.registry import open_backend, refusal
 from .budget.governor import Governor, GovernorConfig, build_ladder
 from .budget.memory import MemoryProbe
 from .budget.monitor import BudgetMonitor
-from .budget.sensors import detect_power_sensor
+from .budget.sensors import NoPowerSensor, detect_power_sensor
 from .config import RunConfig
 from .control.loop import ControlLoop, LoopSettings
 from .control.realtime import check_idle_latency, enter_realtime, hold_idle_latency
@@ -207,6 +207,10 @@ def _drive(
         tuner.governor = governor
     root = Path(cfg.sensor_root)
     sensor = detect_power_sensor(root) if cfg.telemetry or cfg.power_budget_w is not None else None
+    if isinstance(sensor, NoPowerSensor):
+        if cfg.power_budget_w is not None:
+            log(f"sac-edge run: --power-budget-w {cfg.power_budget_w:g} cannot be enforced: {sensor.reason}")
+        sensor = None
     monitor = BudgetMonitor(probe, sensor, governor)
     status = StatusLine() if sys.stderr.isatty() else None
     settings = LoopSettings(
