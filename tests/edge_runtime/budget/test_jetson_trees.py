@@ -9,7 +9,11 @@ must agree on every rail, every volt and amp, and the board total.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +175,39 @@ def test_the_l4t_table_matches_jetson_stats_for_jetpack_4_to_6() -> None:
     }
     assert {k: JETPACK.get(k) for k in theirs} == theirs
     assert jetpack("32.6.1") == "4.6" and jetpack("36.4.4") == "6.2.1" and jetpack("35.5.0") == "5.1.3"
+
+
+def _jtop_board(root: Path) -> dict[str, str]:
+    """jetson-stats' get_jetson_variables() with the tree's etc/ laid over /etc and its devicetree over
+    /sys/firmware, in a private mount namespace (so nothing on this machine changes)."""
+    pytest.importorskip("jtop.core.jetson_variables", reason="jetson-stats is not installed")
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    if not Path("/sys/firmware").is_dir():
+        pytest.skip("no /sys/firmware to lay the tree's devicetree over")
+    code = "import json; from jtop.core.jetson_variables import get_jetson_variables as g; print(json.dumps(g()))"
+    script = (
+        f'mount -t overlay overlay -o "lowerdir={root}/etc:/etc" /etc && '
+        f'mount --bind "{root}/sys/firmware" /sys/firmware && exec "$0" -c "$1"'
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, sys.executable, code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0 and "mount" in done.stderr:
+        pytest.skip(f"cannot mount in a private namespace here: {done.stderr.strip().splitlines()[-1]}")
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("name", TREES)
+def test_model_l4t_and_jetpack_agree_with_jetson_stats(name: str) -> None:
+    root = FIXTURES / name
+    theirs = _jtop_board(root)
+    release = l4t_release(root)
+    assert theirs["Model"] == board_model(root)
+    assert theirs["L4T"] == release
+    assert release is not None and theirs["Jetpack"].replace(" GA", "") == jetpack(release)
