@@ -82,10 +82,12 @@ def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any
                 meter.reset()
                 with meter.sampling(0.02):
                     ns = time_calls(call, cfg.calls, cfg.warmup)
-                t0 = meter.readings[0].timestamp if t0 is None else t0
-                power += [(r.timestamp - t0, r.total_w, label) for r in meter.readings]
+                if meter.readings:  # none where the machine has neither a sensor nor a power model
+                    t0 = meter.readings[0].timestamp if t0 is None else t0
+                    power += [(r.timestamp - t0, r.total_w, label) for r in meter.readings]
                 inferences = cfg.calls * batch
                 peak = memory.read().peak_rss_mb
+                metered = len(meter.readings) > 1
                 rows.append(
                     {
                         "backend": cand.backend,
@@ -94,9 +96,9 @@ def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any
                         "calls": cfg.calls,
                         "latency_us": latency_us(ns),
                         "throughput_per_s": round(inferences / (ns.sum() / 1e9), 1),
-                        "energy_mj_per_inference": round(meter.millijoules_per(inferences), 6),
-                        "energy": "measured" if meter.measured else "estimated",
-                        "power_w": round(meter.mean_power_w, 3),
+                        "energy_mj_per_inference": round(meter.millijoules_per(inferences), 6) if metered else None,
+                        "energy": ("measured" if meter.measured else "estimated") if metered else "none",
+                        "power_w": round(meter.mean_power_w, 3) if metered else None,
                         "power_source": meter.sensor.source,
                         "peak_rss_mb": round(peak, 1),
                     }

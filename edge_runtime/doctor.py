@@ -30,9 +30,10 @@ from sac_edge.edge_runtime.backends.base import PRECISIONS, Bundle, open_bundle
 from sac_edge.edge_runtime.backends.registry import KINDS, candidates
 from sac_edge.edge_runtime.backends.trt.plans import parity_records
 from sac_edge.edge_runtime.budget.memory import read_nvmap, read_system_memory
-from sac_edge.edge_runtime.budget.sensors.base import SensorError
+from sac_edge.edge_runtime.budget.sensors.base import PowerSensor, SensorError, total_rail
 from sac_edge.edge_runtime.budget.sensors.detect import detect_power_sensor
-from sac_edge.edge_runtime.budget.sensors.estimate import nvpmodel_mode
+from sac_edge.edge_runtime.budget.sensors.estimate import find_jetson_gpu
+from sac_edge.edge_runtime.budget.sensors.jetson import board_model, jetpack, l4t_release, power_mode
 
 from .config import DoctorConfig
 
@@ -146,47 +147,20 @@ def accelerator_rows(ctx: Context) -> Iterable[Row]:
     )
 
 
-_TEGRA_RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
-# L4T -> JetPack, from NVIDIA's JetPack release pages.
-JETPACK = {
-    "35.1.0": "5.0.2",
-    "35.2.1": "5.1",
-    "35.3.1": "5.1.1",
-    "35.4.1": "5.1.2",
-    "35.5.0": "5.1.3",
-    "35.6.0": "5.1.4",
-    "36.3.0": "6.0",
-    "36.4.0": "6.1",
-    "36.4.3": "6.2",
-}
-_NVPMODEL_CONF = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+)\s*>")
-
-
-def l4t_release(root: Path) -> str | None:
-    """``35.2.1`` from ``root/etc/nv_tegra_release`` (``# R35 (release), REVISION: 2.1, ...``), None off Jetson."""
-    match = _TEGRA_RELEASE.search(_text(root / "etc/nv_tegra_release"))
-    if not match:
-        return None
-    revision = match.group(2) if match.group(2).count(".") else match.group(2) + ".0"
-    return f"{match.group(1)}.{revision}"
-
-
 def jetson_rows(ctx: Context) -> Iterable[Row]:
-    model = _text(ctx.root / "proc/device-tree/model")
-    yield Row("device", "model", model or platform.machine())
+    yield Row("device", "model", board_model(ctx.root) or platform.machine())
     release = l4t_release(ctx.root)
     if release is None:
         yield Row("device", "jetson release", "not a Jetson (no etc/nv_tegra_release)")
         return
-    yield Row("device", "jetson release", f"L4T {release} (JetPack {JETPACK.get(release, 'unknown')})", OK)
-    mode = nvpmodel_mode(ctx.root)
-    names = dict(_NVPMODEL_CONF.findall(_text(ctx.root / "etc/nvpmodel.conf")))
-    value = "unknown (no var/lib/nvpmodel/status)" if mode is None else f"{mode} {names.get(str(mode), '')}".strip()
-    yield Row("device", "nvpmodel mode", value, INFO if mode is not None else WARN)
+    yield Row("device", "jetson release", f"L4T {release} (JetPack {jetpack(release) or 'unknown'})", OK)
+    mode = power_mode(ctx.root)
+    if mode is None:
+        why = "unknown (no var/lib/nvpmodel/status, no default in etc/nvpmodel.conf)"
+        yield Row("device", "nvpmodel mode", why, WARN)
+    else:
+        yield Row("device", "nvpmodel mode", mode.describe(), INFO)
     yield _clocks_row(ctx.root)
-
-
-GPU_DEVFREQ = ("gv11b", "ga10b")  # Xavier's Volta, Orin's Ampere
 
 
 def _clocks_row(root: Path) -> Row:
@@ -195,8 +169,9 @@ def _clocks_row(root: Path) -> Row:
         (d / "scaling_min_freq", d / "scaling_max_freq")
         for d in sorted(root.glob("sys/devices/system/cpu/cpu*/cpufreq"))
     ]
-    for gpu in GPU_DEVFREQ:
-        pairs += [(d / "min_freq", d / "max_freq") for d in sorted(root.glob(f"sys/class/devfreq/*.{gpu}"))]
+    gpu = find_jetson_gpu(root)  # 17000000.gv11b (Xavier), .ga10b (Orin, JetPack 5), .gpu (JetPack 6)
+    if gpu is not None:
+        pairs.append((gpu / "min_freq", gpu / "max_freq"))
     read = [(_text(lo), _text(hi)) for lo, hi in pairs]
     read = [(lo, hi) for lo, hi in read if lo and hi]
     if not read:
@@ -209,30 +184,29 @@ def _clocks_row(root: Path) -> Row:
     return Row("device", "clocks locked", f"yes ({len(read)} clocks at their maximum)", OK)
 
 
-# Which sensor layout the tests pin each power source to (tests/fixtures/).
-SENSOR_FIXTURES = {
-    "ina3221-hwmon": "JetPack 5 INA3221 hwmon (fixture xavier_nx_jp5)",
-    "ina3221-iio": "JetPack 4 INA3221 iio (fixture xavier_nx_jp4)",
-    "tegrastats": "tegrastats lines (fixture tegrastats)",
-    "rapl": "RAPL powercap (fixture rapl)",
-}
+def _power_value(sensor: PowerSensor) -> str:
+    """Where the figures come from, the board total and each rail (or why the read failed)."""
+    where = getattr(sensor, "where", None)
+    source = sensor.source + (f" ({', '.join(where)})" if where else "")
+    try:
+        reading = sensor.read()
+    except SensorError as err:
+        return f"{source}: read failed: {err}"
+    rails = ", ".join(f"{name} {watts:.2f} W" for name, watts in reading.rails_w.items())
+    total = total_rail(reading.rails_w) if sensor.measured else None
+    how = f"= {total}" if total else "sum of the rails" if sensor.measured else "estimated"
+    skipped = getattr(sensor, "skipped", {})
+    unread = f"; unreadable, left out: {', '.join(skipped)}" if skipped else ""
+    return f"{source}: total {reading.total_w:.2f} W ({how}); {rails}{unread}"
 
 
 def sensor_rows(ctx: Context) -> Iterable[Row]:
-    sensor = detect_power_sensor(ctx.root)
-    try:
-        reading = sensor.read()
-        rails = ", ".join(f"{name} {watts:.2f} W" for name, watts in reading.rails_w.items())
-    except SensorError as err:
-        rails = f"read failed: {err}"
-    finally:
-        sensor.close()
-    base = sensor.source.split(":")[0]
-    layout = SENSOR_FIXTURES.get(base, "no fixture: " + ("NVML library" if base == "nvml" else "not measured"))
+    with detect_power_sensor(ctx.root) as sensor:
+        value = _power_value(sensor)
     yield Row(
         "budget",
         "power sensor",
-        f"{sensor.source} [{layout}]: {rails}",
+        value,
         OK if sensor.measured else WARN,
         "" if sensor.measured else "run as root (sudo): INA3221 rails, tegrastats and RAPL may be root-only",
     )

@@ -32,7 +32,7 @@ from sac_edge.edge_runtime.backends.registry import open_backend, refusal
 from sac_edge.edge_runtime.budget.governor import Governor, GovernorConfig, build_ladder
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.budget.monitor import BudgetMonitor
-from sac_edge.edge_runtime.budget.sensors import detect_power_sensor
+from sac_edge.edge_runtime.budget.sensors import NoPowerSensor, detect_power_sensor
 from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings, describe_error
 from sac_edge.edge_runtime.control.realtime import check_idle_latency, enter_realtime, hold_idle_latency
 from sac_edge.edge_runtime.control.telemetry import StatusLine, TelemetryWriter
@@ -257,6 +257,10 @@ def _drive(
         tuner.governor = governor
     root = Path(cfg.sensor_root)
     sensor = detect_power_sensor(root) if cfg.telemetry or cfg.power_budget_w is not None else None
+    if isinstance(sensor, NoPowerSensor):
+        if cfg.power_budget_w is not None:
+            log(f"sac-edge run: --power-budget-w {cfg.power_budget_w:g} cannot be enforced: {sensor.reason}")
+        sensor = None
     monitor = BudgetMonitor(probe, sensor, governor)
     status = StatusLine() if sys.stderr.isatty() else None
     settings = LoopSettings(

@@ -29,7 +29,8 @@ def test_xavier_nx_jetpack5_tree(tmp_path: Path) -> None:
     assert rows["cuda"].value == "11.4.315"
     assert rows["model"].value == "NVIDIA Jetson Xavier NX Developer Kit"
     power = rows["power sensor"]
-    assert power.status == OK and "ina3221-hwmon" in power.value and "xavier_nx_jp5" in power.value
+    assert power.status == OK and "ina3221-hwmon (sys/bus/i2c/drivers/ina3221/7-0040/hwmon/hwmon6)" in power.value
+    assert "total 5.29 W (= VDD_IN)" in power.value
     assert "VDD_IN" in power.value and "NvMapMemUsed" in rows["memory"].value
     clocks = rows["clocks locked"]
     assert clocks.value.startswith("no (7 of 7") and clocks.fix == "sudo jetson_clocks"
@@ -43,7 +44,9 @@ def test_xavier_nx_jetpack5_tree(tmp_path: Path) -> None:
 
 def test_jetpack4_tree_and_a_plain_host(tmp_path: Path) -> None:
     rows = _rows(FIXTURES / "xavier_nx_jp4")
-    assert "ina3221-iio" in rows["power sensor"].value and "xavier_nx_jp4" in rows["power sensor"].value
+    assert rows["power sensor"].value.startswith("ina3221-iio (sys/bus/i2c/drivers/ina3221x/7-0040/iio:device0)")
+    assert "total 4.07 W (= VDD_IN)" in rows["power sensor"].value
+    assert rows["jetson release"].value == "L4T 32.6.1 (JetPack 4.6)"
     bare = _rows(tmp_path)
     assert bare["jetson release"].value == "not a Jetson (no etc/nv_tegra_release)"
     assert bare["power sensor"].status != OK and bare["power sensor"].fix  # estimated, with what to do
@@ -121,3 +124,31 @@ def test_an_installed_tensorrt_that_does_not_import_is_a_row(
     assert rows["tensorrt"].status == "no" and "libnvinfer.so.10: cannot open" in rows["tensorrt"].value
     assert "does not import" in rows["tensorrt (any precision)"].value
     assert rows["onnxruntime fp32"].value == "usable" and "permissions" in {r.section for r in rows.values()}
+
+
+def test_orin_trees_jetpack6_gpu_clock_power_mode_default_and_total(tmp_path: Path) -> None:
+    root = Path(shutil.copytree(FIXTURES / "orin_nano_jp6", tmp_path / "nano", symlinks=True))
+    rows = _rows(root)
+    assert rows["model"].value == "NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super"
+    assert rows["jetson release"].value == "L4T 36.4.3 (JetPack 6.2)"
+    assert rows["nvpmodel mode"].value == "1 25W (the conf's default; no var/lib/nvpmodel/status)"
+    assert rows["power sensor"].value.startswith("ina3221-hwmon (sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1)")
+    assert "total 4.74 W (= VDD_IN)" in rows["power sensor"].value
+    assert rows["clocks locked"].value == "no (7 of 7 clocks scale)"  # 6 cores and the JetPack 6 GPU
+    for lo in root.glob("sys/devices/system/cpu/cpu*/cpufreq/scaling_min_freq"):
+        lo.write_text((lo.parent / "scaling_max_freq").read_text())
+    assert _rows(root)["clocks locked"].value == "no (1 of 7 clocks scale)"  # the GPU (17000000.gpu) still scales
+    gpu = root / "sys/class/devfreq/17000000.gpu"
+    (gpu / "min_freq").write_text((gpu / "max_freq").read_text())
+    assert _rows(root)["clocks locked"].value == "yes (7 clocks at their maximum)"
+    agx = _rows(FIXTURES / "agx_orin_jp6")["power sensor"].value
+    assert "(sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon1, sys/bus/i2c/drivers/ina3221/1-0041/hwmon/hwmon2)" in agx
+    assert "(sum of the rails)" in agx and "NC" not in agx
+
+
+def test_an_orin_with_no_readable_sensor_says_so(tmp_path: Path) -> None:
+    root = Path(shutil.copytree(FIXTURES / "orin_nx_jp6", tmp_path / "nx", symlinks=True))
+    shutil.rmtree(root / "sys/bus/i2c/drivers/ina3221")
+    power = _rows(root)["power sensor"]
+    assert power.status != OK and power.value.startswith("none: read failed: no readable power sensor")
+    assert "no power model for this Jetson (NVIDIA Jetson Orin NX" in power.value and power.fix

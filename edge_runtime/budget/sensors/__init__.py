@@ -4,7 +4,7 @@
 labelled ``measured=False``.
 """
 
-from .base import EnergyMeter, PowerReading, PowerSensor, SensorError, energy_between
+from .base import EnergyMeter, NoPowerSensor, PowerReading, PowerSensor, SensorError, energy_between
 from .detect import CombinedSensor, detect_power_sensor
 from .estimate import GENERIC_HOST, XAVIER_NX_MODELS, EstimatedSensor, PowerModel
 from .ina3221 import Ina3221HwmonSensor, Ina3221IioSensor
@@ -27,6 +27,7 @@ __all__ = [
     "EstimatedSensor",
     "Ina3221HwmonSensor",
     "Ina3221IioSensor",
+    "NoPowerSensor",
     "NvmlSensor",
     "PowerModel",
     "PowerReading",

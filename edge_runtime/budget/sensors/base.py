@@ -12,7 +12,7 @@ import contextlib
 import threading
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -87,12 +87,36 @@ def read_number(path: Path) -> float:
         raise SensorError(f"{path} does not hold a number: {text.strip()!r}") from err
 
 
-def total_from_rails(rails_w: Mapping[str, float], total_rails: Sequence[str] = ("VDD_IN", "POM_5V_IN")) -> float:
+# The rails that measure the whole board's input, in jetson-stats' order (power.py `total_power`): VIN on
+# Thor's carrier board, POM_5V_IN on Nano/TX2, VDD_IN on Xavier NX and Orin Nano/NX.
+TOTAL_RAILS = ("VIN", "POM_5V_IN", "VDD_IN")
+
+
+def total_rail(rails: Container[str], total_rails: Sequence[str] = TOTAL_RAILS) -> str | None:
+    """The name of the board-input rail among ``rails``, None when there is none (AGX Xavier, AGX Orin)."""
+    return next((name for name in total_rails if name in rails), None)
+
+
+def total_from_rails(rails_w: Mapping[str, float], total_rails: Sequence[str] = TOTAL_RAILS) -> float:
     """The board total: the input rail when there is one (jetson-stats power.py `total_power`), else the sum."""
-    for name in total_rails:
-        if name in rails_w:
-            return rails_w[name]
-    return sum(rails_w.values())
+    name = total_rail(rails_w, total_rails)
+    return rails_w[name] if name is not None else sum(rails_w.values())
+
+
+class NoPowerSensor(PowerSensor):
+    """What a machine with neither a readable sensor nor a power model gets: every read fails with ``reason``.
+
+    ``sac-edge run`` says once that a power budget cannot be enforced; bench reports no energy.
+    """
+
+    source = "none"
+    measured = False
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def read(self) -> PowerReading:
+        raise SensorError(self.reason)
 
 
 def energy_between(readings: Sequence[PowerReading]) -> float:

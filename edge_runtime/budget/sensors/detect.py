@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .base import Clock, PowerReading, PowerSensor, SensorError
+from .base import Clock, NoPowerSensor, PowerReading, PowerSensor, SensorError
 from .estimate import EstimatedSensor
 from .ina3221 import Ina3221HwmonSensor, Ina3221IioSensor
 from .nvml import NvmlSensor
@@ -57,12 +57,13 @@ def _try(make: Callable[[], PowerSensor], probe: bool = False) -> PowerSensor | 
 def detect_power_sensor(
     root: Path = Path("/"), clock: Clock = time.monotonic, tegrastats_interval_ms: int = 1000
 ) -> PowerSensor:
-    """The best real source present under ``root``, else :class:`EstimatedSensor`.
+    """The best real source present under ``root``, else :class:`EstimatedSensor`, else :class:`NoPowerSensor`.
 
     Order: INA3221 hwmon (JetPack 5+), INA3221 iio (JetPack 4), ``root/usr/bin/tegrastats`` (a Jetson
     whose sysfs rails are not readable), then RAPL and NVML (summed when both are present), then the
-    estimate. NVML is a library, not a file tree, so it is only consulted when ``root`` is ``/``.
-    Every candidate is read once before it is chosen.
+    estimate where one fits the machine (Xavier NX, or a host that is not a Jetson), else no sensor.
+    NVML is a library, not a file tree, so it is only consulted when ``root`` is ``/``. Every candidate
+    is read once before it is chosen.
     """
     for make in (lambda: Ina3221HwmonSensor(root, clock), lambda: Ina3221IioSensor(root, clock)):
         sensor = _try(make, probe=True)
@@ -84,4 +85,9 @@ def detect_power_sensor(
         return CombinedSensor(host, clock)
     if host:
         return host[0]
-    return EstimatedSensor(root, clock=clock)
+    try:
+        return EstimatedSensor(root, clock=clock)
+    except SensorError as err:
+        return NoPowerSensor(
+            f"no readable power sensor and {err} (INA3221 rails and tegrastats may need root: run with sudo)"
+        )

@@ -11,7 +11,8 @@ VDD_IN readings in mode 15W_6CORE: 4.07 W at 6 x ~6 % CPU @ 1190 MHz with GR3D 6
 (DataDog jetson_test.go) and 14.70 W at 6 x 100 % CPU @ 1420 MHz with GR3D 99 % (ai-blox stress test).
 nvpmodel ids 0-2 are 15 W modes, 3-5 10 W, 6-8 20 W (JetPack >= 4.6); the estimate is capped at that
 budget. The generic host figures are an order of magnitude for a desktop x86 core, useful only to
-compare backends within one run. Neither is a measurement.
+compare backends within one run, and are never used on a Jetson: a Jetson without a fitted model (every one
+but Xavier NX so far) gets no estimate at all. Neither is a measurement.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Clock, PowerReading, PowerSensor
+from .base import Clock, PowerReading, PowerSensor, SensorError
+from .jetson import board_model, is_jetson, nvpmodel_mode
 
 _STAT_CPU = re.compile(r"^cpu(\d+)\s+(.*)$")
-_PMODE = re.compile(r"pmode:(\d+)")
 _JETSON_GPUS = ("gv11b", "gp10b", "ga10b", "gpu")  # devfreq of_node names, as jetson-stats gpu.py checks
 
 
@@ -68,18 +69,13 @@ def _text(path: Path) -> str:
         return ""
 
 
-def model_for(root: Path) -> PowerModel:
-    """Xavier NX figures for its nvpmodel mode (default 15 W) when the device tree says Xavier NX, else generic."""
-    if "Xavier NX" not in _text(root / "proc/device-tree/model").replace("\x00", ""):
-        return GENERIC_HOST
-    mode = nvpmodel_mode(root)
-    return XAVIER_NX_15W if mode is None else XAVIER_NX_MODELS.get(mode, XAVIER_NX_15W)
-
-
-def nvpmodel_mode(root: Path) -> int | None:
-    """The nvpmodel mode id from ``root/var/lib/nvpmodel/status`` (``pmode:0002 ...``), None when absent."""
-    match = _PMODE.search(_text(root / "var/lib/nvpmodel/status"))
-    return int(match.group(1)) if match else None
+def model_for(root: Path) -> PowerModel | None:
+    """Xavier NX figures for its nvpmodel mode (default 15 W) when the device tree says Xavier NX; None on any
+    other Jetson (the desktop figures would be 2x off: an Orin Nano idles near 5 W, not 10); generic elsewhere."""
+    if "Xavier NX" in board_model(root):
+        mode = nvpmodel_mode(root)
+        return XAVIER_NX_15W if mode is None else XAVIER_NX_MODELS.get(mode, XAVIER_NX_15W)
+    return None if is_jetson(root) else GENERIC_HOST
 
 
 def read_cpu_times(root: Path) -> dict[int, tuple[int, int]]:
@@ -125,7 +121,10 @@ class EstimatedSensor(PowerSensor):
 
     def __init__(self, root: Path = Path("/"), model: PowerModel | None = None, clock: Clock = time.monotonic) -> None:
         self.root = root
-        self.model = model or model_for(root)
+        found = model or model_for(root)
+        if found is None:
+            raise SensorError(f"no power model for this Jetson ({board_model(root) or 'unknown model'})")
+        self.model = found
         self.source = f"estimate:{self.model.name}"
         self._clock = clock
         self._gpu = find_jetson_gpu(root)

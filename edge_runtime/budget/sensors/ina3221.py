@@ -16,16 +16,23 @@ energymon jetson/ina3221.c, alumet plugins/nvidia-jetson/README.md)::
 
 Xavier NX rails at 7-0040: VDD_IN (module input = the total), VDD_CPU_GPU_CV, VDD_SOC (energymon
 jetson/JetsonPowerRails.md). Where no input rail exists (AGX Xavier) the total is the sum of the rails.
+
+A labelled channel that cannot be read (the mainline driver keeps a disabled channel's ``inN_input`` but
+its read fails with ENODATA) is left out of that reading and named once on stderr; the other rails and
+the input-rail total are still served, as jetson-stats does. ``read()`` fails when no rail reads, or when
+the board-input rail itself does not (jetson-stats then sums the other rails, which understates the board).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Clock, PowerReading, PowerSensor, SensorError, read_number, total_from_rails
+from .base import Clock, PowerReading, PowerSensor, SensorError, read_number, total_from_rails, total_rail
 
 IIO_DRIVER_DIR = Path("sys/bus/i2c/drivers/ina3221x")
 HWMON_DRIVER_DIR = Path("sys/bus/i2c/drivers/ina3221")
@@ -119,16 +126,45 @@ def find_hwmon_rails(root: Path) -> dict[str, Rail]:
     return rails
 
 
-class _RailSensor(PowerSensor):
-    """Reads a fixed set of rails on every call; the files are re-read, never cached."""
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
-    def __init__(self, rails: dict[str, Rail], source: str, clock: Clock) -> None:
+
+class _RailSensor(PowerSensor):
+    """Reads a fixed set of rails on every call; the files are re-read, never cached.
+
+    ``skipped`` maps each rail that failed the last read to why; each is named once per sensor through
+    ``warn``, and a rail that reads again later is served again.
+    """
+
+    def __init__(self, rails: dict[str, Rail], source: str, clock: Clock, warn: Callable[[str], None]) -> None:
         self.rails = rails
         self.source = source
         self._clock = clock
+        self._warn = warn
+        self.skipped: dict[str, str] = {}
+        self._named: set[str] = set()
 
     def read(self) -> PowerReading:
-        rails_w = {name: rail.watts() for name, rail in self.rails.items()}
+        rails_w: dict[str, float] = {}
+        failed: dict[str, str] = {}
+        for name, rail in self.rails.items():
+            try:
+                rails_w[name] = rail.watts()
+            except SensorError as err:
+                failed[name] = str(err)
+        if not rails_w:
+            raise SensorError(f"no {self.source} rail could be read: {'; '.join(failed.values())}")
+        total = total_rail(self.rails)
+        if total in failed:  # the sum of the module's own rails would understate the board by watts
+            raise SensorError(f"the board-input rail {total} could not be read: {failed[total]}")
+        for name in sorted(failed.keys() - self._named):
+            self._warn(
+                f"sac-edge: power rail {name} skipped: {failed[name]}; "
+                + (f"the total is still {total}" if total else "the total is the sum of the other rails")
+            )
+        self._named |= failed.keys()
+        self.skipped = failed
         return PowerReading(
             total_w=total_from_rails(rails_w),
             rails_w=rails_w,
@@ -141,21 +177,28 @@ class _RailSensor(PowerSensor):
 class Ina3221IioSensor(_RailSensor):
     """INA3221 through the JetPack 4 ``ina3221x`` iio driver (power read from ``in_powerN_input``)."""
 
-    def __init__(self, root: Path = Path("/"), clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, root: Path = Path("/"), clock: Clock = time.monotonic, warn: Callable[[str], None] = _stderr
+    ) -> None:
         rails = find_iio_rails(root)
         if not rails:
             raise SensorError(f"no INA3221 iio rails under {root / IIO_DRIVER_DIR} (not a JetPack 4 Jetson?)")
-        super().__init__(rails, "ina3221-iio", clock)
+        super().__init__(rails, "ina3221-iio", clock, warn)
+        self.where = sorted({str(r.voltage_mv.parent.relative_to(root)) for r in rails.values()})
 
 
 class Ina3221HwmonSensor(_RailSensor):
     """INA3221 through the JetPack 5+ mainline hwmon driver (power = bus mV * mA)."""
 
-    def __init__(self, root: Path = Path("/"), clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, root: Path = Path("/"), clock: Clock = time.monotonic, warn: Callable[[str], None] = _stderr
+    ) -> None:
         rails = find_hwmon_rails(root)
         if not rails:
             raise SensorError(f"no INA3221 hwmon rails under {root / HWMON_DRIVER_DIR} (not a JetPack 5 Jetson?)")
-        super().__init__(rails, "ina3221-hwmon", clock)
+        super().__init__(rails, "ina3221-hwmon", clock, warn)
+        #: the monitor folders read, relative to ``root`` (one per INA3221 on the board)
+        self.where = sorted({str(r.voltage_mv.parent.relative_to(root)) for r in rails.values()})
         intervals = [hw / "update_interval" for hw in find_hwmon_dirs(root) if (hw / "update_interval").is_file()]
         #: the monitor's conversion time; reading faster than this returns the same figures
         self.update_interval_ms: float | None = max(read_number(p) for p in intervals) if intervals else None

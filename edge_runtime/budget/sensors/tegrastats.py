@@ -13,6 +13,8 @@ jetson_test.go holds real lines from TX1, TX2, Nano, AGX Xavier, Xavier NX and O
     AO@41.5C CV0@-256C                   temperatures (-256C: sensor off)
     VDD_IN 4067/4067                     rail current/average mW (L4T 32)
     VDD_IN 5299mW/5299mW                 the same with units (L4T 34+); AGX Xavier rails are "GPU 0/0"
+    VDD_IN 9761mW/9761mW/9761mW          three figures (newer releases; the first two are cur/avg)
+    VDD_SOC -12mW/-8mW                   a rail may read below zero: kept as it is, not dropped
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ _EMC = re.compile(r"\bEMC(?:_FREQ)? (\d+)%(?:@(\d+))?")
 _TEMP = re.compile(r"\b(\w+)@(-?\d+(?:\.\d+)?)C\b")
 # "NAME cur/avg" with optional mW units, followed by a space or the end (so "RAM 1/2MB" is not a rail);
 # the same pattern as DataDog's powerMetricsSender.go.
-_RAIL = re.compile(r"\b([A-Za-z][A-Za-z0-9_]*) (\d+)(?:mW)?/(\d+)(?:mW)?(?=\s|$)")
+# A rail can read negative (a current sense offset on a lightly loaded rail) and newer releases print a third
+# figure (``VDD_IN 9761mW/9761mW/9761mW``); each figure may carry "mW".
+_MW = r"(-?\d+)(?:mW)?"
+_RAIL = re.compile(rf"\b([A-Za-z][A-Za-z0-9_]*) {_MW}/{_MW}(?:/{_MW})?(?=\s|$)")
 
 
 @dataclass(frozen=True)

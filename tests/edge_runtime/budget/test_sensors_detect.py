@@ -39,9 +39,12 @@ def test_order_hwmon_then_iio_then_rapl_then_estimate(tmp_path: Path) -> None:
     assert isinstance(fallback, EstimatedSensor) and not fallback.read().measured
 
 
-def test_unreadable_rails_fall_through(tmp_path: Path) -> None:
+def test_unreadable_rails_fall_through_only_when_none_reads(tmp_path: Path) -> None:
     root = merged(tmp_path, "xavier_nx_jp4", "xavier_nx_jp5")
-    (root / "sys/bus/i2c/drivers/ina3221/7-0040/hwmon/hwmon6/curr1_input").write_text("")
+    hwmon = root / "sys/bus/i2c/drivers/ina3221/7-0040/hwmon/hwmon6"
+    (hwmon / "curr3_input").write_text("")
+    assert isinstance(detect_power_sensor(root), Ina3221HwmonSensor)  # VDD_IN and VDD_CPU_GPU_CV still read
+    (hwmon / "curr1_input").write_text("")  # the board-input rail: no total, so the next source
     assert isinstance(detect_power_sensor(root), Ina3221IioSensor)
 
 

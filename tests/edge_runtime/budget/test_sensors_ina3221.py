@@ -68,10 +68,10 @@ def test_absent_tree_and_bad_value_are_sensor_errors(tmp_path: Path) -> None:
         Ina3221IioSensor(tmp_path)
     root = tree("xavier_nx_jp5", tmp_path)
     sensor = Ina3221HwmonSensor(root)
-    (root / HWMON / "curr2_input").write_text("garbage\n")
-    with pytest.raises(SensorError, match="curr2_input"):
+    (root / HWMON / "curr1_input").write_text("garbage\n")  # VDD_IN, the total
+    with pytest.raises(SensorError, match="curr1_input"):
         sensor.read()
-    (root / HWMON / "curr2_input").unlink()
+    (root / HWMON / "curr1_input").unlink()
     with pytest.raises(SensorError, match="cannot read"):
         sensor.read()
 

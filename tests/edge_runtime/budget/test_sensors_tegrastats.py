@@ -16,6 +16,7 @@ from sac_edge.edge_runtime.budget.sensors import (
     parse_tegrastats_line,
     read_tegrastats_log,
 )
+from sac_edge.edge_runtime.budget.sensors.tegrastats import RailPower
 
 LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "tegrastats"
 
@@ -141,3 +142,20 @@ def test_log_sensor_reads_the_last_line_as_the_log_grows(tmp_path: Path) -> None
     assert sensor.read().total_w == pytest.approx(14.703)
     with pytest.raises(SensorError, match="no tegrastats log"):
         TegrastatsLogSensor(tmp_path / "missing.log")
+
+
+def test_negative_rails_and_the_three_figure_form_are_kept() -> None:
+    """A rail below zero (a sense offset on an idle rail) is a reading, not noise to drop; newer releases print
+    three figures per rail, whose first two are the instantaneous and the average power."""
+    line = (
+        "12-04-2026 10:00:00 RAM 3100/62841MB (lfb 5x4MB) SWAP 0/31421MB (cached 0MB) CPU [1%@1344,off] "
+        "GR3D_FREQ 0% cpu@45.1C VDD_GPU 9761mW/9761mW/9761mW VDD_CPU_SOC_MSS 3120mW/3000mW/3410mW "
+        "VIN_SYS_5V0 -12mW/-8mW/0mW VIN 14650mW/14600mW/15010mW"
+    )
+    sample = parse_tegrastats_line(line)
+    assert sample.rails["VDD_GPU"] == RailPower(9761, 9761)
+    assert sample.rails["VIN_SYS_5V0"] == RailPower(-12, -8)
+    assert set(sample.rails) == {"VDD_GPU", "VDD_CPU_SOC_MSS", "VIN_SYS_5V0", "VIN"}
+    assert sample.power_reading(0.0).total_w == 14.65  # VIN is the board input where it exists
+    old = parse_tegrastats_line("RAM 1/2MB VDD_IN 4067/4067 VDD_SOC -5/-3")
+    assert old.rails == {"VDD_IN": RailPower(4067, 4067), "VDD_SOC": RailPower(-5, -3)}
