@@ -149,6 +149,9 @@ class RunConfig:
     telemetry: str | None = field(
         default=None, metadata={"help": "JSONL file: the config, one record per second and every governor event"}
     )
+    overwrite_telemetry: bool = field(
+        default=False, metadata={"help": "replace an existing --telemetry file (otherwise it is refused)"}
+    )
     threads: int = field(default=1, metadata={"help": "intra-op threads for the inference backend"})
     auto_calls: int = field(default=200, metadata={"help": "timed calls per candidate for --backend auto"})
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power/memory sensors read"})

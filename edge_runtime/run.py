@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sys
 import threading
@@ -79,6 +80,12 @@ def validate(cfg: RunConfig) -> None:
             raise SacEdgeError(f"{flag} must be a positive number, got {budget}")
     if cfg.telemetry:
         check_output_path(cfg.telemetry, "--telemetry")
+        if os.path.lexists(cfg.telemetry) and not cfg.overwrite_telemetry:
+            raise SacEdgeError(
+                f"--telemetry {cfg.telemetry} already exists; choose another path or pass --overwrite-telemetry"
+            )
+        if os.path.islink(cfg.telemetry) or (os.path.lexists(cfg.telemetry) and not os.path.isfile(cfg.telemetry)):
+            raise SacEdgeError(f"--telemetry {cfg.telemetry} is a symlink or not a regular file; choose another path")
     if not 0 < cfg.inference_budget <= 1:
         raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {cfg.inference_budget}")
     if cfg.threads < 1 or cfg.auto_calls < 1:
@@ -133,9 +140,10 @@ def run_command(cfg: RunConfig, log: Callable[[str], None]) -> dict[str, Any]:
     with contextlib.ExitStack() as held:
         if cfg.finetune:  # one fine-tuner per weights directory, or each would overwrite the other's
             held.enter_context(pid_lock(store.lock, f"fine-tuning directory {store.dir}"))
-            if store.exists() and not (cfg.resume or cfg.restart):
+            if store.holds_weights() and not (cfg.resume or cfg.restart):
+                held_path = store.path if store.exists() else store.previous
                 raise SacEdgeError(
-                    f"{store.path} holds last good fine-tuned weights; pass --resume to continue from them or "
+                    f"{held_path} holds fine-tuned weights; pass --resume to continue from them or "
                     "--restart to start again from the bundle weights (they are then kept as previous.safetensors "
                     "at the first promotion)"
                 )
@@ -149,7 +157,7 @@ def _run_with(
     """Open the backends, build the fine-tuner when asked, drive the loop and write the summary."""
     backends, figures = open_backends(cfg, bundle, log)
     probe = MemoryProbe(Path(cfg.sensor_root))
-    with TelemetryWriter(cfg.telemetry) as telemetry:
+    with TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry) as telemetry:
         emit = locked(telemetry.write)
         tuner, resumed = None, None
         if cfg.finetune:

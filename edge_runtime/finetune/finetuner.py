@@ -26,6 +26,7 @@ line; the loop keeps running.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import threading
 import time
@@ -61,8 +62,18 @@ Emit = typing.Callable[[typing.Dict[str, Any]], None]
 
 
 def finetune_dir(cfg: FinetuneSettings) -> Path:
-    """Where the last good weights live: ``--finetune-dir`` or ``BUNDLE/finetune``."""
-    return Path(cfg.finetune_dir) if cfg.finetune_dir else Path(cfg.bundle) / FINETUNE_DIR
+    """Where the last good weights live: ``--finetune-dir`` or ``BUNDLE/finetune``; the latter refused (one
+    line) when it is a symlink or not a directory, since the weights and the lock would then be written
+    wherever the bundle's author pointed it."""
+    if cfg.finetune_dir:
+        return Path(cfg.finetune_dir)
+    path = Path(cfg.bundle) / FINETUNE_DIR
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+        raise SacEdgeError(
+            f"{path} is a symlink or not a directory; sac-edge writes fine-tuned weights only into a real "
+            "BUNDLE/finetune: remove it, or pass --finetune-dir DIR"
+        )
+    return path
 
 
 def install_last_good(swapper: WeightSwapper, last: LastGood) -> tuple[WeightSets, dict[str, Any]]:
