@@ -9,6 +9,9 @@ from .backends.registry import BACKEND_CHOICES, KINDS
 from .control.safety import OBS_FAULT_POLICIES
 
 TRUSTED_KEYS_HELP = "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"
+ALLOW_DOWNGRADE_HELP = (
+    "with --trusted-keys, accept a bundle older than the newest one this device accepted from its key"
+)
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,7 @@ class RunConfig:
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power/memory sensors read"})
     seed: int = field(default=0, metadata={"help": "environment reset seed"})
     trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
+    allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
     verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the summary as one JSON object on the last line"})
 
@@ -180,6 +184,7 @@ class BenchConfig:
     plot: str | None = field(default=None, metadata={"help": "PNG: latency distributions and power over time"})
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power sensors read"})
     trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
+    allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
     verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})
 

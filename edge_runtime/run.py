@@ -131,7 +131,7 @@ def open_backends(cfg: RunConfig, bundle: Any, log: Callable[[str], None]) -> tu
 def run_command(cfg: RunConfig, log: Callable[[str], None]) -> dict[str, Any]:
     """Run the loop per ``cfg`` and return the summary (also printed as a table by the CLI)."""
     validate(cfg)
-    bundle = open_bundle(cfg.bundle, cfg.trusted_keys)
+    bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
     env_name = cfg.env or file_env(bundle.spec.env_id, str(bundle.path / MANIFEST))
     env = make_env(env_name)
     check_env_matches(env, bundle.spec, env_name)

@@ -347,15 +347,15 @@ def _actor(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def read_learner_tensors(bundle: Bundle) -> dict[str, np.ndarray]:
     """The bundle's ``learner.safetensors`` as numpy arrays (the learner process gets them by shared memory)."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
 
     names = bundle.files("learner")
     if not names:
         raise SacEdgeError(f"{bundle.path}: --finetune needs learner.safetensors, which the bundle lacks")
     path = bundle.path / names[0]
     try:
-        with safe_open(str(path), framework="numpy") as fh:
-            return {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no iterator
+        return load(bundle.read(path))  # the verified bytes
     except (SafetensorError, OSError, ValueError) as err:
         raise SacEdgeError(f"{path}: learner tensors are corrupt or truncated ({err}); re-export the bundle") from None
 
