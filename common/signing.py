@@ -103,6 +103,8 @@ def load_trusted_keys(directory: str | Path) -> dict[str, Ed25519PublicKey]:
             key = ser.load_pem_public_key(read_capped(path, MAX_KEY_BYTES, "public key", "remove it"))
         except ValueError as err:
             raise SacEdgeError(f"--trusted-keys: {path} is not a PEM public key ({err}); remove it") from None
+        except OSError as err:
+            raise SacEdgeError(f"--trusted-keys: cannot read {path} ({err.strerror or err}); remove it") from None
         if not isinstance(key, Ed25519PublicKey):
             raise SacEdgeError(f"--trusted-keys: {path} is not an Ed25519 public key; remove it")
         keys[key_id(key)] = key

@@ -30,7 +30,7 @@ from .backends.base import PRECISIONS, Bundle, open_bundle
 from .backends.registry import KINDS, candidates
 from .backends.trt.plans import parity_records
 from .budget.memory import read_nvmap, read_system_memory
-from .budget.sensors.base import SensorError
+from .budget.sensors.base import SensorError, read_sensor_text
 from .budget.sensors.detect import detect_power_sensor
 from .budget.sensors.estimate import nvpmodel_mode
 from .config import DoctorConfig
@@ -63,8 +63,8 @@ Probe = typing.Callable[[Context], typing.Iterable[Row]]  # typing's: collection
 
 def _text(path: Path) -> str:
     try:
-        return path.read_text().replace("\x00", "").strip()
-    except OSError:
+        return read_sensor_text(path).replace("\x00", "").strip()
+    except SensorError:
         return ""
 
 

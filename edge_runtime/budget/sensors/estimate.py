@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Clock, PowerReading, PowerSensor
+from .base import Clock, PowerReading, PowerSensor, SensorError, read_sensor_text
 
 _STAT_CPU = re.compile(r"^cpu(\d+)\s+(.*)$")
 _PMODE = re.compile(r"pmode:(\d+)")
@@ -63,8 +63,8 @@ GENERIC_HOST = PowerModel("generic-host", idle_w=10.0, core_w=4.0)
 
 def _text(path: Path) -> str:
     try:
-        return path.read_text().strip()
-    except OSError:
+        return read_sensor_text(path).strip()
+    except SensorError:
         return ""
 
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Clock, PowerReading, PowerSensor, SensorError, read_number, total_from_rails
+from .base import Clock, PowerReading, PowerSensor, SensorError, read_number, read_sensor_text, total_from_rails
 
 IIO_DRIVER_DIR = Path("sys/bus/i2c/drivers/ina3221x")
 HWMON_DRIVER_DIR = Path("sys/bus/i2c/drivers/ina3221")
@@ -58,8 +58,8 @@ def _i2c_devices(driver_dir: Path) -> list[Path]:
 def _label(path: Path) -> str:
     """A label file's text; an unreadable one counts as absent so detection can move on."""
     try:
-        return path.read_text().strip()
-    except OSError:
+        return read_sensor_text(path).strip()
+    except SensorError:
         return ""
 
 
