@@ -9,10 +9,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from sac_edge.common.releases import RECORD, state_dir
-from sac_edge.common.signing import generate_keypair, load_private_key, sign_bundle
+from sac_edge.common.signing import load_private_key, sign_bundle
 from sac_edge.edge_runtime import cli as edge_cli
 
 
@@ -26,15 +24,6 @@ def _release(bundle: Path, release: int | None, key: Path, dest: Path) -> Path:
     (out / "manifest.json").write_text(json.dumps(manifest))
     sign_bundle(out, load_private_key(key))
     return out
-
-
-@pytest.fixture
-def signer(tmp_path: Path) -> tuple[Path, Path]:
-    private, public = generate_keypair(tmp_path / "fleet")
-    trusted = tmp_path / "trusted"
-    trusted.mkdir()
-    shutil.copyfile(public, trusted / public.name)
-    return private, trusted
 
 
 def _run(bundle: Path, trusted: Path, *extra: str) -> list[str]:
@@ -52,9 +41,9 @@ def _run(bundle: Path, trusted: Path, *extra: str) -> list[str]:
 
 
 def test_an_older_release_is_refused_after_a_newer_one(
-    bundle: Path, tmp_path: Path, signer: tuple[Path, Path], refused: Callable[..., str]
+    bundle: Path, tmp_path: Path, keys: tuple[Path, Path], refused: Callable[..., str]
 ) -> None:
-    private, trusted = signer
+    private, trusted = keys
     old = _release(bundle, 1000, private, tmp_path / "old")
     new = _release(bundle, 2000, private, tmp_path / "new")
     unversioned = _release(bundle, None, private, tmp_path / "unversioned")
@@ -67,9 +56,9 @@ def test_an_older_release_is_refused_after_a_newer_one(
 
 
 def test_a_downgrade_on_purpose_runs_and_keeps_the_newest_record(
-    bundle: Path, tmp_path: Path, signer: tuple[Path, Path], refused: Callable[..., str]
+    bundle: Path, tmp_path: Path, keys: tuple[Path, Path], refused: Callable[..., str]
 ) -> None:
-    private, trusted = signer
+    private, trusted = keys
     old = _release(bundle, 1000, private, tmp_path / "old")
     new = _release(bundle, 2000, private, tmp_path / "new")
     assert edge_cli.main(_run(new, trusted)) == 0
