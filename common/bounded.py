@@ -3,10 +3,16 @@
 Every file sac-edge reads may come from elsewhere (bundles, run dirs, SB3 zips); a huge or decompression-
 bomb member would otherwise exhaust memory before any check runs. Sizes are checked against the declared
 size first and reads never take more than the cap plus one byte, so a lying header cannot get further.
+
+Every such file is also opened as a regular file only (``open_regular``): a FIFO or a device file in its
+place (``/dev/zero``, a pipe nobody writes) would block or never end, and is refused without reading.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import zipfile
 from pathlib import Path
 
@@ -18,10 +24,47 @@ MAX_JSON_BYTES = 16 << 20
 MAX_MEMBER_BYTES = 512 << 20
 
 
-def read_capped(path: Path, max_bytes: int, what: str, fix: str) -> bytes:
+def open_regular(
+    path: Path, what: str, fix: str, *, follow: bool = True, flags: int = os.O_RDONLY, mode: int = 0o644
+) -> int:
+    """A file descriptor of ``path`` opened with ``flags``, refused (one SacEdgeError line, nothing read or
+    written) unless it is a regular file; with ``follow=False`` a symlink as the last component is refused too.
+
+    ``O_NONBLOCK`` keeps the open itself from blocking on a FIFO (it is then refused by its type); it is
+    cleared again before the descriptor is returned.
+    """
+    extra = os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags | extra, mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP and not follow:
+            raise SacEdgeError(f"{path}: {what} is a symlink, which sac-edge never follows here; {fix}") from None
+        if err.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
+            raise SacEdgeError(f"{path}: {what} is not a regular file (a FIFO); {fix}") from None
+        raise
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            shown = (
+                "a FIFO"
+                if stat.S_ISFIFO(kind)
+                else "a device"
+                if stat.S_ISCHR(kind) or stat.S_ISBLK(kind)
+                else "not a file"
+            )
+            raise SacEdgeError(f"{path}: {what} is not a regular file ({shown}); {fix}")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_capped(path: Path, max_bytes: int, what: str, fix: str, *, follow: bool = True) -> bytes:
     """The bytes of ``path``, refusing (one SacEdgeError line) a file larger than ``max_bytes`` before it
-    is read whole; at most ``max_bytes + 1`` bytes are ever read, even if the file grows meanwhile."""
-    with open(path, "rb") as fh:
+    is read whole; at most ``max_bytes + 1`` bytes are ever read, even if the file grows meanwhile. Only a
+    regular file is read (``open_regular``); with ``follow=False`` not through a symlink."""
+    with os.fdopen(open_regular(path, what, fix, follow=follow), "rb") as fh:
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise SacEdgeError(f"{path}: {what} is larger than {_size(max_bytes)}, not one sac-edge wrote; {fix}")

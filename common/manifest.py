@@ -4,7 +4,9 @@ A bundle is untrusted input (it is copied between machines by people and scripts
 validated before any file it names is opened: its size is capped, its schema checked (types, sizes), and
 every file name must be a plain relative path that stays inside the bundle after symlinks are resolved
 (``bundle_file``). A name that escapes would make the checksum check read, and its error message leak,
-any file the process can read, and would let a bundle serve a graph from elsewhere.
+any file the process can read, and would let a bundle serve a graph from elsewhere. ``manifest.json`` itself
+is read once, never through a symlink, and ``verify_files`` returns the bytes it hashed, so that what is
+served is what was verified (a file swapped after the check is never read).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .atomic import atomic_write_json
+from .bounded import MAX_MEMBER_BYTES, read_capped
 from .errors import SacEdgeError
-from .jsonfile import read_json
+from .jsonfile import parse_json_object
 from .versions import installed_version
 
 FORMAT_VERSION = 1
@@ -55,17 +58,29 @@ def write_manifest(bundle: Path, manifest: dict[str, Any]) -> None:
     atomic_write_json(bundle / MANIFEST, {**manifest, "format_version": FORMAT_VERSION})
 
 
-def read_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
-    """Read a bundle's manifest, validate its schema and confine every file name to the bundle; with
-    ``verify`` also check every file's sha256.
+def manifest_bytes(bundle: str | Path) -> bytes:
+    """The bytes of ``bundle/manifest.json`` (a regular file, not a symlink, at most MAX_MANIFEST_BYTES):
+    read once, so the bytes a signature is checked on are the bytes parsed."""
+    root = Path(bundle)
+    path = root / MANIFEST
+    if not path.is_file() and not path.is_symlink():
+        raise SacEdgeError(f"{root} is not a bundle: {MANIFEST} is missing (create one with sac-export)")
+    try:
+        return read_capped(path, MAX_MANIFEST_BYTES, "bundle manifest", _FIX, follow=False)
+    except OSError as err:
+        raise SacEdgeError(f"{path}: cannot read the bundle manifest ({err.strerror or err}); {_FIX}") from None
+
+
+def read_manifest(bundle: str | Path, *, verify: bool = True, data: bytes | None = None) -> dict[str, Any]:
+    """Read a bundle's manifest (or parse ``data``, its bytes as ``manifest_bytes`` read them), validate its
+    schema and confine every file name to the bundle; with ``verify`` also check every file's sha256.
 
     Raises SacEdgeError with one line naming the problem and the fix.
     """
     root = Path(bundle)
-    if not (root / MANIFEST).is_file():
-        raise SacEdgeError(f"{root} is not a bundle: {MANIFEST} is missing (create one with sac-export)")
     path = root / MANIFEST
-    manifest = read_json(path, "bundle manifest", _FIX, max_bytes=MAX_MANIFEST_BYTES)
+    raw = manifest_bytes(root) if data is None else data
+    manifest = parse_json_object(raw, path, "bundle manifest", _FIX)
     version = manifest.get("format_version")
     if isinstance(version, int) and version > FORMAT_VERSION:
         raise SacEdgeError(
@@ -134,10 +149,12 @@ def bundle_file(root: Path, name: object) -> Path:
     return target
 
 
-def verify_files(root: Path, manifest: dict[str, Any], names: list[str] | None = None) -> None:
+def verify_files(root: Path, manifest: dict[str, Any], names: list[str] | None = None) -> dict[str, bytes]:
     """Check the sha256 of the bundle files (all, or ``names``) against the manifest; each name is confined
-    to the bundle (``bundle_file``) before it is opened."""
+    to the bundle (``bundle_file``) before it is opened. Returns the bytes that were hashed, by name: serve
+    those, never the file read again."""
     files = manifest.get("files", {})
+    verified = {}
     for name in names if names is not None else sorted(files):
         entry = files.get(name)
         if entry is None:
@@ -145,6 +162,8 @@ def verify_files(root: Path, manifest: dict[str, Any], names: list[str] | None =
         target = bundle_file(root, name)
         if not target.is_file():
             raise SacEdgeError(f"{root}: {name} is listed in the manifest but missing; re-export the bundle")
-        actual = sha256_file(target)
-        if actual != entry.get("sha256"):
+        data = read_capped(target, MAX_MEMBER_BYTES, "bundle file", "re-export the bundle")
+        if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
             raise SacEdgeError(f"{root}: checksum mismatch for {name} (file changed or corrupt); re-export the bundle")
+        verified[name] = data
+    return verified

@@ -25,7 +25,7 @@ from .atomic import atomic_write_json
 from .bounded import read_capped
 from .errors import SacEdgeError
 from .jsonfile import read_json
-from .manifest import MANIFEST, MAX_MANIFEST_BYTES
+from .manifest import MANIFEST, MAX_MANIFEST_BYTES, manifest_bytes
 
 SIGNATURE = "manifest.sig"
 PUBLIC_SUFFIX = ".pub"
@@ -103,6 +103,8 @@ def load_trusted_keys(directory: str | Path) -> dict[str, Ed25519PublicKey]:
             key = ser.load_pem_public_key(read_capped(path, MAX_KEY_BYTES, "public key", "remove it"))
         except ValueError as err:
             raise SacEdgeError(f"--trusted-keys: {path} is not a PEM public key ({err}); remove it") from None
+        except OSError as err:
+            raise SacEdgeError(f"--trusted-keys: cannot read {path} ({err.strerror or err}); remove it") from None
         if not isinstance(key, Ed25519PublicKey):
             raise SacEdgeError(f"--trusted-keys: {path} is not an Ed25519 public key; remove it")
         keys[key_id(key)] = key
@@ -120,21 +122,27 @@ def sign_bundle(bundle: Path, key: Ed25519PrivateKey) -> str:
     return kid
 
 
-def signature_state(bundle: str | Path, trusted_keys: str | Path | None = None) -> SignatureState:
+def signature_state(
+    bundle: str | Path, trusted_keys: str | Path | None = None, manifest: bytes | None = None
+) -> SignatureState:
     """What ``bundle``'s signature is: unsigned, signed (not checked: no ``trusted_keys``), trusted,
     signed by an unknown key, or invalid. Never raises for a bad signature (``sac-edge doctor`` reports
-    it); a bad ``trusted_keys`` directory is a SacEdgeError."""
+    it); a bad ``trusted_keys`` directory is a SacEdgeError. ``manifest``: the manifest's bytes as the
+    caller read them (and will parse); neither file is read through a symlink."""
     root = Path(bundle)
     keys = load_trusted_keys(trusted_keys) if trusted_keys is not None else None
-    if not (root / SIGNATURE).is_file():
+    if not (root / SIGNATURE).is_file() and not (root / SIGNATURE).is_symlink():
         return SignatureState(UNSIGNED, None, f"no {SIGNATURE}")
     try:
-        record = read_json(root / SIGNATURE, "bundle signature", "re-sign the bundle", max_bytes=MAX_KEY_BYTES)
+        record = read_json(
+            root / SIGNATURE, "bundle signature", "re-sign the bundle", max_bytes=MAX_KEY_BYTES, follow=False
+        )
         kid, encoded = record.get("key_id"), record.get("signature")
         if record.get("algorithm") != ALGORITHM or not isinstance(kid, str) or not isinstance(encoded, str):
             return SignatureState(INVALID, None, f"{SIGNATURE} is not an {ALGORITHM} signature record")
         signature = base64.b64decode(encoded, validate=True)
-        manifest = read_capped(root / MANIFEST, MAX_MANIFEST_BYTES, "bundle manifest", "re-export the bundle")
+        if manifest is None:
+            manifest = manifest_bytes(root)
     except (SacEdgeError, binascii.Error, OSError) as err:
         return SignatureState(INVALID, None, str(err).splitlines()[0] if str(err) else type(err).__name__)
     kid = kid[:16]
@@ -150,9 +158,9 @@ def signature_state(bundle: str | Path, trusted_keys: str | Path | None = None) 
     return SignatureState(TRUSTED, kid, f"signed by trusted key {kid}")
 
 
-def require_trusted(bundle: str | Path, trusted_keys: str | Path) -> SignatureState:
+def require_trusted(bundle: str | Path, trusted_keys: str | Path, manifest: bytes | None = None) -> SignatureState:
     """``signature_state`` that must be ``trusted``; anything else is one SacEdgeError line."""
-    state = signature_state(bundle, trusted_keys)
+    state = signature_state(bundle, trusted_keys, manifest)
     if state.state != TRUSTED:
         raise SacEdgeError(
             f"{bundle}: refused by --trusted-keys: {state.detail}; use a bundle signed with "

@@ -7,6 +7,10 @@ from typing import Any
 
 from .errors import SacEdgeError
 
+#: The largest observation, action or hidden size a spec may name: buffers are sized from it before any
+#: graph runs (a manifest saying obs_dim=10^9 would otherwise allocate hundreds of GiB in sac-edge bench).
+MAX_DIM = 1 << 16
+
 
 @dataclass(frozen=True)
 class PolicySpec:
@@ -35,6 +39,12 @@ class PolicySpec:
             )
         except (KeyError, TypeError, ValueError) as err:
             raise SacEdgeError(f"{source}: policy spec is incomplete or malformed ({err})") from None
+        sizes = (spec.obs_dim, spec.act_dim, *spec.hidden)
+        if not all(1 <= n <= MAX_DIM for n in sizes):
+            raise SacEdgeError(
+                f"{source}: obs_dim, act_dim and hidden sizes must be from 1 to {MAX_DIM}, got obs_dim="
+                f"{spec.obs_dim}, act_dim={spec.act_dim}, hidden={','.join(map(str, spec.hidden))[:40]}"
+            )
         if len(spec.action_low) != spec.act_dim or len(spec.action_high) != spec.act_dim:
             raise SacEdgeError(f"{source}: action bounds do not match act_dim={spec.act_dim}")
         return spec

@@ -55,7 +55,7 @@ def _validate(cfg: BenchConfig) -> None:
 def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any]:
     """Measure every usable backend x precision x batch; write ``--out`` and ``--plot`` when given."""
     _validate(cfg)
-    bundle = open_bundle(cfg.bundle, cfg.trusted_keys)
+    bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
     explicit = bool(cfg.backends or cfg.precisions)
     usable, logged = [], set()
     for cand in candidates(bundle, cfg.backends or None, cfg.precisions or None):

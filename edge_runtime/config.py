@@ -9,6 +9,9 @@ from sac_edge.edge_runtime.backends.registry import BACKEND_CHOICES, KINDS
 from sac_edge.edge_runtime.control.safety import OBS_FAULT_POLICIES
 
 TRUSTED_KEYS_HELP = "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"
+ALLOW_DOWNGRADE_HELP = (
+    "with --trusted-keys, accept a bundle older than the newest one this device accepted from its key"
+)
 
 
 @dataclass(frozen=True)
@@ -162,11 +165,15 @@ class RunConfig:
     telemetry: str | None = field(
         default=None, metadata={"help": "JSONL file: the config, one record per second and every governor event"}
     )
+    overwrite_telemetry: bool = field(
+        default=False, metadata={"help": "replace an existing --telemetry file (otherwise it is refused)"}
+    )
     threads: int = field(default=1, metadata={"help": "intra-op threads for the inference backend"})
     auto_calls: int = field(default=200, metadata={"help": "timed calls per candidate for --backend auto"})
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power/memory sensors read"})
     seed: int = field(default=0, metadata={"help": "environment reset seed"})
     trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
+    allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
     verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the summary as one JSON object on the last line"})
 
@@ -190,6 +197,7 @@ class BenchConfig:
     plot: str | None = field(default=None, metadata={"help": "PNG: latency distributions and power over time"})
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power sensors read"})
     trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
+    allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
     verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})
 

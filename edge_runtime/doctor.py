@@ -30,7 +30,7 @@ from sac_edge.edge_runtime.backends.base import PRECISIONS, Bundle, open_bundle
 from sac_edge.edge_runtime.backends.registry import KINDS, candidates
 from sac_edge.edge_runtime.backends.trt.plans import parity_records
 from sac_edge.edge_runtime.budget.memory import read_nvmap, read_system_memory
-from sac_edge.edge_runtime.budget.sensors.base import PowerSensor, SensorError, total_rail
+from sac_edge.edge_runtime.budget.sensors.base import PowerSensor, SensorError, read_sensor_text, total_rail
 from sac_edge.edge_runtime.budget.sensors.detect import detect_power_sensor
 from sac_edge.edge_runtime.budget.sensors.estimate import find_jetson_gpu
 from sac_edge.edge_runtime.budget.sensors.jetson import board_model, jetpack, l4t_release, power_mode
@@ -65,8 +65,8 @@ Probe = typing.Callable[[Context], typing.Iterable[Row]]  # typing's: collection
 
 def _text(path: Path) -> str:
     try:
-        return path.read_text().replace("\x00", "").strip()
-    except OSError:
+        return read_sensor_text(path).replace("\x00", "").strip()
+    except SensorError:
         return ""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sys
 import threading
@@ -99,6 +100,12 @@ def validate(cfg: RunConfig) -> None:
             raise SacEdgeError(f"{flag} must be a positive number, got {budget}")
     if cfg.telemetry:
         check_output_path(cfg.telemetry, "--telemetry")
+        if os.path.lexists(cfg.telemetry) and not cfg.overwrite_telemetry:
+            raise SacEdgeError(
+                f"--telemetry {cfg.telemetry} already exists; choose another path or pass --overwrite-telemetry"
+            )
+        if os.path.islink(cfg.telemetry) or (os.path.lexists(cfg.telemetry) and not os.path.isfile(cfg.telemetry)):
+            raise SacEdgeError(f"--telemetry {cfg.telemetry} is a symlink or not a regular file; choose another path")
     if not 0 < cfg.inference_budget <= 1:
         raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {cfg.inference_budget}")
     if not 0 < cfg.inference_timeout <= MAX_INFERENCE_TIMEOUT_S:
@@ -157,7 +164,7 @@ def run_command(
     fine-tuner, telemetry, as after a normal end) and hands the summary to ``on_hang``, which is expected
     to report it and end the process: the control thread is still inside the call."""
     validate(cfg)
-    bundle = open_bundle(cfg.bundle, cfg.trusted_keys)
+    bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
     env_name = cfg.env or file_env(bundle.spec.env_id, str(bundle.path / MANIFEST))
     env = make_env(env_name)
     check_env_matches(env, bundle.spec, env_name)
@@ -166,9 +173,10 @@ def run_command(
     with contextlib.ExitStack() as held:
         if cfg.finetune:  # one fine-tuner per weights directory, or each would overwrite the other's
             held.enter_context(pid_lock(store.lock, f"fine-tuning directory {store.dir}"))
-            if store.exists() and not (cfg.resume or cfg.restart):
+            if store.holds_weights() and not (cfg.resume or cfg.restart):
+                held_path = store.path if store.exists() else store.previous
                 raise SacEdgeError(
-                    f"{store.path} holds last good fine-tuned weights; pass --resume to continue from them or "
+                    f"{held_path} holds fine-tuned weights; pass --resume to continue from them or "
                     "--restart to start again from the bundle weights (they are then kept as previous.safetensors "
                     "at the first promotion)"
                 )
@@ -188,7 +196,7 @@ def _run_with(
     """Open the backends, build the fine-tuner when asked, drive the loop and write the summary."""
     backends, figures = open_backends(cfg, bundle, log)
     probe = MemoryProbe(Path(cfg.sensor_root))
-    with TelemetryWriter(cfg.telemetry) as telemetry:
+    with TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry) as telemetry:
         emit = locked(telemetry.write)
         tuner, resumed = None, None
         if cfg.finetune:

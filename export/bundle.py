@@ -28,6 +28,7 @@ from sac_edge.common.manifest import (
     is_sac_edge_manifest,
     write_manifest,
 )
+from sac_edge.common.releases import RELEASE, new_release
 from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
 from sac_edge.common.tolerance import tolerance
 from sac_edge.common.versions import installed_version
@@ -263,6 +264,7 @@ def _manifest(
         "gate": int8.get("gate") if int8 else None,
         "tensorrt": engines,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        RELEASE: new_release(),  # signed with the rest: the device refuses older releases of a key
         "versions": _versions(),
         "engine_mode": cfg.engine,
     }

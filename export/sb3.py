@@ -153,8 +153,30 @@ def _read_json(raw: bytes, path: Path) -> dict[str, Any]:
     return data
 
 
+def _check_records(raw: bytes, path: Path, member: str) -> None:
+    """Refuse (one line) a tensor file that would inflate in ``torch.load``: ``torch.save`` writes a zip
+    whose records are stored, never compressed, so a compressed record (a few KiB deflating to GiBs) or one
+    declaring more bytes than the file holds is not one it wrote. The legacy non-zip format, whose storage
+    sizes are allocated as declared before they are read, is refused too."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as inner:
+            records = inner.infolist()
+    except zipfile.BadZipFile:
+        raise SacEdgeError(
+            f"{path}: {member} is not in torch's zip format (torch.save since 1.6); save the model with a current SB3"
+        ) from None
+    for info in records:
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size > len(raw):
+            raise SacEdgeError(
+                f"{path}: {member} record {info.filename[:60]!r} is compressed to inflate to {info.file_size} bytes; "
+                "torch.save never compresses (a corrupt or hostile file): use the original file"
+            )
+
+
 def _read_tensors(raw: bytes, path: Path, member: str) -> dict[str, torch.Tensor]:
-    """``torch.load(weights_only=True)``: tensors and containers only, no arbitrary unpickling."""
+    """``torch.load(weights_only=True)``: tensors and containers only, no arbitrary unpickling, after the
+    records' sizes are checked (``_check_records``)."""
+    _check_records(raw, path, member)
     try:
         obj = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, AttributeError) as err:

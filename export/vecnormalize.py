@@ -12,6 +12,7 @@ sac-edge's ``ObsNormalizer``, so the statistics are baked into the exported grap
 
 from __future__ import annotations
 
+import io
 import pickle
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from sac_edge.common.bounded import read_capped
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.train.policies import ObsNormalizer
 
@@ -49,8 +51,49 @@ class _Record:
         self.state = state
 
 
+#: The file's size and its arrays' sizes are capped before anything is allocated: the statistics of a
+#: 65536-wide observation are 1 MiB, so 64 MiB is far past any real file.
+MAX_FILE_BYTES = 64 << 20
+MAX_ARRAY_BYTES = 64 << 20
+
+
+def _checked_size(shape: Any, dtype: Any) -> None:
+    """Refuse an array of ``shape`` x ``dtype`` bigger than MAX_ARRAY_BYTES, before numpy allocates it."""
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not all(isinstance(d, int) and d >= 0 for d in dims):
+        raise pickle.UnpicklingError("array shape is not a tuple of sizes")
+    count = 1
+    for d in dims:
+        count *= d
+    if count * np.dtype(dtype).itemsize > MAX_ARRAY_BYTES:
+        raise pickle.UnpicklingError(f"an array of shape {str(dims)[:40]} is larger than {MAX_ARRAY_BYTES >> 20} MiB")
+
+
+class _Ndarray:
+    """``numpy.ndarray`` as the pickle names it: built only after its size is checked."""
+
+    def __new__(cls, shape: Any, dtype: Any = float, *args: Any, **kwargs: Any) -> Any:
+        _checked_size(shape, dtype)
+        return np.ndarray(shape, dtype, *args, **kwargs)
+
+
+def _guarded_reconstruct(reconstruct: Any) -> Any:
+    """numpy's ``_reconstruct`` with the size check (the data come in ``__setstate__``, whose length numpy
+    checks against the shape, so they are bounded by the file)."""
+
+    def build(subtype: Any, shape: Any, dtype: Any) -> Any:
+        _checked_size(shape, np.uint8 if isinstance(dtype, bytes) else dtype)
+        return reconstruct(np.ndarray if subtype is _Ndarray else subtype, shape, dtype)
+
+    return build
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("numpy", "ndarray"):
+            return _Ndarray
+        if name == "_reconstruct" and (module, name) in _NUMPY:
+            return _guarded_reconstruct(super().find_class(module, name))
         if (module, name) in _NUMPY:
             return super().find_class(module, name)
         if (module, name) in _RECORDS:
@@ -84,9 +127,9 @@ def load_vecnormalize(path: Path) -> VecNormStats:
     """Read ``path`` (``VecNormalize.save``); a one-line error for anything else."""
     if not path.is_file():
         raise SacEdgeError(f"{path}: VecNormalize file not found")
+    raw = read_capped(path, MAX_FILE_BYTES, "VecNormalize file", "pass the .pkl that VecNormalize.save wrote")
     try:
-        with open(path, "rb") as fh:
-            top = _RestrictedUnpickler(fh).load()
+        top = _RestrictedUnpickler(io.BytesIO(raw)).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
         raise SacEdgeError(
             f"{path}: not a VecNormalize file this reader accepts ({str(err).splitlines()[0][:160]}); "

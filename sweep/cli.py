@@ -4,7 +4,6 @@ DIR/trials/, ranked by the IQM of the final evaluation return with a 95% bootstr
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import sys
 import time
@@ -25,8 +24,8 @@ PROG = "sac-sweep"
 INSTALL = "pip install 'sac-edge[sweep]'"
 SAVED = "sweep_config.json"
 # On --resume these come from the command line; everything else from DIR/sweep_config.json.
-RESUME_FROM_FLAGS = ("address", "cpus", "json", "resume")
-LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's single-machine mode, node IP 127.0.0.1
+# `out` above all: the directory resumed is the one named here, never one a copied sweep_config.json names.
+RESUME_FROM_FLAGS = ("address", "cpus", "json", "out", "resume")
 JSON_KEYS = (
     "engine",
     "ray_version",
@@ -93,12 +92,10 @@ def _main(argv: Sequence[str] | None) -> int:
     sweep, train = parse_args(argv)
     sweep, train = _prepare(sweep, train)
     trials = plan(parse_grid(sweep.grid), train.seed, sweep.seeds, Path(sweep.out))
-    if sweep.address is None:
-        # Read by Ray at import: an embedded Ray on the loopback address, so every server binds to 127.0.0.1.
-        os.environ.setdefault(LOOPBACK_ONLY, "0")
     _require_extra()
     import ray
 
+    from . import state
     from .report import CURVES, curves, plot_curves, summarize, write_summary
     from .tune_run import ray_session, run_trials, trial_resources
 
@@ -107,16 +104,15 @@ def _main(argv: Sequence[str] | None) -> int:
         from sac_edge.common.atomic import atomic_write_json
 
         atomic_write_json(sweep_dir / SAVED, {"sweep": config_dict(sweep), "train": config_dict(train)})
+    ended = state.ended(sweep_dir) if sweep.resume else {}
+    pending = state.to_run(trials, train.total_steps, ended)
     start = time.perf_counter()
-    with ray_session(sweep.address, sweep.cpus, trial_resources(train)):
-        outcomes = run_trials(
-            trials,
-            train,
-            sweep_dir,
-            scheduler=sweep.scheduler,
-            max_concurrent=sweep.max_concurrent,
-            resume=sweep.resume,
-        )
+    if pending:
+        with ray_session(sweep.address, sweep.cpus, trial_resources(train)):
+            run_trials(
+                pending, train, sweep_dir, scheduler=sweep.scheduler, max_concurrent=sweep.max_concurrent, ended=ended
+            )
+    outcomes = state.outcomes(trials, ended)
     wall = time.perf_counter() - start
     summary = summarize(
         outcomes,

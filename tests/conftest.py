@@ -41,3 +41,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = reasons[marker]
             if reason is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _private_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each test its own device record of accepted bundle releases (never the runner's ~/.local/state)."""
+    monkeypatch.setenv("SAC_EDGE_STATE_DIR", str(tmp_path_factory.mktemp("state")))

@@ -20,6 +20,7 @@ them, so the onnxruntime path never imports torch; a missing one is a one-line `
 from __future__ import annotations
 
 import abc
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,8 @@ import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.graph_ops import check_graph_ops
-from sac_edge.common.manifest import read_manifest
+from sac_edge.common.manifest import manifest_bytes, read_manifest, verify_files
+from sac_edge.common.releases import check_release
 from sac_edge.common.signing import require_trusted
 from sac_edge.common.spec import PolicySpec
 
@@ -38,12 +40,30 @@ PRECISIONS = ("fp32", "fp16", "int8")
 PRECISION_ORDER = PRECISIONS
 
 
+GRAPH_KINDS = ("onnx", "onnx-cpu")
+
+
 class Bundle(NamedTuple):
-    """A verified bundle: its directory, manifest and policy spec."""
+    """A verified bundle: its directory, manifest, policy spec and the bytes of every listed file whose
+    sha256 was checked (what backends load: a file swapped on disk after the check is never read)."""
 
     path: Path
     manifest: dict[str, Any]
     spec: PolicySpec
+    verified: Mapping[str, bytes] = types.MappingProxyType({})
+
+    def read(self, path: Path) -> bytes:
+        """The verified bytes of the bundle file at ``path`` (one of ``files``); a file that was not
+        verified is one SacEdgeError line, never read from disk."""
+        try:
+            data = self.verified.get(path.relative_to(self.path).as_posix())
+        except ValueError:
+            data = None
+        if data is None:
+            raise SacEdgeError(
+                f"{path}: not a bundle file whose checksum was verified; open the bundle with open_bundle"
+            )
+        return data
 
     def files(self, kind: str, precision: str | None = None) -> list[str]:
         """Names of the manifest files of ``kind`` (and ``precision`` when given), sorted."""
@@ -68,32 +88,78 @@ class Bundle(NamedTuple):
         return self.path / names[0] if names else self.onnx(precision)
 
 
-def open_bundle(path: str | Path, trusted_keys: str | Path | None = None) -> Bundle:
+def open_bundle(path: str | Path, trusted_keys: str | Path | None = None, *, allow_downgrade: bool = False) -> Bundle:
     """Read a bundle, verifying format_version, the manifest's schema and names, and every file's sha256
-    (one-line error on a mismatch). With ``trusted_keys`` (a directory of public keys) the manifest must
-    first carry a signature by one of them (``common.signing``)."""
+    (one-line error on a mismatch), keeping the verified bytes. With ``trusted_keys`` (a directory of
+    public keys) the manifest must first carry a signature by one of them (``common.signing``), and its
+    release must not be older than the newest accepted from that key unless ``allow_downgrade``
+    (``common.releases``). The manifest is read once: the bytes whose signature is checked are the bytes
+    parsed. A graph with external data is refused (its weights would come from a file nothing vouches for)."""
     root = Path(path)
-    if trusted_keys is not None:
-        require_trusted(root, trusted_keys)
-    manifest = read_manifest(root, verify=True)
+    data = manifest_bytes(root)
+    state = require_trusted(root, trusted_keys, data) if trusted_keys is not None else None
+    manifest = read_manifest(root, verify=False, data=data)
+    verified = verify_files(root, manifest)
     spec = PolicySpec.from_dict(manifest.get("spec", {}), source=str(root / "manifest.json"))
-    bundle = Bundle(root, manifest, spec)
-    check_bundle_graphs(bundle)
-    return bundle
-
-
-GRAPH_KINDS = ("onnx", "onnx-cpu")
-
-
-def check_bundle_graphs(bundle: Bundle) -> None:
-    """Every ONNX graph of the bundle against the op allow-list and the manifest's op list
-    (``common.graph_ops``), before any runtime opens one: a graph that would never return is refused here."""
-    onnx_section = bundle.manifest.get("onnx")
+    onnx_section = manifest.get("onnx")
     listed = onnx_section.get("ops") if isinstance(onnx_section, dict) else None
-    for kind in GRAPH_KINDS:
-        for name in bundle.files(kind):
-            precision = bundle.manifest["files"][name].get("precision") or "fp32"
-            check_graph_ops((bundle.path / name).read_bytes(), str(bundle.path / name), precision, listed)
+    for name in sorted(verified):
+        entry = manifest["files"][name]
+        if entry.get("kind") in GRAPH_KINDS:
+            # The op allow-list and the manifest's op list, on the verified bytes, before any runtime opens
+            # the graph: a graph that would never return is refused here.
+            check_graph(root / name, verified[name], spec)
+            check_graph_ops(verified[name], str(root / name), entry.get("precision") or "fp32", listed)
+    if state is not None and state.key_id is not None:
+        check_release(root, manifest, state.key_id, allow_downgrade=allow_downgrade)
+    return Bundle(root, manifest, spec, types.MappingProxyType(verified))
+
+
+def check_graph(path: Path, data: bytes, spec: PolicySpec) -> None:
+    """One SacEdgeError line when the ONNX graph ``data`` keeps any tensor outside itself (external data:
+    onnxruntime would read it from a file beside the graph, which the manifest neither lists nor hashes), or
+    when its input and output widths are not the spec's (buffers are sized from the spec)."""
+    import onnx
+
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as err:  # protobuf's DecodeError and friends
+        raise SacEdgeError(f"{path}: not an ONNX graph ({str(err)[:120]}); re-export the bundle") from None
+    for what, values, want in (
+        ("input", model.graph.input, spec.obs_dim),
+        ("output", model.graph.output, spec.act_dim),
+    ):
+        dims = [list(v.type.tensor_type.shape.dim) for v in values[:1]]
+        width = dims[0][-1].dim_value if dims and dims[0] else None
+        if width != want:
+            raise SacEdgeError(
+                f"{path}: the graph's {what} width is {width or 'not fixed'}, the manifest says {want}; "
+                "re-export the bundle"
+            )
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.external_data:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
+            raise SacEdgeError(
+                f"{path}: tensor {tensor.name[:60]!r} is external data ({location[:60]!r}), which the manifest "
+                "does not vouch for; re-export the bundle with sac-export (it keeps every weight in the graph)"
+            )
+
+
+def _tensors(graph: Any) -> Any:
+    """Every TensorProto of ``graph``: initializers, sparse initializers and node attributes, subgraphs too."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _tensors(sub)
 
 
 ACCEPTED = ("accepted", "accepted-mixed")

@@ -19,6 +19,7 @@ INT8 scales on a real device, where the code paths cannot be run here.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -75,7 +76,7 @@ def gate_states(bundle: Bundle) -> tuple[np.ndarray, str]:
     observations, labelled as such."""
     names = bundle.files(STATES_KIND)
     if names:
-        states = np.load(bundle.path / names[0], allow_pickle=False)
+        states = np.load(io.BytesIO(bundle.read(bundle.path / names[0])), allow_pickle=False)
         if states.ndim == 2 and states.shape[1] == bundle.spec.obs_dim and len(states):
             return np.ascontiguousarray(states, np.float32), names[0]
         raise SacEdgeError(f"{bundle.path / names[0]}: held-out states have shape {states.shape}; re-export the bundle")
@@ -98,13 +99,13 @@ def reference_actions(
     if weights:
         import onnx
 
-        graph = onnx.load(str(model), load_external_data=False).graph
+        graph = onnx.load_from_string(bundle.read(model)).graph
         names = {init.name for init in graph.initializer if init.data_type == onnx.TensorProto.FLOAT}
         for name in sorted(names & set(weights)):
             value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(weights[name], np.float32))
             options.add_initializer(name, value)
             values.append(value)
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(bundle.read(model), options, providers=["CPUExecutionProvider"])
     return np.asarray(session.run(None, {session.get_inputs()[0].name: states})[0], np.float32)
 
 

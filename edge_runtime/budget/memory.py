@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .sensors.base import Clock, SensorError
+from .sensors.base import Clock, SensorError, read_sensor_text
 
 NVMAP_MAPS = Path("sys/kernel/debug/nvmap/iovmm/maps")
 CudaMemoryFn = typing.Callable[[], typing.Tuple[int, int]]
@@ -34,10 +34,7 @@ _UNIT_KB = {"K": 1, "M": 1024, "G": 1024 * 1024}
 
 def _kb_fields(path: Path) -> dict[str, int]:
     """``Key: value kB`` lines of a proc file as {key: value}; other lines are ignored."""
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise SensorError(f"cannot read {path}: {err.strerror or err}") from err
+    text = read_sensor_text(path)
     fields = {}
     for line in text.splitlines():
         match = _KB_LINE.match(line.strip())
@@ -136,8 +133,8 @@ def parse_nvmap_maps(text: str) -> NvMapTable:
 def read_nvmap(root: Path = Path("/")) -> NvMapTable | None:
     """The NvMap table, or None where it is absent (not a Jetson) or unreadable (not root)."""
     try:
-        return parse_nvmap_maps((root / NVMAP_MAPS).read_text())
-    except OSError:
+        return parse_nvmap_maps(read_sensor_text(root / NVMAP_MAPS))
+    except SensorError:
         return None
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from sac_edge.common.bounded import open_regular
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.summary import json_safe
 
@@ -24,7 +25,7 @@ from sac_edge.common.summary import json_safe
 class TelemetryWriter:
     """Appends JSON records to ``path`` (or drops them when ``path`` is None)."""
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, *, overwrite: bool = False) -> None:
         self.path = Path(path) if path else None
         self._fh: IO[str] | None = None
         self.records = 0
@@ -34,7 +35,12 @@ class TelemetryWriter:
         if self.path is not None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+                # Never through a symlink, only a regular file, and an existing one only when asked to.
+                flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+                fd = open_regular(
+                    self.path, "telemetry file", "choose another --telemetry path", follow=False, flags=flags
+                )
+                self._fh = open(fd, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
             except OSError as err:
                 raise SacEdgeError(f"cannot write telemetry to {self.path}: {err.strerror or err}") from None
 

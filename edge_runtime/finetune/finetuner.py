@@ -26,6 +26,7 @@ line; the loop keeps running.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import threading
 import time
@@ -61,8 +62,18 @@ Emit = typing.Callable[[typing.Dict[str, Any]], None]
 
 
 def finetune_dir(cfg: FinetuneSettings) -> Path:
-    """Where the last good weights live: ``--finetune-dir`` or ``BUNDLE/finetune``."""
-    return Path(cfg.finetune_dir) if cfg.finetune_dir else Path(cfg.bundle) / FINETUNE_DIR
+    """Where the last good weights live: ``--finetune-dir`` or ``BUNDLE/finetune``; the latter refused (one
+    line) when it is a symlink or not a directory, since the weights and the lock would then be written
+    wherever the bundle's author pointed it."""
+    if cfg.finetune_dir:
+        return Path(cfg.finetune_dir)
+    path = Path(cfg.bundle) / FINETUNE_DIR
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+        raise SacEdgeError(
+            f"{path} is a symlink or not a directory; sac-edge writes fine-tuned weights only into a real "
+            "BUNDLE/finetune: remove it, or pass --finetune-dir DIR"
+        )
+    return path
 
 
 def install_last_good(swapper: WeightSwapper, last: LastGood) -> tuple[WeightSets, dict[str, Any]]:
@@ -336,15 +347,15 @@ def _actor(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def read_learner_tensors(bundle: Bundle) -> dict[str, np.ndarray]:
     """The bundle's ``learner.safetensors`` as numpy arrays (the learner process gets them by shared memory)."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
 
     names = bundle.files("learner")
     if not names:
         raise SacEdgeError(f"{bundle.path}: --finetune needs learner.safetensors, which the bundle lacks")
     path = bundle.path / names[0]
     try:
-        with safe_open(str(path), framework="numpy") as fh:
-            return {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no iterator
+        return load(bundle.read(path))  # the verified bytes
     except (SafetensorError, OSError, ValueError) as err:
         raise SacEdgeError(f"{path}: learner tensors are corrupt or truncated ({err}); re-export the bundle") from None
 

@@ -20,8 +20,10 @@ self-describing) and ``DIR/last_good.json`` (the same facts plus the file's sha2
 power loss at any moment leaves either the old pair or the new tensors, never a torn file. The tensors
 file carries a checksum of its own tensors in its metadata, and the pair it replaces is kept as
 ``DIR/previous.safetensors`` / ``DIR/previous.json``: ``load`` refuses a set whose checksum does not match or
-that holds non-finite or absurd weights, naming the previous generation to fall back to. This module has
-no torch import, so ``sac-edge run --resume`` without ``--finetune`` stays torch-free.
+that holds non-finite, absurd or non-floating weights, naming the previous generation to fall back to.
+Every file here is read as a regular file of bounded size, never through a symlink, and the tensors are
+parsed from the very bytes whose checksum is checked. This module has no torch import, so ``sac-edge run
+--resume`` without ``--finetune`` stays torch-free.
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sac_edge.common.atomic import atomic_path, atomic_write_json
+from sac_edge.common.bounded import read_capped
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.jsonfile import read_json_or_none
-from sac_edge.common.manifest import sha256_file
 
 LAST_GOOD = "last_good.safetensors"
 LAST_GOOD_INFO = "last_good.json"
@@ -53,6 +55,9 @@ INFO_KEY = "sac_edge_last_good"
 CHECKSUM_KEY = "sac_edge_tensors_sha256"
 #: No trained SAC weight comes near this; a larger one is damage, not learning.
 MAX_ABS_WEIGHT = 1e4
+#: A last good file holds the learner (actor, critics, targets) and a few thousand states: a few MiB to a
+#: few tens of MiB for the widest networks sac-train accepts on a device; more is not one sac-edge wrote.
+MAX_WEIGHTS_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -144,9 +149,12 @@ def tensors_sha256(tensors: Mapping[str, np.ndarray]) -> str:
 
 
 def damage(tensors: Mapping[str, np.ndarray]) -> str | None:
-    """Why a weight set must not be served (a non-finite or absurdly large network weight), or None."""
+    """Why a weight set must not be served (a non-floating, non-finite or absurdly large network weight), or
+    None. Integer weights would pass the finiteness and magnitude checks and be served as they are."""
     for name, arr in tensors.items():
-        if name == STATES_KEY or not np.issubdtype(arr.dtype, np.floating):
+        if not np.issubdtype(arr.dtype, np.floating):
+            return f"{name} holds {arr.dtype} values, not floating-point weights"
+        if name == STATES_KEY:
             continue
         if not np.isfinite(arr).all():
             return f"{name} holds non-finite values"
@@ -181,12 +189,19 @@ class LastGoodStore:
                 if self.info_path.is_file():
                     os.replace(self.info_path, self.dir / PREVIOUS_INFO)
                 os.replace(self.path, self.previous)
-        sha = sha256_file(self.path)
+        sha = hashlib.sha256(_read_bytes(self.path)).hexdigest()
         atomic_write_json(self.info_path, {**facts, "file": LAST_GOOD, "sha256": sha})
         return sha
 
     def exists(self) -> bool:
-        return self.path.is_file()
+        """Whether anything is where the last good weights go (a symlink or a FIFO counts: never overwritten
+        without --resume or --restart)."""
+        return os.path.lexists(self.path)
+
+    def holds_weights(self) -> bool:
+        """Whether the directory holds fine-tuned weights of either generation (a power cut between a save's
+        two renames, or a damaged set moved away, leaves only ``previous.safetensors``)."""
+        return self.exists() or os.path.lexists(self.previous)
 
     def load(self) -> LastGood:
         """Read and verify the last good weights; a missing, corrupt or damaged set is a one-line error
@@ -196,18 +211,19 @@ class LastGoodStore:
         sidecar is advisory: if it disagrees with the tensors file (a crash between the two writes), the
         tensors file wins and the mismatch is reported in ``info``.
         """
-        if not self.path.is_file():
-            hint = self._fallback() if self.previous.is_file() else "run --finetune first"
+        if not self.exists():
+            hint = self._fallback() if os.path.lexists(self.previous) else "run --finetune first"
             raise SacEdgeError(f"{self.path}: no last good weights to resume from; {hint}")
-        meta, tensors, problem = _read_verified(self.path)
+        meta, tensors, problem, sha = _read_verified(self.path)
         if problem is not None:
             raise SacEdgeError(f"{self.path}: last good weights are damaged ({problem}); {self._fallback()}")
         try:
             info = json.loads(meta.get(INFO_KEY, "{}"))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, TypeError):
             info = {}
-        sha = sha256_file(self.path)
-        sidecar = read_json_or_none(self.info_path)
+        if not isinstance(info, dict):
+            info = {}
+        sidecar = read_json_or_none(self.info_path, follow=False)
         info["sidecar"] = "missing" if sidecar is None else ("ok" if sidecar.get("sha256") == sha else "stale")
         states = tensors.pop(STATES_KEY, np.zeros((0, 0), np.float32))
         if not any(k.startswith("actor.") for k in tensors):
@@ -216,8 +232,8 @@ class LastGoodStore:
 
     def _fallback(self) -> str:
         """What to do about a damaged set: resume from the previous generation if it is intact."""
-        if self.previous.is_file() and _read_verified(self.previous)[2] is None:
-            generation = (read_json_or_none(self.dir / PREVIOUS_INFO) or {}).get("generation", "unknown")
+        if os.path.lexists(self.previous) and _read_verified(self.previous)[2] is None:
+            generation = (read_json_or_none(self.dir / PREVIOUS_INFO, follow=False) or {}).get("generation", "unknown")
             return (
                 f"the previous good generation ({generation}) is intact in {self.previous}: move it to "
                 f"{self.path} to resume from it, or run --finetune --restart"
@@ -225,19 +241,41 @@ class LastGoodStore:
         return "restore a copy, or run --finetune --restart to start again from the bundle weights"
 
 
-def _read_verified(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray], str | None]:
-    """A last good file's metadata and tensors, with why they must not be used (None when intact)."""
-    from safetensors import SafetensorError, safe_open
+def _read_bytes(path: Path) -> bytes:
+    """A weights file's bytes: a regular file (not a symlink, FIFO or device) of at most MAX_WEIGHTS_BYTES."""
+    return read_capped(path, MAX_WEIGHTS_BYTES, "weights file", "restore a copy", follow=False)
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file's header (8-byte little-endian length, then JSON)."""
+    size = int.from_bytes(data[:8], "little")
+    if len(data) < 8 or size > len(data) - 8:
+        raise ValueError("header length past the end of the file")
+    meta = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError("metadata is not a string table")
+    return meta
+
+
+def _read_verified(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray], str | None, str]:
+    """A last good file's metadata, tensors (parsed from the bytes read once), why they must not be used
+    (None when intact) and the sha256 of those bytes."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
 
     try:
-        with safe_open(str(path), framework="numpy") as fh:
-            meta = fh.metadata() or {}
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no iterator
-    except (SafetensorError, OSError, ValueError) as err:
-        return {}, {}, f"unreadable: {str(err)[:120]}"
+        data = _read_bytes(path)
+    except (OSError, SacEdgeError) as err:
+        return {}, {}, f"unreadable: {str(err)[:160]}", ""
+    sha = hashlib.sha256(data).hexdigest()
+    try:
+        meta = _metadata(data)
+        tensors = load(data)
+    except (SafetensorError, ValueError, AttributeError, RecursionError) as err:
+        return {}, {}, f"unreadable: {str(err)[:120]}", sha
     expected = meta.get(CHECKSUM_KEY)
     if expected is None:
-        return meta, tensors, "no tensor checksum in its metadata"
+        return meta, tensors, "no tensor checksum in its metadata", sha
     if tensors_sha256(tensors) != expected:
-        return meta, tensors, "tensor checksum mismatch: the file changed after it was written"
-    return meta, tensors, damage(tensors)
+        return meta, tensors, "tensor checksum mismatch: the file changed after it was written", sha
+    return meta, tensors, damage(tensors), sha

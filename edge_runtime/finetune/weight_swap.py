@@ -68,8 +68,8 @@ class Int8Requantizer:
                 f"{bundle.path}: swapping weights into int8 needs policy.onnx, policy.int8.onnx and the calibration "
                 "ranges (manifest calibration.amax) that sac-export --int8 writes; re-export or serve fp32"
             )
-        self.model = onnx.load(str(fp32))
-        int8_model = onnx.load(str(int8))
+        self.model = onnx.load_from_string(bundle.read(fp32))
+        int8_model = onnx.load_from_string(bundle.read(int8))
         self.float_layers = frozenset(float_layers_of(int8_model) or ())
         self.amax = {str(k): float(v) for k, v in amax.items()}
         self.spec = bundle.spec

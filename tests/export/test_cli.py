@@ -56,6 +56,7 @@ def test_export_writes_verified_bundle_and_json(
     for entry in manifest["files"].values():
         assert len(entry["sha256"]) == 64 and entry["bytes"] > 0
     assert manifest["parity"]["states"] == 10_000 and manifest["parity"]["passed"]
+    assert isinstance(manifest["release"], int) and manifest["release"] > 1_700_000_000_000  # signed: export ms
     assert manifest["spec"]["obs_dim"] == 3 and manifest["action_low"] == [-2.0]
     assert manifest["source"]["kind"] == "sac-edge" and len(manifest["source"]["checkpoint_sha256"]) == 64
     assert manifest["tensorrt"]["fp16"]["status"] == "deferred"  # no TensorRT here: built on the device

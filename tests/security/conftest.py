@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edge_runtime"))  # bundles.py, the test bundles
 
 from bundles import make_bundle
+from sac_edge.common.signing import generate_keypair
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +26,16 @@ def clean_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def bundle(clean_bundle: Path, tmp_path: Path) -> Path:
     """A private copy of the clean bundle for one test to tamper with."""
     return Path(shutil.copytree(clean_bundle, tmp_path / "bundle"))
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path]:
+    """A signing key and a trusted-keys directory holding its public key."""
+    private, public = generate_keypair(tmp_path / "fleet")
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    shutil.copyfile(public, trusted / public.name)
+    return private, trusted
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], rc: int, prog: str = "sac-edge", code: int = 2) -> str:

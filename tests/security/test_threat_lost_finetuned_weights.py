@@ -3,9 +3,10 @@
 - ``sac-export --force`` never deletes ``BUNDLE/finetune/`` unless told ``--discard-finetuned``, and never
   replaces a directory sac-export did not write;
 - ``--finetune`` on a bundle with last good weights continues (``--resume``) or starts again
-  (``--restart``) only when told which;
+  (``--restart``) only when told which, also when only the previous generation is left;
+- ``--telemetry`` never truncates an existing file unless told ``--overwrite-telemetry``;
 - one fine-tuner per weights directory (a lock naming its owner's pid; a dead owner's lock is recovered);
-- ``--resume`` refuses a damaged set (checksum, non-finite or absurd weights), naming the previous
+- ``--resume`` refuses a damaged set (checksum, non-finite, absurd or integer weights), naming the previous
   generation that is kept; the generation counter continues across resumes.
 """
 
@@ -143,3 +144,33 @@ def test_generation_counter_continues_on_resume(
     ft = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["finetune"]
     assert ft["start_generation"] == 19 and ft["promotions"] > 0 and ft["generation"] > 19, ft
     assert json.loads(store.info_path.read_text())["generation"] == ft["generation"]
+
+
+def test_finetune_over_a_lone_previous_generation_needs_resume_or_restart(
+    bundle: Path, refused: Callable[..., str]
+) -> None:
+    store = LastGoodStore(bundle / "finetune")
+    _save(store, 18)
+    _save(store, 19)
+    store.path.unlink()  # a power cut between a save's two renames, or a damaged set moved away
+    before = store.previous.read_bytes()
+    err = refused(edge_cli.main, ["run", str(bundle), "--finetune", "--duration", "0.1"])
+    assert "previous.safetensors holds fine-tuned weights" in err and "--resume" in err and "--restart" in err
+    assert store.previous.read_bytes() == before
+
+
+def test_telemetry_never_truncates_an_existing_file(bundle: Path, refused: Callable[..., str]) -> None:
+    store = LastGoodStore(bundle / "finetune")
+    _save(store, 7)
+    before = store.path.read_bytes()
+    err = refused(edge_cli.main, ["run", str(bundle), "--duration", "0.1", "--telemetry", str(store.path)])
+    assert "already exists" in err and "--overwrite-telemetry" in err
+    assert store.path.read_bytes() == before
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_])
+def test_resume_refuses_integer_weights(bundle: Path, refused: Callable[..., str], dtype: type) -> None:
+    store = LastGoodStore(bundle / "finetune")
+    _save(store, 5, {"actor.mu.weight": np.ones((1, 8), dtype), "log_alpha": np.zeros(1)})
+    err = refused(edge_cli.main, ["run", str(bundle), "--resume", "--duration", "0.1"])
+    assert "damaged" in err and "not floating-point weights" in err

@@ -1,12 +1,16 @@
 """Finding 5: sizes are checked before anything is read into memory.
 
-An SB3 ``.zip`` whose member inflates to gigabytes (a zip bomb), and JSON files far larger than any
-sac-edge writes, are one-line errors (exit 2) instead of an out-of-memory crash.
+An SB3 ``.zip`` whose member inflates to gigabytes (a zip bomb), a ``policy.pth`` whose tensor record is
+deflated, a VecNormalize pickle naming a huge array, a manifest naming a huge or wrong observation width,
+and JSON files far larger than any sac-edge writes, are one-line errors (exit 2) instead of an
+out-of-memory crash.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
 import struct
 import zipfile
 from collections.abc import Callable
@@ -68,3 +72,52 @@ def test_capped_read_never_reads_past_the_cap(tmp_path: Path) -> None:
         fh.truncate(bounded.MAX_JSON_BYTES + 1)
     with pytest.raises(SacEdgeError, match=r"larger than 16\.0 MiB"):
         read_json(path, "record", "delete it")
+
+
+class _HugeArray:
+    """Pickles as ``numpy.ndarray((N,), float64)``: globals the VecNormalize reader allows, 8 TB to allocate."""
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        import numpy as np
+
+        return (np.ndarray, ((10**12,), np.dtype("f8")))
+
+
+def test_vecnormalize_array_sizes_are_checked_before_allocation(tmp_path: Path) -> None:
+    from sac_edge.export.vecnormalize import load_vecnormalize
+
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps({"obs_rms": _HugeArray()}))
+    assert pkl.stat().st_size < 2048
+    with pytest.raises(SacEdgeError, match="larger than 64 MiB"):
+        load_vecnormalize(pkl)
+
+
+def test_a_deflated_tensor_record_in_policy_pth_is_refused(tmp_path: Path, refused: Callable[..., str]) -> None:
+    import torch
+
+    saved = io.BytesIO()
+    torch.save({"actor.mu.weight": torch.zeros(16 << 20)}, saved)  # 64 MiB of zeros
+    deflated = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(saved.getvalue())) as src, zipfile.ZipFile(
+        deflated, "w", zipfile.ZIP_DEFLATED
+    ) as out:
+        for info in src.infolist():
+            out.writestr(info.filename, src.read(info))
+    assert len(deflated.getvalue()) < 1 << 20
+    bomb = _zip(tmp_path / "bomb.zip", deflated.getvalue())
+    err = refused(export_cli.main, [str(bomb), "--env", "Pendulum-v1", "--out", str(tmp_path / "b")], prog="sac-export")
+    assert "is compressed" in err and "policy.pth" in err
+
+
+@pytest.mark.parametrize(("obs_dim", "says"), [(10**9, "from 1 to 65536"), (4, "input width is 3")])
+def test_manifest_dimensions_are_bounded_by_the_graph(
+    bundle: Path, refused: Callable[..., str], obs_dim: int, says: str
+) -> None:
+    from sac_edge.edge_runtime import cli as edge_cli
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["spec"]["obs_dim"] = obs_dim
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    err = refused(edge_cli.main, ["bench", str(bundle), "--backends", "onnxruntime", "--calls", "5", "--warmup", "1"])
+    assert says in err

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,16 +26,6 @@ from sac_edge.common.signing import (
 )
 from sac_edge.edge_runtime import cli as edge_cli
 from sac_edge.export import cli as export_cli
-
-
-@pytest.fixture
-def keys(tmp_path: Path) -> tuple[Path, Path]:
-    """A signing key and a trusted-keys directory holding its public key."""
-    private, public = generate_keypair(tmp_path / "fleet")
-    trusted = tmp_path / "trusted"
-    trusted.mkdir()
-    shutil.copyfile(public, trusted / public.name)
-    return private, trusted
 
 
 def _run(bundle: Path, trusted: Path) -> list[str]:

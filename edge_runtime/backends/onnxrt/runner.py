@@ -128,6 +128,7 @@ class OrtBackend(Backend):
         super().__init__(bundle.spec)
         self.name, self.precision, self.model = name, precision, model
         self._providers, self._threads, self._bundle = providers, options.threads, bundle
+        self._model_bytes = bundle.read(model)  # the verified bytes: the file is never read again
         ort = import_ort()
         self._obs = np.zeros((1, bundle.spec.obs_dim), np.float32)
         self._action = np.zeros((1, bundle.spec.act_dim), np.float32)
@@ -172,7 +173,7 @@ class OrtBackend(Backend):
         swappable initializers (``initializers`` over the file's values), which it reads where they are;
         ``pre`` (with new initializers, not in place): built from that pre-optimised graph."""
         ort = import_ort()
-        source: str | bytes = str(self.model)
+        source: bytes = self._model_bytes
         if pre is not None and initializers and not in_place:
             so = self._options("ORT_DISABLE_ALL")
             so.add_session_config_entry(LOAD_FORMAT, "ORT")
@@ -224,7 +225,9 @@ class OrtBackend(Backend):
                     so = self._options("ORT_ENABLE_EXTENDED")
                     so.optimized_model_filepath = str(Path(tmp) / f"optimised.{fmt.lower()}")
                     so.add_session_config_entry(SAVE_FORMAT, fmt)
-                    ort.InferenceSession(str(self.model), so, providers=self._providers, disabled_optimizers=KEEP_NAMES)
+                    ort.InferenceSession(
+                        self._model_bytes, so, providers=self._providers, disabled_optimizers=KEEP_NAMES
+                    )
                 import onnx
 
                 names = frozenset(i.name for i in onnx.load(str(Path(tmp) / "optimised.onnx")).graph.initializer)
@@ -269,7 +272,7 @@ class OrtBackend(Backend):
             except ImportError:
                 raise SacEdgeError("swap_weights with onnxruntime needs the Python package 'onnx'") from None
             kinds = (onnx.TensorProto.FLOAT, onnx.TensorProto.INT8, onnx.TensorProto.INT32)
-            graph = onnx.load(str(self.model)).graph
+            graph = onnx.load_from_string(self._model_bytes).graph
             self._graph = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.data_type in kinds}
         return self._graph
 

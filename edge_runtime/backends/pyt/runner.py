@@ -35,7 +35,7 @@ class TorchBackend(Backend):
         except ImportError:
             raise missing_package("torch", "torch", "use --backend onnxruntime") from None
         from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        from safetensors.torch import load
 
         from sac_edge.train.checkpoint import inference_policy
 
@@ -47,7 +47,7 @@ class TorchBackend(Backend):
             raise SacEdgeError(f"{bundle.path}: backend 'torch' needs learner.safetensors, which the bundle lacks")
         self.file = names[0]
         try:
-            tensors = load_file(str(bundle.path / self.file))
+            tensors = load(bundle.read(bundle.path / self.file))  # the verified bytes
             self._module = inference_policy(bundle.spec, tensors)
         except (SafetensorError, KeyError, RuntimeError) as err:
             raise SacEdgeError(f"{bundle.path / self.file}: cannot build the policy ({err})") from None

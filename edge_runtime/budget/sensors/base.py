@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from sac_edge.common.bounded import read_capped
 from sac_edge.common.errors import SacEdgeError
 
 Clock = typing.Callable[[], float]
@@ -75,12 +76,28 @@ class PowerSensor(ABC):
         self.close()
 
 
+#: The largest sysfs/procfs file a sensor reads (``proc/meminfo`` is ~1.5 KiB, the NvMap table a few KiB).
+MAX_SENSOR_BYTES = 1 << 20
+
+
+def read_sensor_text(path: Path, max_bytes: int = MAX_SENSOR_BYTES) -> str:
+    """The text of a sysfs/procfs file under a sensor root, read with a bound and only from a regular file
+    (sysfs and procfs attributes are regular files): a FIFO or device file in a copied tree (``proc/meminfo``
+    as a link to ``/dev/zero``) is refused without reading. SensorError, one line, when it cannot be read."""
+    fix = "point --sensor-root at a copied device tree of regular files"
+    try:
+        return read_capped(path, max_bytes, "a sensor file", fix).decode(errors="replace")
+    except SensorError:
+        raise
+    except SacEdgeError as err:
+        raise SensorError(str(err)) from None
+    except OSError as err:
+        raise SensorError(f"cannot read {path}: {err.strerror or err}") from None
+
+
 def read_number(path: Path) -> float:
     """First whitespace-separated token of a sysfs file as a number (``"32760 ma"`` -> 32760)."""
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise SensorError(f"cannot read {path}: {err.strerror or err}") from err
+    text = read_sensor_text(path)
     try:
         return float(text.split()[0])
     except (IndexError, ValueError) as err:

@@ -14,7 +14,9 @@ from .nvml import NvmlSensor
 from .rapl import RaplSensor
 from .tegrastats import TegrastatsSensor
 
-TEGRASTATS_BINARY = Path("usr/bin/tegrastats")
+#: Where L4T installs tegrastats. Only this binary is ever run, and only when the sensors read the live
+#: system: a tree under another root is data that was copied here, so a program in it is never executed.
+SYSTEM_TEGRASTATS = Path("/usr/bin/tegrastats")
 
 
 class CombinedSensor(PowerSensor):
@@ -55,22 +57,26 @@ def _try(make: Callable[[], PowerSensor], probe: bool = False) -> PowerSensor | 
 
 
 def detect_power_sensor(
-    root: Path = Path("/"), clock: Clock = time.monotonic, tegrastats_interval_ms: int = 1000
+    root: Path = Path("/"),
+    clock: Clock = time.monotonic,
+    tegrastats_interval_ms: int = 1000,
+    tegrastats: Path | None = None,
 ) -> PowerSensor:
     """The best real source present under ``root``, else :class:`EstimatedSensor`, else :class:`NoPowerSensor`.
 
-    Order: INA3221 hwmon (JetPack 5+), INA3221 iio (JetPack 4), ``root/usr/bin/tegrastats`` (a Jetson
-    whose sysfs rails are not readable), then RAPL and NVML (summed when both are present), then the
-    estimate where one fits the machine (Xavier NX, or a host that is not a Jetson), else no sensor.
-    NVML is a library, not a file tree, so it is only consulted when ``root`` is ``/``. Every candidate
-    is read once before it is chosen.
+    Order: INA3221 hwmon (JetPack 5+), INA3221 iio (JetPack 4), tegrastats (a Jetson whose sysfs rails are
+    not readable: ``tegrastats`` when a caller names the binary, else ``/usr/bin/tegrastats`` when ``root`` is
+    ``/``; nothing under another ``root`` is ever executed), then RAPL and NVML (summed when both are
+    present), then the estimate where one fits the machine (Xavier NX, or a host that is not a Jetson), else
+    no sensor. NVML is a library, not a file tree, so it is only consulted when ``root`` is ``/``. Every
+    candidate is read once before it is chosen.
     """
     for make in (lambda: Ina3221HwmonSensor(root, clock), lambda: Ina3221IioSensor(root, clock)):
         sensor = _try(make, probe=True)
         if sensor is not None:
             return sensor
-    binary = root / TEGRASTATS_BINARY
-    if os.access(binary, os.X_OK):
+    binary = tegrastats if tegrastats is not None else SYSTEM_TEGRASTATS if root == Path("/") else None
+    if binary is not None and os.access(binary, os.X_OK):
         found = _try(lambda: TegrastatsSensor(binary, tegrastats_interval_ms, clock), probe=True)
         if found is not None:
             return found

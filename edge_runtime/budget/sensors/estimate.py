@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Clock, PowerReading, PowerSensor, SensorError
+from .base import Clock, PowerReading, PowerSensor, SensorError, read_sensor_text
 from .jetson import board_model, is_jetson, nvpmodel_mode
 
 _STAT_CPU = re.compile(r"^cpu(\d+)\s+(.*)$")
@@ -64,8 +64,8 @@ GENERIC_HOST = PowerModel("generic-host", idle_w=10.0, core_w=4.0)
 
 def _text(path: Path) -> str:
     try:
-        return path.read_text().strip()
-    except OSError:
+        return read_sensor_text(path).strip()
+    except SensorError:
         return ""
 
 

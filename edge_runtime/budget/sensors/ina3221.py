@@ -32,7 +32,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Clock, PowerReading, PowerSensor, SensorError, read_number, total_from_rails, total_rail
+from .base import (
+    Clock,
+    PowerReading,
+    PowerSensor,
+    SensorError,
+    read_number,
+    read_sensor_text,
+    total_from_rails,
+    total_rail,
+)
 
 IIO_DRIVER_DIR = Path("sys/bus/i2c/drivers/ina3221x")
 HWMON_DRIVER_DIR = Path("sys/bus/i2c/drivers/ina3221")
@@ -65,8 +74,8 @@ def _i2c_devices(driver_dir: Path) -> list[Path]:
 def _label(path: Path) -> str:
     """A label file's text; an unreadable one counts as absent so detection can move on."""
     try:
-        return path.read_text().strip()
-    except OSError:
+        return read_sensor_text(path).strip()
+    except SensorError:
         return ""
 
 

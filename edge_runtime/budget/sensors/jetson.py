@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .base import SensorError, read_sensor_text
+
 _TEGRA_RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
 _PMODE = re.compile(r"pmode:(\d+)")
 _CONF_MODE = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+)\s*>")
@@ -68,9 +70,10 @@ JETPACK = {
 
 
 def _text(path: Path) -> str:
+    """The file's text, bounded and from a regular file only (``read_sensor_text``), "" when it cannot be read."""
     try:
-        return path.read_text(errors="replace").replace("\x00", "").strip()
-    except OSError:
+        return read_sensor_text(path).replace("\x00", "").strip()
+    except SensorError:
         return ""
 
 

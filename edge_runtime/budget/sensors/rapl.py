@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import Clock, PowerReading, PowerSensor, SensorError, read_number
+from .base import Clock, PowerReading, PowerSensor, SensorError, read_number, read_sensor_text
 
 POWERCAP_DIR = Path("sys/class/powercap")
 _ZONE = re.compile(r"^intel-rapl:\d+(:\d+)?$")
@@ -48,8 +48,8 @@ class _Zone:
 
 def _zone_name(path: Path) -> str:
     try:
-        return path.read_text().strip()
-    except OSError:
+        return read_sensor_text(path).strip()
+    except SensorError:
         return ""
 
 

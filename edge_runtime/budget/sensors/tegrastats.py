@@ -28,7 +28,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import Clock, PowerReading, PowerSensor, SensorError, total_from_rails
+from sac_edge.common.bounded import open_regular
+from sac_edge.common.errors import SacEdgeError
+
+from .base import Clock, PowerReading, PowerSensor, SensorError, read_sensor_text, total_from_rails
+
+#: The largest tegrastats log read whole (a line a second for a day is ~30 MiB).
+MAX_LOG_BYTES = 64 << 20
 
 _STAMP = re.compile(r"^\s*(\d{2}-\d{2}-\d{4} \d{2}:\d{2}:\d{2})\s")
 _RAM = re.compile(r"\bRAM (\d+)/(\d+)MB")
@@ -148,11 +154,9 @@ def parse_tegrastats_lines(lines: Iterable[str]) -> list[TegrastatsSample]:
 
 
 def read_tegrastats_log(path: Path) -> list[TegrastatsSample]:
-    """All samples of a ``tegrastats --logfile`` file (or a captured stdout)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as err:
-        raise SensorError(f"cannot read tegrastats log {path}: {err.strerror or err}") from err
+    """All samples of a ``tegrastats --logfile`` file (or a captured stdout): a regular file of at most
+    MAX_LOG_BYTES."""
+    text = read_sensor_text(path, MAX_LOG_BYTES)
     return parse_tegrastats_lines(text.splitlines())
 
 
@@ -252,10 +256,13 @@ class TegrastatsLogSensor(PowerSensor):
             raise SensorError(f"no tegrastats log at {path}")
 
     def latest_sample(self) -> TegrastatsSample:
-        try:
-            with open(self.path, "rb") as fh:
+        try:  # a regular file only (a FIFO would block the read), and only its tail
+            fd = open_regular(self.path, "the tegrastats log", "point it at the file tegrastats --logfile writes")
+            with os.fdopen(fd, "rb") as fh:
                 fh.seek(max(0, fh.seek(0, os.SEEK_END) - self._tail_bytes))
-                text = fh.read().decode(errors="replace")
+                text = fh.read(self._tail_bytes).decode(errors="replace")
+        except SacEdgeError as err:
+            raise SensorError(str(err)) from None
         except OSError as err:
             raise SensorError(f"cannot read tegrastats log {self.path}: {err.strerror or err}") from err
         samples = parse_tegrastats_lines(text.splitlines())

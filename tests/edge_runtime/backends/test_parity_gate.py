@@ -30,13 +30,20 @@ from sac_edge.edge_runtime.backends.trt.plans import parity_records, record_pari
 CPU = ["CPUExecutionProvider"]
 
 
-def _perturbed(bundle: Bundle, out: Path, delta: float = 0.5) -> Path:
-    """policy.onnx with its last layer's bias shifted by ``delta`` (everything else identical)."""
-    model = onnx.load(str(bundle.path / "policy.onnx"))
+def _perturbed(source: Path, tmp_path: Path, name: str, delta: float = 0.5) -> tuple[Bundle, Path]:
+    """A copy of the bundle ``source`` that also lists ``name``: its policy.onnx with the last layer's bias
+    shifted by ``delta`` (everything else identical), opened with open_bundle so the backend is served the
+    perturbed graph's verified bytes like any bundle file."""
+    root = tmp_path / "bundle"
+    shutil.copytree(source, root)
+    model = onnx.load(str(root / "policy.onnx"))
     bias = [i for i in model.graph.initializer if i.name.endswith("bias")][-1]
     bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + np.float32(delta), bias.name))
-    onnx.save(model, str(out))
-    return out
+    onnx.save(model, str(root / name))
+    manifest = read_manifest(root)
+    manifest["files"][name] = file_entry(root, name, kind="onnx", precision="perturbed")
+    write_manifest(root, manifest)
+    return open_bundle(root), root / name
 
 
 def _engine(bundle: Bundle, model: Path, precision: str = "fp32", name: str = "engine-under-test") -> OrtBackend:
@@ -51,20 +58,19 @@ def test_the_reference_itself_passes_with_zero_error(pendulum_bundle: Path) -> N
 
 
 def test_a_perturbed_bias_fails_the_gate_in_one_line(pendulum_bundle: Path, tmp_path: Path) -> None:
-    bundle = open_bundle(pendulum_bundle)
-    wrong = _engine(bundle, _perturbed(bundle, tmp_path / "wrong.onnx"))
+    bundle, model = _perturbed(pendulum_bundle, tmp_path, "wrong.onnx")
+    wrong = _engine(bundle, model)
     parity = check_backend(wrong, bundle, "build")
     assert not parity.passed and parity.max_abs > parity.limit
     with pytest.raises(ParityError, match=r"parity gate FAILED for engine-under-test/fp32 \(build\)") as err:
         require(parity, "plan deleted, not served")
     assert "\n" not in str(err.value) and err.value.exit_code == 1 and err.value.parity == parity
     # fp16's wider tolerance does not hide it either
-    assert not check_backend(_engine(bundle, tmp_path / "wrong.onnx", "fp16"), bundle, "build").passed
+    assert not check_backend(_engine(bundle, model, "fp16"), bundle, "build").passed
 
 
 def test_a_tiny_perturbation_passes_fp16_but_not_fp32(pendulum_bundle: Path, tmp_path: Path) -> None:
-    bundle = open_bundle(pendulum_bundle)
-    model = _perturbed(bundle, tmp_path / "close.onnx", delta=5e-3)  # ~1e-2 in env units (range 4)
+    bundle, model = _perturbed(pendulum_bundle, tmp_path, "close.onnx", delta=5e-3)  # ~1e-2 in env units (range 4)
     assert not check_backend(_engine(bundle, model, "fp32"), bundle, "build").passed  # fp32 tol 1e-3 * 4
     assert check_backend(_engine(bundle, model, "fp16"), bundle, "build").passed
 
@@ -106,8 +112,7 @@ def test_reference_uses_the_swapped_weights(pendulum_bundle: Path) -> None:
 def test_auto_falls_back_past_a_backend_that_fails_the_gate(
     pendulum_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bundle = open_bundle(pendulum_bundle)
-    wrong = _perturbed(bundle, tmp_path / "wrong.onnx")
+    bundle, wrong = _perturbed(pendulum_bundle, tmp_path, "wrong.onnx")
 
     def open_wrong(b: Bundle, precision: str, options: BackendOptions) -> OrtBackend:
         return gated(OrtBackend("onnxruntime-tensorrt", b, precision, wrong, CPU, options), b)  # type: ignore[return-value]
@@ -126,8 +131,8 @@ def test_auto_falls_back_past_a_backend_that_fails_the_gate(
 
 
 def test_failed_plan_is_deleted_and_its_figures_stay_for_doctor(tmp_path: Path, pendulum_bundle: Path) -> None:
-    bundle = open_bundle(pendulum_bundle)
-    parity = check_backend(_engine(bundle, _perturbed(bundle, tmp_path / "w.onnx")), bundle, "cached plan")
+    bundle, model = _perturbed(pendulum_bundle, tmp_path, "w.onnx")
+    parity = check_backend(_engine(bundle, model), bundle, "cached plan")
     plan = tmp_path / "engines" / "policy.fp32.trt10.3.0-orin-sm87.plan"
     plan.parent.mkdir()
     plan.write_bytes(b"engine")

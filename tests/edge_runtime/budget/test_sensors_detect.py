@@ -50,7 +50,7 @@ def test_unreadable_rails_fall_through_only_when_none_reads(tmp_path: Path) -> N
 
 def test_tegrastats_binary_when_sysfs_rails_are_absent(tmp_path: Path) -> None:
     root = merged(tmp_path, "rapl")
-    binary = root / "usr/bin/tegrastats"
+    binary = tmp_path / "bin/tegrastats"  # named by the caller: a binary inside root is never run
     binary.parent.mkdir(parents=True)
     line = (FIXTURES / "tegrastats/xavier_nx_root_datadog.log").read_text().strip()
     binary.write_text(
@@ -58,6 +58,6 @@ def test_tegrastats_binary_when_sysfs_rails_are_absent(tmp_path: Path) -> None:
         "    time.sleep(int(sys.argv[2]) / 1000)\n"
     )
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
-    with detect_power_sensor(root, tegrastats_interval_ms=50) as sensor:
+    with detect_power_sensor(root, tegrastats_interval_ms=50, tegrastats=binary) as sensor:
         assert isinstance(sensor, TegrastatsSensor)
         assert abs(sensor.read().total_w - 4.067) < 1e-9

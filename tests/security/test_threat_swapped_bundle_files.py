@@ -1,0 +1,74 @@
+"""Threat: bundle bytes served that nobody verified. ``open_bundle`` checks the signature and every sha256;
+the backends then load exactly those bytes from memory, so a file swapped on disk after the check (a
+shared mount, a USB stick written while the run starts) is never served. A graph whose weights live in an
+external-data file beside it (not listed, so neither hashed nor signed) is refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from sac_edge.common.manifest import file_entry
+from sac_edge.edge_runtime import cli as edge_cli
+from sac_edge.edge_runtime.backends.base import open_bundle
+from sac_edge.edge_runtime.backends.registry import open_backend
+
+
+def _saturating(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same graph with its output layer's weights x 1000 (every action at a bound)."""
+    hostile = onnx.ModelProto()
+    hostile.CopyFrom(model)
+    for init in hostile.graph.initializer:
+        if init.name.startswith("actor.mu."):
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1000, init.name))
+    return hostile
+
+
+def test_a_graph_swapped_after_verification_is_not_served(bundle: Path) -> None:
+    opened = open_bundle(bundle)  # verified here
+    honest = open_backend(opened, "onnxruntime", "fp32")
+    obs = np.linspace(-1, 1, opened.spec.obs_dim, dtype=np.float32)
+    want = honest.act(obs).copy()
+    honest.close()
+    graph = bundle / "policy.onnx"
+    graph.write_bytes(_saturating(onnx.load(str(graph))).SerializeToString())  # swapped in between
+    served = open_backend(opened, "onnxruntime", "fp32")
+    np.testing.assert_array_equal(served.act(obs), want)
+    served.close()
+
+
+def test_external_data_beside_the_graph_is_refused(bundle: Path, refused: Callable[..., str]) -> None:
+    graph = bundle / "policy.onnx"
+    model = onnx.load(str(graph))
+    onnx.save_model(
+        _saturating(model), str(graph), save_as_external_data=True, location="weights.bin", size_threshold=0
+    )
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"]["policy.onnx"] = file_entry(bundle, "policy.onnx", kind="onnx", precision="fp32")
+    (bundle / "manifest.json").write_text(json.dumps(manifest))  # the graph's checksum is right again
+    err = refused(edge_cli.main, ["run", str(bundle), "--duration", "0.05", "--backend", "onnxruntime"])
+    assert "external data" in err and "weights.bin" in err
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "manifest.sig"])
+def test_a_symlinked_manifest_or_signature_is_refused(
+    bundle: Path, tmp_path: Path, refused: Callable[..., str], name: str
+) -> None:
+    from sac_edge.common.signing import generate_keypair, load_private_key, sign_bundle
+
+    private, public = generate_keypair(tmp_path / "k")
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / public.name).write_bytes(public.read_bytes())
+    sign_bundle(bundle, load_private_key(private))
+    outside = tmp_path / name
+    (bundle / name).rename(outside)
+    (bundle / name).symlink_to(outside)
+    argv = ["run", str(bundle), "--duration", "0.05", "--backend", "onnxruntime", "--trusted-keys", str(trusted)]
+    assert "symlink" in refused(edge_cli.main, argv)
