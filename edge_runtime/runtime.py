@@ -254,6 +254,13 @@ class Runtime:
         if self._final is None and self._owner != _NOT_OPEN:
             self.close()
 
+    @property
+    def backend(self) -> Backend:
+        """The backend serving now (the fine-tuner swaps weights into it; the governor may switch it)."""
+        if self._owner == _NOT_OPEN:
+            raise SacEdgeError("Runtime.backend before open(): there is no backend yet")
+        return self._backend
+
     # -- the control thread --------------------------------------------------------------------------
     def act(self, obs: np.ndarray) -> np.ndarray:
         """The action for ``obs``: finite and inside the bounds, the last safe one when the observation is
