@@ -6,7 +6,8 @@ Then, side by side:
 
 1. hot path, in this process, interleaved: a bare ``session.run_with_iobinding(binding)`` on the same
    graph (the library call ``OrtBackend.act`` wraps) against ``act``; the eager torch module against
-   ``TorchBackend.act``. Goal: ``act`` within 1.2x of the bare call.
+   ``TorchBackend.act``. Goal: ``act`` within 1.2x of the bare call. ``Runtime.act`` (the library API:
+   guards, overrun check, thread check) against the ``Backend.act`` it calls.
 2. precision: INT8 against FP32 through the CPU backend at batch 1 (``act``), 8 and 64 (``act_batch``),
    with the file sizes, and the compute floor (the MLP's FLOPs at this core's measured one-thread fp32
    GEMM rate). Goals: INT8 at most 0.8x FP32 at batch 1, 0.5x at batch 64, the file 0.35x.
@@ -56,6 +57,7 @@ from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.base import Backend, open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.control.step_stats import MISS_CAUSES
+from sac_edge.edge_runtime.runtime import RunConfig, Runtime
 from sac_edge.train.checkpoint import save_tensors
 from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
 
@@ -157,6 +159,14 @@ def hot_path(bundle: Path) -> dict[str, float]:
     )
     p50["ort_act_over_bare"] = round(p50["ort_act"] / p50["ort_bare"], 3)
     p50["torch_act_over_bare"] = round(p50["torch_act"] / p50["torch_bare"], 3)
+    with Runtime(RunConfig(bundle=str(bundle), backend="onnxruntime", precision="fp32")) as runtime:
+        backend = runtime.backend  # its own session: the ratio is against the backend it calls
+        lib = interleaved(
+            {"runtime_act": lambda: runtime.act(obs), "runtime_backend_act": lambda: backend.act(obs)},
+            calls=400,
+            rounds=25,
+        )
+    p50.update(lib, runtime_act_over_act=round(lib["runtime_act"] / lib["runtime_backend_act"], 3))
     return p50
 
 
@@ -402,8 +412,9 @@ def main() -> None:
                         [
                             ("onnxruntime", h["ort_bare"], h["ort_act"], h["ort_act_over_bare"]),
                             ("torch", h["torch_bare"], h["torch_act"], h["torch_act_over_bare"]),
+                            ("Runtime.act", h["runtime_backend_act"], h["runtime_act"], h["runtime_act_over_act"]),
                         ],
-                        ("backend", "bare call", "act", "act / bare"),
+                        ("backend", "bare call (Runtime: act)", "act", "act / bare"),
                     )
                 )
             if "precision" in sections:

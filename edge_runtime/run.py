@@ -8,50 +8,29 @@ opened at each cheaper precision the gate accepted, so a governor precision swit
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sac_edge.common.atomic import check_output_path
 from sac_edge.common.config import config_dict
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
-from sac_edge.common.lockfile import pid_lock
 from sac_edge.common.manifest import MANIFEST
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.backends.autoselect import autoselect
-from sac_edge.edge_runtime.backends.base import PRECISION_ORDER, Backend, BackendOptions, open_bundle
-from sac_edge.edge_runtime.backends.registry import open_backend, refusal
-from sac_edge.edge_runtime.budget.governor import Governor, GovernorConfig, build_ladder
-from sac_edge.edge_runtime.budget.memory import MemoryProbe
-from sac_edge.edge_runtime.budget.monitor import BudgetMonitor
-from sac_edge.edge_runtime.budget.sensors import NoPowerSensor, detect_power_sensor
+from sac_edge.edge_runtime.backends.base import Bundle, open_bundle
 from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings, describe_error
-from sac_edge.edge_runtime.control.realtime import check_idle_latency, enter_realtime, hold_idle_latency
+from sac_edge.edge_runtime.control.realtime import enter_realtime, hold_idle_latency
 from sac_edge.edge_runtime.control.telemetry import StatusLine, TelemetryWriter
-from sac_edge.edge_runtime.finetune.finetuner import build_finetuner, finetune_dir, install_last_good
-from sac_edge.edge_runtime.finetune.promotion import LastGood, LastGoodStore
+from sac_edge.edge_runtime.finetune.promotion import LastGood
 from sac_edge.edge_runtime.finetune.shift import parse_shift, shifted
-from sac_edge.edge_runtime.finetune.weight_swap import WeightSwapper
 
+from .compose import Composition, compose, last_good_weights, locked, validate
 from .config import RunConfig
-
-#: The fastest control rate accepted (a 10 us period; faster is not a control loop Python can keep).
-MAX_RATE_HZ = 100_000.0
-#: The slowest: one step every 1000 s (slower is not a control loop; the loop still sees a stop at once).
-MIN_RATE_HZ = 1e-3
-#: The longest ``--duration`` other than 0 (run until stopped): about 31 years.
-MAX_DURATION_S = 1e9
-#: The longest busy-wait before a slot and the longest inference watchdog limit.
-MAX_SPIN_US, MAX_INFERENCE_TIMEOUT_S = 1e6, 3600.0
 
 
 def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:
@@ -62,63 +41,6 @@ def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:
             f"{name}: observation {obs_shape} / action {act_shape} do not match the bundle's spec "
             f"(obs_dim={spec.obs_dim}, act_dim={spec.act_dim}, trained on {spec.env_id})"
         )
-
-
-def validate(cfg: RunConfig) -> None:
-    if cfg.finetune:
-        for name in ("finetune_buffer", "finetune_batch", "swap_every", "learning_starts"):
-            if getattr(cfg, name) < 1:
-                raise SacEdgeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-        if not 0 < cfg.learner_cpu <= 1:
-            raise SacEdgeError(f"--learner-cpu is a fraction of one core in (0, 1], got {cfg.learner_cpu}")
-        if not cfg.finetune_lr > 0 or cfg.explore_std < 0:
-            raise SacEdgeError("--finetune-lr must be positive and --explore-std non-negative")
-    if cfg.resume and cfg.restart:
-        raise SacEdgeError("--resume and --restart exclude each other: continue from the last good weights, or not")
-    if cfg.restart and not cfg.finetune:
-        raise SacEdgeError("--restart only applies with --finetune")
-    if not MIN_RATE_HZ <= cfg.rate_hz <= MAX_RATE_HZ:
-        raise SacEdgeError(
-            f"--rate-hz must be from {MIN_RATE_HZ:g} to {MAX_RATE_HZ:g} steps per second, got {cfg.rate_hz}"
-        )
-    if not 0 <= cfg.duration <= MAX_DURATION_S:
-        raise SacEdgeError(
-            f"--duration must be from 0 (run until stopped) to {MAX_DURATION_S:g} seconds, got {cfg.duration}"
-        )
-    if not 0 <= cfg.spin_us <= MAX_SPIN_US:
-        raise SacEdgeError(f"--spin-us must be from 0 to {MAX_SPIN_US:g} microseconds, got {cfg.spin_us}")
-    if not 0 <= cfg.realtime_priority <= 99:
-        raise SacEdgeError(f"--realtime-priority must be 1..99 (0: off), got {cfg.realtime_priority}")
-    if not 0 <= cfg.seed < 2**64:
-        raise SacEdgeError(f"--seed must be from 0 to 2**64 - 1 (numpy's seeds), got {cfg.seed}")
-    if any(cpu < 0 for cpu in cfg.cpus):
-        raise SacEdgeError(f"--cpus takes CPU numbers from 0, got {','.join(map(str, cfg.cpus))}")
-    if cfg.max_backend_errors < 1:
-        raise SacEdgeError(f"--max-backend-errors must be at least 1, got {cfg.max_backend_errors}")
-    for flag, budget in (("--mem-budget-mb", cfg.mem_budget_mb), ("--power-budget-w", cfg.power_budget_w)):
-        if budget is not None and not 0 < budget < math.inf:
-            raise SacEdgeError(f"{flag} must be a positive number, got {budget}")
-    if cfg.telemetry:
-        check_output_path(cfg.telemetry, "--telemetry")
-        if os.path.lexists(cfg.telemetry) and not cfg.overwrite_telemetry:
-            raise SacEdgeError(
-                f"--telemetry {cfg.telemetry} already exists; choose another path or pass --overwrite-telemetry"
-            )
-        if os.path.islink(cfg.telemetry) or (os.path.lexists(cfg.telemetry) and not os.path.isfile(cfg.telemetry)):
-            raise SacEdgeError(f"--telemetry {cfg.telemetry} is a symlink or not a regular file; choose another path")
-    if not 0 < cfg.inference_budget <= 1:
-        raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {cfg.inference_budget}")
-    if not 0 < cfg.inference_timeout <= MAX_INFERENCE_TIMEOUT_S:
-        raise SacEdgeError(
-            f"--inference-timeout must be more than 0 and at most {MAX_INFERENCE_TIMEOUT_S:g} seconds, "
-            f"got {cfg.inference_timeout}"
-        )
-    if cfg.finetune:  # a read-only bundle would otherwise fail at the lock, after the bundle was verified
-        check_output_path(finetune_dir(cfg), "--finetune-dir", directory=True)
-    if cfg.threads < 1 or cfg.auto_calls < 1:
-        raise SacEdgeError("--threads and --auto-calls must be at least 1")
-    if cfg.idle_latency_us is not None:
-        check_idle_latency(cfg.idle_latency_us)
 
 
 @contextlib.contextmanager
@@ -137,24 +59,6 @@ def stop_on_signals(stop: Callable[[str], None]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def open_backends(cfg: RunConfig, bundle: Any, log: Callable[[str], None]) -> tuple[dict[str, Backend], list[Any]]:
-    """The serving backend, plus (with budgets) the same backend at each cheaper accepted precision."""
-    options = BackendOptions(threads=cfg.threads, refit=cfg.finetune)
-    figures: list[Any] = []
-    if cfg.backend == "auto":
-        precisions = [cfg.precision] if cfg.precision else None
-        backend, figures = autoselect(bundle, options, precisions, calls=cfg.auto_calls, log=log)
-    else:
-        backend = open_backend(bundle, cfg.backend, cfg.precision or "fp32", options)
-    backends = {backend.precision: backend}
-    if cfg.mem_budget_mb is not None or cfg.power_budget_w is not None:
-        cheaper = PRECISION_ORDER[PRECISION_ORDER.index(backend.precision) + 1 :]
-        for precision in cheaper:
-            if refusal(bundle, backend.name, precision) is None:
-                backends[precision] = open_backend(bundle, backend.name, precision, options)
-    return backends, figures
-
-
 def run_command(
     cfg: RunConfig, log: Callable[[str], None], on_hang: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
@@ -169,46 +73,30 @@ def run_command(
     env = make_env(env_name)
     check_env_matches(env, bundle.spec, env_name)
     env = shifted(env, parse_shift(cfg.shift))
-    store = LastGoodStore(finetune_dir(cfg))
-    with contextlib.ExitStack() as held:
-        if cfg.finetune:  # one fine-tuner per weights directory, or each would overwrite the other's
-            held.enter_context(pid_lock(store.lock, f"fine-tuning directory {store.dir}"))
-            if store.holds_weights() and not (cfg.resume or cfg.restart):
-                held_path = store.path if store.exists() else store.previous
-                raise SacEdgeError(
-                    f"{held_path} holds fine-tuned weights; pass --resume to continue from them or "
-                    "--restart to start again from the bundle weights (they are then kept as previous.safetensors "
-                    "at the first promotion)"
-                )
-        last = store.load() if cfg.resume else None
+    with last_good_weights(cfg) as last:
         return _run_with(cfg, bundle, env, env_name, last, log, on_hang)
 
 
 def _run_with(
     cfg: RunConfig,
-    bundle: Any,
+    bundle: Bundle,
     env: Any,
     env_name: str,
     last: LastGood | None,
     log: Callable[[str], None],
     on_hang: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Open the backends, build the fine-tuner when asked, drive the loop and write the summary."""
-    backends, figures = open_backends(cfg, bundle, log)
-    probe = MemoryProbe(Path(cfg.sensor_root))
+    """Compose the run (backends, fine-tuner, governor, monitor), drive the loop and write the summary."""
     with TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry) as telemetry:
         emit = locked(telemetry.write)
-        tuner, resumed = None, None
-        if cfg.finetune:
-            tuner, resumed = build_finetuner(cfg, bundle, backends, probe, last, emit, log)
-        elif last is not None:
-            resumed = install_last_good(WeightSwapper(backends, bundle), last)[1]
+        parts = compose(cfg, bundle, last, emit, log)
+        tuner = parts.tuner
 
         def finish(summary: dict[str, Any]) -> dict[str, Any]:
             """After the loop (or the watchdog): the fine-tuner's part and the telemetry's summary record."""
             if tuner is not None:  # the learner process stops and its shared memory goes, whatever happened
                 tuner.stop()
-            summary.update(telemetry_records=telemetry.records + 1, resume=resumed)
+            summary.update(telemetry_records=telemetry.records + 1, resume=parts.resumed)
             if tuner is not None:
                 summary["finetune"] = tuner.summary()
                 if tuner.error:
@@ -219,7 +107,7 @@ def _run_with(
 
         hang = None if on_hang is None else (lambda summary: on_hang(finish(summary)))
         try:
-            summary = _drive(cfg, bundle, env, env_name, backends, figures, probe, tuner, emit, log, hang)
+            summary = _drive(cfg, env, env_name, parts, emit, log, hang)
         except BaseException:
             if tuner is not None:
                 tuner.stop()
@@ -227,49 +115,18 @@ def _run_with(
         return finish(summary)
 
 
-def locked(write: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
-    """``write`` behind a lock: the loop and the fine-tuner's coordinator thread both emit records."""
-    lock = threading.Lock()
-
-    def emit(record: dict[str, Any]) -> None:
-        with lock:
-            write(record)
-
-    return emit
-
-
 def _drive(
     cfg: RunConfig,
-    bundle: Any,
     env: Any,
     env_name: str,
-    backends: dict[str, Backend],
-    figures: list[Any],
-    probe: MemoryProbe,
-    tuner: Any,
+    parts: Composition,
     emit: Callable[[dict[str, Any]], None],
     log: Callable[[str], None],
     on_hang: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """The governor, the monitor and the loop (with the fine-tuner started before it when there is one; the
-    caller stops it)."""
-    first = next(iter(backends))
-    governor = None
-    if cfg.mem_budget_mb is not None or cfg.power_budget_w is not None:
-        batch = tuner.sizing["batch_size"] if tuner is not None else None
-        ladder = build_ladder(
-            cfg.rate_hz, first, list(backends), finetune_batch=batch, min_finetune_batch=min(32, batch or 32)
-        )
-        governor = Governor(GovernorConfig(cfg.mem_budget_mb, cfg.power_budget_w), ladder)
-    if tuner is not None:
-        tuner.governor = governor
-    root = Path(cfg.sensor_root)
-    sensor = detect_power_sensor(root) if cfg.telemetry or cfg.power_budget_w is not None else None
-    if isinstance(sensor, NoPowerSensor):
-        if cfg.power_budget_w is not None:
-            log(f"sac-edge run: --power-budget-w {cfg.power_budget_w:g} cannot be enforced: {sensor.reason}")
-        sensor = None
-    monitor = BudgetMonitor(probe, sensor, governor)
+    """The loop on the composed run (the fine-tuner started before it when there is one; the caller stops
+    it)."""
+    backends, tuner, monitor, sensor, first = parts.backends, parts.tuner, parts.monitor, parts.sensor, parts.first
     status = StatusLine() if sys.stderr.isatty() else None
     settings = LoopSettings(
         cfg.rate_hz,
@@ -297,7 +154,7 @@ def _drive(
             **summary,
             "env": env_name,
             "shift": getattr(env, "shift", None),
-            "auto": [m._asdict() for m in figures if m.refusal is None or "unavailable" not in m.refusal],
+            "auto": parts.auto(unavailable=False),
             "torch_imported": "torch" in sys.modules,
         }
 
@@ -313,7 +170,7 @@ def _drive(
                     "env": env_name,
                     "shift": getattr(env, "shift", None),
                     "backend": backends[first].describe(),
-                    "auto": [m._asdict() for m in figures],
+                    "auto": parts.auto(),
                     "power_source": sensor.source if sensor else None,
                     "loaded_precisions": list(backends),
                 }

@@ -4,7 +4,8 @@
   ``sweep`` sits beside them on ``common`` and ``train``.
 - Inside ``edge_runtime`` the four rooms import each other only downward (``control`` -> ``backends``;
   ``finetune`` -> ``backends``, ``budget``); only the composition root (``run.py``, ``bench.py``,
-  ``cli.py``, ``config.py``) imports across all of them, and only ``cli.py`` imports ``run.py``.
+  ``cli.py``, ``compose.py``, ``config.py``, ``doctor.py``, ``runtime.py``) imports across all of them, and
+  only ``cli.py`` imports ``run.py``.
 - No module imports itself back through others (no import circles), counting imports inside functions
   and under ``TYPE_CHECKING``.
 - Every package says in its ``__init__.py`` docstring what lives there and what it may import.
@@ -36,7 +37,7 @@ ROOM_MAY_IMPORT = {
     "control": {"backends"},
     "finetune": {"backends", "budget"},
 }
-COMPOSITION_ROOT = {"run", "bench", "cli", "config", "doctor"}
+COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "runtime"}
 
 
 def module_name(path: Path) -> str:

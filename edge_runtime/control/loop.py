@@ -340,7 +340,7 @@ class ControlLoop:
             if type(next_obs) is not np.ndarray:
                 next_obs = plain_array(next_obs)
             if experience is not None and obs_guard.well_formed(obs) and obs_guard.well_formed(next_obs):
-                value = _finite_reward(reward)
+                value = finite_reward(reward)
                 if value is None:
                     self.reward_invalid += 1
                 else:
@@ -534,7 +534,7 @@ def _truth(value: Any, name: str) -> bool:
     return bool(value)
 
 
-def _finite_reward(reward: Any) -> float | None:
+def finite_reward(reward: Any) -> float | None:
     """The reward as a finite float, or None (None, NaN, an object ``float()`` refuses or that raises)."""
     try:
         value = float(reward)

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -91,6 +91,39 @@ def install_last_good(swapper: WeightSwapper, last: LastGood) -> tuple[WeightSet
         "sidecar": last.info.get("sidecar"),
         **outcome.to_dict(),
     }
+
+
+class FinetuneSummary(TypedDict):
+    """What fine-tuning did, at any time (the ``finetune`` key of ``sac-edge run --json``)."""
+
+    steps_collected: int
+    """Transitions the learner process has taken from the ring."""
+    dropped: int
+    """Transitions dropped because the learner was a whole ring behind."""
+    updates: int
+    utd: float
+    """Updates per collected step chosen at start-up."""
+    achieved_utd: float
+    candidates: int
+    promotions: int
+    rollbacks: int
+    shadow_rejections: int
+    int8_skipped: int
+    nonfinite: int
+    swaps: int
+    swap_s: dict[str, dict[str, float]]
+    """Per precision: p50, max (seconds) and count of the weight swaps."""
+    episodes: int
+    initial_mean_return: float | None
+    last_good_mean_return: float | None
+    last_good: str | None
+    """The last good weights' file once a candidate was promoted in this run, else None."""
+    last_good_sha256: str | None
+    start_generation: int
+    generation: int
+    error: str | None
+    """Why fine-tuning stopped early (the loop went on with the last good weights), else None."""
+    sizing: dict[str, Any]
 
 
 @dataclass
@@ -313,31 +346,37 @@ class FineTuner:
         self.event("promote", generation=cand.generation, step=cand.step, **figures, sha256=self.last_good_sha)
 
     # -- report -----------------------------------------------------------------------------------
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> FinetuneSummary:
         first = [r for g, r in self.episode_returns if g == self.start_generation][: self.rules.window]
         collected, updates = self.learner.collected, self.learner.updates
-        return {
-            "steps_collected": collected,
-            "dropped": self.ring.dropped,
-            "updates": updates,
-            "utd": self.utd,
-            "achieved_utd": updates / collected if collected else 0.0,
-            **self.counts,
-            "swaps": sum(len(v) for v in self.swap_seconds.values()),
-            "swap_s": {
+        counts = self.counts
+        return FinetuneSummary(
+            steps_collected=collected,
+            dropped=self.ring.dropped,
+            updates=updates,
+            utd=self.utd,
+            achieved_utd=updates / collected if collected else 0.0,
+            candidates=counts["candidates"],
+            promotions=counts["promotions"],
+            rollbacks=counts["rollbacks"],
+            shadow_rejections=counts["shadow_rejections"],
+            int8_skipped=counts["int8_skipped"],
+            nonfinite=counts["nonfinite"],
+            swaps=sum(len(v) for v in self.swap_seconds.values()),
+            swap_s={
                 p: {"p50": float(np.median(v)), "max": float(np.max(v)), "n": len(v)}
                 for p, v in self.swap_seconds.items()
             },
-            "episodes": len(self.episode_returns),
-            "initial_mean_return": float(np.mean(first)) if first else None,
-            "last_good_mean_return": float(np.mean(self.good_returns)) if self.good_returns else None,
-            "last_good": str(self.store.path) if self.last_good_sha else None,
-            "last_good_sha256": self.last_good_sha,
-            "start_generation": self.start_generation,
-            "generation": self.good_generation,
-            "error": self.error,
-            "sizing": self.sizing,
-        }
+            episodes=len(self.episode_returns),
+            initial_mean_return=float(np.mean(first)) if first else None,
+            last_good_mean_return=float(np.mean(self.good_returns)) if self.good_returns else None,
+            last_good=str(self.store.path) if self.last_good_sha else None,
+            last_good_sha256=self.last_good_sha,
+            start_generation=self.start_generation,
+            generation=self.good_generation,
+            error=self.error,
+            sizing=self.sizing,
+        )
 
 
 def _actor(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -368,14 +407,20 @@ def build_finetuner(
     last: LastGood | None,
     emit: Emit,
     log: Callable[[str], None],
+    rules: PromotionRules | None = None,
+    governor: Callable[[int], Governor | None] | None = None,
 ) -> tuple[FineTuner, dict[str, Any] | None]:
     """Install the starting weights, start the learner process (which imports torch and sizes itself from
-    the memory budget and this process's baseline), and make the tuner."""
+    the memory budget and this process's baseline), and make the tuner.
+
+    ``rules`` default to ``cfg``'s; ``governor`` makes the budget governor from the fine-tuning batch the
+    learner chose (none without it), so the tuner is built with it."""
     if importlib.util.find_spec("torch") is None:
         raise SacEdgeError("--finetune needs the Python package 'torch' (the inference-only path does not)")
     spec = bundle.spec
     tensors = dict(last.tensors) if last is not None else read_learner_tensors(bundle)
-    rules = PromotionRules(cfg.promotion_window, cfg.rollback_threshold, cfg.shadow_max_diff, cfg.rollback_noise_z)
+    if rules is None:
+        rules = PromotionRules(cfg.promotion_window, cfg.rollback_threshold, cfg.shadow_max_diff, cfg.rollback_noise_z)
     swapper = WeightSwapper(backends, bundle)
     states = last.states if last is not None else np.zeros((0, spec.obs_dim), np.float32)
     resumed: dict[str, Any] | None = None
@@ -410,6 +455,7 @@ def build_finetuner(
     learner = LearnerProcess(spec, tensors, sets.int8, settings)
     probe.follow(learner.process.pid)  # the governor's memory figure includes the learner's
     try:
+        budget = governor(int(learner.ready["batch_size"])) if governor is not None else None
         tuner = FineTuner(
             spec,
             learner,
@@ -417,7 +463,7 @@ def build_finetuner(
             LastGoodStore(finetune_dir(cfg)),
             rules,
             cfg,
-            None,
+            budget,
             emit,
             tensors,
             sets,

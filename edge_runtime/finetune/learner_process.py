@@ -368,6 +368,8 @@ class LearnerLoop:
             self.ingest()
             if not self.learn_once():
                 time.sleep(IDLE_S)
+        if self.flags[STOP]:  # a clean stop: the rows pushed since the last drain count as collected too
+            self.ingest()
 
     def handle(self, message: Mapping[str, Any]) -> None:
         """``resolve``: the main process settled the last proposal; ``promote`` makes it the last good."""

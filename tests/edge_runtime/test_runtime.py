@@ -1,0 +1,158 @@
+"""The runtime as a library: the README's own loop run as written, the guards, the thread rules, no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sac_edge.common.errors import InternalError, SacEdgeError
+from sac_edge.common.lockfile import pid_lock
+from sac_edge.edge_runtime.finetune.promotion import LastGoodStore
+from sac_edge.edge_runtime.runtime import RunConfig, Runtime, RuntimeSummary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_loop() -> str:
+    """The Python block of the README's "Your own loop" section, as written."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("\n## Your own loop\n") :]
+    section = section[: section.index("\n## ", 1)]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, "the section has one Python example"
+    return str(blocks[0])
+
+
+@pytest.mark.torch
+def test_the_readme_loop_fine_tunes_promotes_and_keeps_the_last_good_weights(
+    finetune_bundle: Path, tmp_path: Path
+) -> None:
+    bundle = tmp_path / "bundle"
+    shutil.copytree(finetune_bundle, bundle)  # its finetune/ is written: the session's bundle stays clean
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    exec(compile(readme_loop(), "README.md", "exec"), namespace)
+    summary = namespace["run"](str(bundle))
+    assert isinstance(summary, RuntimeSummary) and summary.closed
+    assert summary.steps == summary.transitions == 2000 and summary.episodes == 10
+    ft = summary.finetune
+    assert ft is not None and ft["error"] is None, ft
+    assert ft["promotions"] >= 1 and ft["updates"] > 0, ft
+    assert ft["last_good"] == str(bundle / "finetune" / "last_good.safetensors")
+    last = LastGoodStore(bundle / "finetune").load()  # on disk, its checksum and sidecar checked
+    assert last.sha256 == ft["last_good_sha256"]
+    with pid_lock(bundle / "finetune" / "lock", "the test"):  # released on close: taken again at once
+        pass
+    json.dumps(summary.to_dict(), default=str)  # a plain record, as telemetry writes it
+
+
+def _runtime(bundle: Path, **options: Any) -> Runtime:
+    options = RunConfig(bundle=str(bundle), backend="onnxruntime", **options)
+    return Runtime(options, obs_low=[-1, -1, -8], obs_high=[1, 1, 8])
+
+
+def test_act_guards_the_observation_and_the_action(pendulum_bundle: Path, tmp_path: Path) -> None:
+    telemetry = tmp_path / "t.jsonl"
+    with _runtime(pendulum_bundle, telemetry=str(telemetry)) as runtime:
+        good = runtime.act(np.array([1.0, 0.0, 0.5], np.float32)).copy()
+        assert good.shape == (1,) and -2 <= good[0] <= 2
+        for bad in (np.array([np.nan, 0.0, 0.5], np.float32), np.array([1.0, 0.0, 99.0], np.float32), np.zeros(5)):
+            action = runtime.act(bad)
+            assert np.isfinite(action).all() and -2 <= action[0] <= 2
+        runtime.observe(np.zeros(3, np.float32), good, float("nan"), np.zeros(3, np.float32), False, True)
+        report = runtime.tick()
+        assert report.rate_hz == 100.0 and report.precision == "fp32"
+        now = runtime.summary()
+        assert (now.steps, now.obs_nonfinite, now.obs_out_of_range, now.obs_malformed) == (4, 1, 1, 1)
+        assert now.episodes == 1 and now.reward_invalid == 0  # no fine-tuner: the reward is not read
+        assert not now.closed and now.finetune is None
+    final = runtime.summary()
+    assert final.closed and final.steps == 4 and final.latency_us["p50"] > 0
+    kinds = [json.loads(line)["type"] for line in telemetry.read_text().splitlines()]
+    assert kinds[0] == "config" and kinds[-1] == "summary" and final.telemetry_records == len(kinds)
+    assert dataclasses.is_dataclass(final) and final.backend["backend"] == "onnxruntime"
+
+
+def test_an_overrun_returns_the_last_safe_action(pendulum_bundle: Path) -> None:
+    # a period of 10 us with 1% of it for inference: no onnxruntime call is that fast
+    with _runtime(pendulum_bundle, rate_hz=100_000, inference_budget=0.01) as runtime:
+        action = runtime.act(np.array([1.0, 0.0, 0.5], np.float32))
+        assert runtime.summary().inference_overruns == 1 and action[0] == 0.0  # the initial safe action
+
+
+def test_misuse_is_refused_with_one_line(pendulum_bundle: Path) -> None:
+    obs = np.array([1.0, 0.0, 0.5], np.float32)
+    runtime = _runtime(pendulum_bundle)
+    with pytest.raises(SacEdgeError, match=r"act\(\) before open\(\)"):
+        runtime.act(obs)
+    with runtime:
+        runtime.act(obs)
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                runtime.act(obs)
+            except SacEdgeError as err:
+                errors.append(err)
+            runtime.summary()  # any thread may read it
+
+        thread = threading.Thread(target=other, name="ros-executor-2")
+        thread.start()
+        thread.join()
+        assert len(errors) == 1 and "'ros-executor-2'" in str(errors[0]) and "\n" not in str(errors[0])
+        with pytest.raises(SacEdgeError, match="opened already"):
+            runtime.open()
+    with pytest.raises(SacEdgeError, match=r"after close\(\)"):
+        runtime.tick()
+    with pytest.raises(SacEdgeError, match="obs_low must be 3 numbers"):
+        Runtime(RunConfig(bundle=str(pendulum_bundle)), obs_low=[0, 0]).open()
+    with pytest.raises(SacEdgeError, match="--promotion-window"):  # the options are checked at construction
+        Runtime(RunConfig(bundle=str(pendulum_bundle), finetune=True, promotion_window=0))
+
+
+def test_backend_errors_stop_serving_at_the_limit(
+    pendulum_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "security"))
+    from hostile_graphs import failing_reshape, plant
+
+    bundle = Path(shutil.copytree(pendulum_bundle, tmp_path / "bundle"))
+    plant(bundle, failing_reshape())  # a graph whose every inference raises
+    obs = np.array([1.0, 0.0, 0.5], np.float32)
+    with _runtime(bundle, max_backend_errors=2) as runtime:
+        assert runtime.act(obs)[0] == 0.0  # held: the initial safe action
+        assert runtime.summary().backend_errors == 1
+        with pytest.raises(InternalError, match="stopped serving: backend error x2: RuntimeError"):
+            runtime.act(obs)
+        with pytest.raises(InternalError, match="stopped serving"):
+            runtime.act(obs)
+        runtime.tick()  # the rest still works, and close reports
+    final = runtime.summary()
+    assert final.closed and final.backend_errors == 2 and str(final.stopped_by).startswith("backend error x2")
+
+
+def test_no_torch_without_fine_tuning(pendulum_bundle: Path) -> None:
+    code = (
+        "import sys, numpy as np\n"
+        "from sac_edge.edge_runtime.runtime import RunConfig, Runtime\n"
+        f"with Runtime(RunConfig(bundle={str(pendulum_bundle)!r}, backend='auto', auto_calls=5)) as rt:\n"
+        "    rt.act(np.zeros(3, np.float32)); rt.tick()\n"
+        "print(rt.summary().torch_imported, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_the_summary_fields_are_the_documented_contract() -> None:
+    from docs_tables import documented
+
+    assert documented("Runtime summary") == {f.name for f in dataclasses.fields(RuntimeSummary)}
