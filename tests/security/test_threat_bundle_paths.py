@@ -1,4 +1,4 @@
-"""Finding 2: manifest file names must not reach outside the bundle, and the manifest's schema is checked.
+"""Manifest file names must not reach outside the bundle, and the manifest's schema is checked.
 
 Every name is refused unless it is a plain relative path that stays in the bundle after symlinks are
 resolved, before any file is opened: otherwise the checksum check reads (and its error confirms hash

@@ -1,4 +1,4 @@
-"""Finding 1: a file must never make sac-edge import a module or call into one.
+"""A file must never make sac-edge import a module or call into one.
 
 A bundle's manifest (``spec.env_id``) and a run dir's ``config.json`` (``env``) are untrusted: an
 environment they name is used only if it is a registered gymnasium id. ``module:Class`` is imported only

@@ -1,4 +1,4 @@
-"""Finding 7: the environment is foreign code; the loop survives it.
+"""The environment is foreign code; the loop survives it.
 
 An exception from ``step()``/``reset()`` (even ``SystemExit`` or ``KeyboardInterrupt``) ends the run with
 the summary printed and written to the telemetry, then one stderr line (exit 1; 130 for an interrupt). A

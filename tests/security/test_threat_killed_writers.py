@@ -1,4 +1,4 @@
-"""Finding 9: a process killed mid-write leaves temp files and partial bundles; the next write of the same
+"""A process killed mid-write leaves temp files and partial bundles; the next write of the same
 target removes those whose writer is gone, and never a live writer's."""
 
 from __future__ import annotations

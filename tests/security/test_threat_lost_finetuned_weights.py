@@ -1,4 +1,4 @@
-"""Findings 3, 4 and 6: the last good fine-tuned weights exist nowhere else, so nothing may lose them.
+"""The last good fine-tuned weights exist nowhere else, so nothing may lose them.
 
 - ``sac-export --force`` never deletes ``BUNDLE/finetune/`` unless told ``--discard-finetuned``, and never
   replaces a directory sac-export did not write;

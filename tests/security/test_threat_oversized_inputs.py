@@ -1,4 +1,4 @@
-"""Finding 5: sizes are checked before anything is read into memory.
+"""Sizes are checked before anything is read into memory.
 
 An SB3 ``.zip`` whose member inflates to gigabytes (a zip bomb), a ``policy.pth`` whose tensor record is
 deflated, a VecNormalize pickle naming a huge array, a manifest naming a huge or wrong observation width,

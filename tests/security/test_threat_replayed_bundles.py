@@ -15,7 +15,7 @@ from sac_edge.edge_runtime import cli as edge_cli
 
 
 def _release(bundle: Path, release: int | None, key: Path, dest: Path) -> Path:
-    """A copy of ``bundle`` whose manifest says ``release`` (None: none, as before releases), signed by ``key``."""
+    """A copy of ``bundle`` whose manifest says ``release`` (None: none), signed by ``key``."""
     out = Path(shutil.copytree(bundle, dest))
     manifest = json.loads((out / "manifest.json").read_text())
     manifest.pop("release", None)

@@ -45,7 +45,7 @@ def test_unsigned_bundle_is_refused_with_trusted_keys(
 ) -> None:
     assert signature_state(bundle).state == UNSIGNED
     assert "no manifest.sig" in refused(edge_cli.main, _run(bundle, keys[1]))
-    assert edge_cli.main(["run", str(bundle), "--duration", "0.05", "--backend", "onnxruntime"]) == 0  # as before
+    assert edge_cli.main(["run", str(bundle), "--duration", "0.05", "--backend", "onnxruntime"]) == 0
 
 
 def test_manifest_changed_after_signing_is_refused(
