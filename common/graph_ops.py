@@ -45,19 +45,12 @@ def _ops(nodes: Iterable[Any]) -> Iterator[str]:
                 yield from _ops(graph.node)
 
 
-def check_graph_ops(data: bytes, name: str, precision: str, listed: object) -> None:
-    """Refuse (one ``SacEdgeError`` line) the serialized ONNX graph ``data`` (bundle file ``name``) when it
-    uses an op outside ``TENSORRT_85_OPS``, a model-local function, or (``listed``: the manifest's
-    ``onnx.ops``, when it is a list) an op the manifest does not list: the fp32 graph none, a graph of
-    another precision none but ``PRECISION_OPS``."""
-    import onnx
-
+def check_graph_ops(model: Any, name: str, precision: str, listed: object) -> None:
+    """Refuse (one ``SacEdgeError`` line) the parsed ONNX ``model`` (bundle file ``name``) when it uses an op
+    outside ``TENSORRT_85_OPS``, a model-local function, or (``listed``: the manifest's ``onnx.ops``, when it
+    is a list) an op the manifest does not list: the fp32 graph none, a graph of another precision none but
+    ``PRECISION_OPS``."""
     fix = "re-export the bundle with sac-export"
-    try:
-        model = onnx.load_model_from_string(data)
-    except Exception as err:  # protobuf's DecodeError and friends
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise SacEdgeError(f"{name}: not an ONNX graph ({first}); {fix}") from None
     if len(model.functions):
         raise SacEdgeError(f"{name}: the graph defines its own functions, which no sac-export graph has; {fix}")
     ops = graph_ops(model)

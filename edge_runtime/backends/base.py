@@ -108,17 +108,17 @@ def open_bundle(path: str | Path, trusted_keys: str | Path | None = None, *, all
         if entry.get("kind") in GRAPH_KINDS:
             # The op allow-list and the manifest's op list, on the verified bytes, before any runtime opens
             # the graph: a graph that would never return is refused here.
-            check_graph(root / name, verified[name], spec)
-            check_graph_ops(verified[name], str(root / name), entry.get("precision") or "fp32", listed)
+            model = check_graph(root / name, verified[name], spec)
+            check_graph_ops(model, str(root / name), entry.get("precision") or "fp32", listed)
     if state is not None and state.key_id is not None:
         check_release(root, manifest, state.key_id, allow_downgrade=allow_downgrade)
     return Bundle(root, manifest, spec, types.MappingProxyType(verified))
 
 
-def check_graph(path: Path, data: bytes, spec: PolicySpec) -> None:
-    """One SacEdgeError line when the ONNX graph ``data`` keeps any tensor outside itself (external data:
-    onnxruntime would read it from a file beside the graph, which the manifest neither lists nor hashes), or
-    when its input and output widths are not the spec's (buffers are sized from the spec)."""
+def check_graph(path: Path, data: bytes, spec: PolicySpec) -> Any:
+    """The ONNX graph ``data``, parsed; one SacEdgeError line when it keeps any tensor outside itself
+    (external data: onnxruntime would read it from a file beside the graph, which the manifest neither lists
+    nor hashes), or when its input and output widths are not the spec's (buffers are sized from the spec)."""
     import onnx
 
     try:
@@ -143,6 +143,7 @@ def check_graph(path: Path, data: bytes, spec: PolicySpec) -> None:
                 f"{path}: tensor {tensor.name[:60]!r} is external data ({location[:60]!r}), which the manifest "
                 "does not vouch for; re-export the bundle with sac-export (it keeps every weight in the graph)"
             )
+    return model
 
 
 def _tensors(graph: Any) -> Any:
