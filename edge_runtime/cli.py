@@ -17,13 +17,15 @@ from sac_edge.common.config import parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
 from sac_edge.common.summary import emit_json
 
-from .config import BenchConfig, DoctorConfig, RunConfig
+from .config import BenchConfig, DoctorConfig, DrillConfig, RunConfig
 
 PROG = "sac-edge"
-USAGE = f"""usage: {PROG} {{run,bench,doctor}} BUNDLE [options] | {PROG} keygen NAME
+USAGE = f"""usage: {PROG} {{run,bench,drill,doctor}} BUNDLE [options] | {PROG} keygen NAME
 
   run     drive an environment with the bundle's policy at a fixed rate, within budgets
   bench   latency, throughput, energy and memory per backend x precision x batch
+  drill   inject sensor faults (NaN, stuck, spikes, drops, delay, OOD start, weight swap) and measure the
+          policy with and without the safety shield on the same seeds
   doctor  Python, onnxruntime, TensorRT, CUDA, Jetson release, sensors, permissions; what the bundle can run
   keygen  write an Ed25519 key pair: NAME (private, for sac-export --sign-key) and NAME.pub (for a
           --trusted-keys directory)
@@ -74,6 +76,19 @@ def _bench(argv: Sequence[str]) -> int:
     return 0
 
 
+def _drill(argv: Sequence[str]) -> int:
+    from .drill import drill_command, drill_table
+
+    cfg = parse_config(DrillConfig, argv, f"{PROG} drill", DrillConfig.__doc__ or "", positional=("bundle",))
+    result = drill_command(cfg, log)
+    print(drill_table(result), flush=True)
+    if "written" in result:
+        log(f"sac-edge drill: results written to {result['written']}")
+    if cfg.json:
+        emit_json(result)
+    return 0
+
+
 def _keygen(argv: Sequence[str]) -> int:
     from sac_edge.common.signing import generate_keypair, key_id, load_private_key
 
@@ -106,11 +121,13 @@ def _main(argv: Sequence[str] | None) -> int:
         return _run(rest)
     if command == "bench":
         return _bench(rest)
+    if command == "drill":
+        return _drill(rest)
     if command == "keygen":
         return _keygen(rest)
     if command == "doctor":
         return _doctor(rest)
-    raise SacEdgeError(f"unknown command {command!r}; use run, bench, doctor or keygen ({PROG} --help)")
+    raise SacEdgeError(f"unknown command {command!r}; use run, bench, drill, doctor or keygen ({PROG} --help)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sac_edge.common.atomic import check_output_path
+from sac_edge.common.envelope import parse_envelope
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.lockfile import pid_lock
 from sac_edge.edge_runtime.backends.autoselect import Measurement, autoselect
@@ -32,6 +33,7 @@ from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.budget.monitor import BudgetMonitor
 from sac_edge.edge_runtime.budget.sensors import NoPowerSensor, PowerSensor, detect_power_sensor
 from sac_edge.edge_runtime.control.realtime import check_idle_latency
+from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner, finetune_dir, install_last_good
 from sac_edge.edge_runtime.finetune.promotion import LastGood, LastGoodStore, PromotionRules
 from sac_edge.edge_runtime.finetune.weight_swap import WeightSwapper
@@ -103,6 +105,9 @@ def validate(cfg: RunConfig) -> None:
         raise SacEdgeError("--threads and --auto-calls must be at least 1")
     if cfg.idle_latency_us is not None:
         check_idle_latency(cfg.idle_latency_us)
+    problem = shield_settings(cfg).problem()
+    if problem is not None:
+        raise SacEdgeError(problem)
 
 
 def _validate_finetune(cfg: RunConfig) -> None:
@@ -187,6 +192,39 @@ def make_governor(cfg: RunConfig, precisions: Sequence[str], finetune_batch: int
         min_finetune_batch=min(32, finetune_batch or 32),
     )
     return Governor(GovernorConfig(cfg.mem_budget_mb, cfg.power_budget_w), ladder)
+
+
+def shield_settings(cfg: RunConfig) -> ShieldSettings:
+    """The ``--shield*`` flags as the shield's settings."""
+    return ShieldSettings(
+        cfg.shield, cfg.shield_window, cfg.stuck_steps, cfg.ramp_steps, cfg.fallback, cfg.safe_action, cfg.slew
+    )
+
+
+def make_shield(cfg: RunConfig, bundle: Bundle, emit: Emit) -> Shield | None:
+    """The shield for ``cfg`` on ``bundle`` (its envelope from the verified bytes), or None with
+    ``--shield guards``. Before the backends open: a flag that does not fit the bundle's dims is one line. A
+    bundle without ``envelope.json`` (exported before it, or ``--no-envelope``) gets the rest of the shield;
+    the summary's ``shield.envelope`` says so."""
+    settings = shield_settings(cfg)
+    if settings.mode == "guards":
+        return None
+    spec = bundle.spec
+    problem = settings.problem(spec.act_dim)
+    if problem is not None:
+        raise SacEdgeError(problem)
+    names = bundle.files("envelope")
+    envelope = None
+    if names:
+        path = bundle.path / names[0]
+        envelope = parse_envelope(bundle.read(path), path, spec.obs_dim, spec.act_dim)
+    return Shield(settings, spec.action_low, spec.action_high, envelope, emit)
+
+
+def attach_shield(parts: Composition, shield: Shield | None) -> None:
+    """The fine-tuner's weight swaps restart the shield's ramp."""
+    if shield is not None and parts.tuner is not None:
+        parts.tuner.swapper.listeners.append(shield.weights_swapped)
 
 
 def locked(write: Emit) -> Emit:

@@ -3,15 +3,60 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sac_edge.edge_runtime.backends.base import PRECISIONS
 from sac_edge.edge_runtime.backends.registry import BACKEND_CHOICES, KINDS
 from sac_edge.edge_runtime.control.safety import OBS_FAULT_POLICIES
+from sac_edge.edge_runtime.control.shield import FALLBACKS, SHIELD_MODES
 
 TRUSTED_KEYS_HELP = "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"
 ALLOW_DOWNGRADE_HELP = (
     "with --trusted-keys, accept a bundle older than the newest one this device accepted from its key"
 )
+
+
+_SHIELD_FIELDS: dict[str, dict[str, Any]] = {
+    "shield_window": {
+        "default": 3,
+        "metadata": {
+            "help": "consecutive steps outside the envelope that switch to the fallback (0: no envelope check)"
+        },
+    },
+    "stuck_steps": {
+        "default": 5,
+        "metadata": {"help": "bit-identical observations in a row that flag a stuck sensor (0: off)"},
+    },
+    "ramp_steps": {
+        "default": 10,
+        "metadata": {"help": "steps of the blend-in ramp at start, after a fallback and after a weight swap (0: none)"},
+    },
+    "fallback": {
+        "default": "hold",
+        "metadata": {
+            "help": "fallback action: hold (the last action sent on familiar ground) or fixed (--safe-action, "
+            "else the bundle's)",
+            "choices": list(FALLBACKS),
+        },
+    },
+    "safe_action": {
+        "default": (),
+        "metadata": {"help": "the fixed fallback action and the ramp's start, one number per action dim"},
+    },
+    "slew": {
+        "default": (),
+        "metadata": {
+            "help": "largest action change per step, one value or one per dim (default: the bundle's, from "
+            "the policy's rollouts at export; 0: no limit)"
+        },
+    },
+}
+"""The shield's flags, shared by ``sac-edge run`` and ``sac-edge drill`` (one help text each)."""
+
+
+def shield_field(name: str) -> Any:
+    """A fresh ``field`` for the shield flag ``name`` (each dataclass needs its own Field object)."""
+    return field(**_SHIELD_FIELDS[name])
 
 
 @dataclass(frozen=True)
@@ -50,6 +95,20 @@ class RunConfig:
     inference_budget: float = field(
         default=0.5, metadata={"help": "fraction of the period an inference may take; slower ones hold the action"}
     )
+    shield: str = field(
+        default="on",
+        metadata={
+            "help": "on: the safety shield after the guards (the bundle's observation envelope, stuck sensors, "
+            "fallback, blend-in ramp, slew limit); guards: the observation and action guards alone",
+            "choices": list(SHIELD_MODES),
+        },
+    )
+    shield_window: int = shield_field("shield_window")
+    stuck_steps: int = shield_field("stuck_steps")
+    ramp_steps: int = shield_field("ramp_steps")
+    fallback: str = shield_field("fallback")
+    safe_action: tuple[float, ...] = shield_field("safe_action")
+    slew: tuple[float, ...] = shield_field("slew")
     inference_timeout: float = field(
         default=2.0,
         metadata={
@@ -200,6 +259,53 @@ class BenchConfig:
     allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
     verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})
+
+
+@dataclass(frozen=True)
+class DrillConfig:
+    """``sac-edge drill BUNDLE``: inject sensor faults into an env and measure the policy with and without the
+    shield on the same seeds."""
+
+    bundle: str = field(metadata={"help": "bundle directory written by sac-export"})
+    env: str | None = field(
+        default=None, metadata={"help": "gymnasium id or module:Class to drill in; default: the bundle's env"}
+    )
+    faults: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "faults to run: none,nan,stuck,spike,drop,delay,ood_start,swap (default: all of them)"},
+    )
+    episodes: int = field(default=3, metadata={"help": "seeded episodes per fault and mode (seeds --seed, +1, ...)"})
+    max_steps: int = field(default=0, metadata={"help": "steps per episode at most (0: the env's time limit)"})
+    fault_start: int = field(default=50, metadata={"help": "the step the fault starts at (the swap's step)"})
+    fault_steps: int = field(default=10, metadata={"help": "how long a nan, stuck, spike or drop burst lasts"})
+    fault_dim: int = field(default=0, metadata={"help": "the observation dimension nan and spike hit"})
+    spike_sigma: float = field(
+        default=8.0, metadata={"help": "spike size in standard deviations of the training states"}
+    )
+    drop_rate: float = field(
+        default=0.5, metadata={"help": "probability that an observation of the drop burst is dropped"}
+    )
+    delay_steps: int = field(
+        default=3, metadata={"help": "delay: the observation is this many steps old from the onset"}
+    )
+    ood_scale: float = field(
+        default=10.0, metadata={"help": "ood_start: std of the push (MuJoCo: added to joint velocities)"}
+    )
+    backend: str = field(
+        default="onnxruntime", metadata={"help": "inference backend", "choices": list(BACKEND_CHOICES)}
+    )
+    shield_window: int = shield_field("shield_window")
+    stuck_steps: int = shield_field("stuck_steps")
+    ramp_steps: int = shield_field("ramp_steps")
+    fallback: str = shield_field("fallback")
+    safe_action: tuple[float, ...] = shield_field("safe_action")
+    slew: tuple[float, ...] = shield_field("slew")
+    seed: int = field(default=1000, metadata={"help": "first episode seed"})
+    out: str | None = field(default=None, metadata={"help": "write the rows and checks to this JSON file"})
+    save: bool = field(default=False, metadata={"help": "write them beside the bundle, as BUNDLE.drill.json"})
+    trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
+    allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
+    json: bool = field(default=False, metadata={"help": "print the results as one JSON object on the last line"})
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,12 @@ from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.base import Bundle, open_bundle
 from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings, describe_error
 from sac_edge.edge_runtime.control.realtime import enter_realtime, hold_idle_latency
+from sac_edge.edge_runtime.control.shield import Shield
 from sac_edge.edge_runtime.control.telemetry import StatusLine, TelemetryWriter
 from sac_edge.edge_runtime.finetune.promotion import LastGood
 from sac_edge.edge_runtime.finetune.shift import parse_shift, shifted
 
-from .compose import Composition, compose, last_good_weights, locked, validate
+from .compose import Composition, attach_shield, compose, last_good_weights, locked, make_shield, validate
 from .config import RunConfig
 
 
@@ -89,7 +90,9 @@ def _run_with(
     """Compose the run (backends, fine-tuner, governor, monitor), drive the loop and write the summary."""
     with TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry) as telemetry:
         emit = locked(telemetry.write)
+        shield = make_shield(cfg, bundle, emit)
         parts = compose(cfg, bundle, last, emit, log)
+        attach_shield(parts, shield)
         tuner = parts.tuner
 
         def finish(summary: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +110,7 @@ def _run_with(
 
         hang = None if on_hang is None else (lambda summary: on_hang(finish(summary)))
         try:
-            summary = _drive(cfg, env, env_name, parts, emit, log, hang)
+            summary = _drive(cfg, env, env_name, parts, emit, log, hang, shield)
         except BaseException:
             if tuner is not None:
                 tuner.stop()
@@ -123,6 +126,7 @@ def _drive(
     emit: Callable[[dict[str, Any]], None],
     log: Callable[[str], None],
     on_hang: Callable[[dict[str, Any]], None] | None = None,
+    shield: Shield | None = None,
 ) -> dict[str, Any]:
     """The loop on the composed run (the fine-tuner started before it when there is one; the caller stops
     it)."""
@@ -159,7 +163,9 @@ def _drive(
         }
 
     hang = None if on_hang is None else (lambda summary: on_hang(finish(summary)))
-    loop = ControlLoop(env, backends, first, settings, monitor, emit, status, experience=tuner, on_hang=hang)
+    loop = ControlLoop(
+        env, backends, first, settings, monitor, emit, status, experience=tuner, on_hang=hang, shield=shield
+    )
     summary: dict[str, Any] = {}
     try:
         with stop_on_signals(loop.stop), contextlib.ExitStack() as held:
@@ -249,12 +255,27 @@ def summary_table(summary: dict[str, Any]) -> str:
             f"overruns {summary['inference_overruns']}, "
             f"actions clipped {summary['action_clipped']}, non-finite {summary['action_nonfinite']}",
         ),
+        ("shield", shield_line(summary["shield"])),
         ("peak RSS", "unknown" if np.isnan(summary["peak_rss_mb"]) else f"{summary['peak_rss_mb']:.1f} MB"),
         ("budget events", str(summary["budget_events"])),
         *_finetune_rows(summary.get("finetune")),
         ("stopped by", str(summary["stopped_by"])),
     ]
     return format_table(rows, ("sac-edge run", summary["env"]))
+
+
+def shield_line(shield: dict[str, Any]) -> str:
+    """The summary table's shield row."""
+    if shield["mode"] != "on":
+        return f"{shield['mode']} (no shield)"
+    causes = ", ".join(f"{k} {v}" for k, v in shield["fallback_causes"].items() if v)
+    return (
+        f"fallbacks {shield['fallbacks']}" + (f" ({causes})" if causes else "") + f", {shield['fallback_steps']} "
+        f"steps in fallback, out of envelope {shield['out_of_envelope']}"
+        + ("" if shield["envelope"] else " (no envelope)")
+        + f", stuck {shield['stuck']}, ramps {shield['ramps']} + {shield['swap_ramps']} after swaps, "
+        f"slew-limited {shield['slew_limited']}"
+    )
 
 
 def _finetune_rows(ft: dict[str, Any] | None) -> list[tuple[str, str]]:

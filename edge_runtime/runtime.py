@@ -50,11 +50,12 @@ from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.edge_runtime.backends.base import Backend, open_bundle
 from sac_edge.edge_runtime.control.loop import describe_error, finite_reward
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard, plain_array
+from sac_edge.edge_runtime.control.shield import Shield, ShieldSummary, guards_summary
 from sac_edge.edge_runtime.control.step_stats import StepStats
 from sac_edge.edge_runtime.control.telemetry import TelemetryWriter
 from sac_edge.edge_runtime.finetune.finetuner import FinetuneSummary
 
-from .compose import Composition, Log, compose, last_good_weights, locked, validate
+from .compose import Composition, Log, attach_shield, compose, last_good_weights, locked, make_shield, validate
 from .config import RunConfig
 
 __all__ = ["RunConfig", "Runtime", "RuntimeSummary", "TickReport"]
@@ -110,6 +111,8 @@ class RuntimeSummary:
     backend_error: dict[str, str] | None
     reward_invalid: int
     """Transitions whose reward was missing or not finite (not given to the fine-tuner)."""
+    shield: ShieldSummary
+    """The shield's settings and counts (``mode`` alone with ``shield="guards"``)."""
     backend: dict[str, Any]
     """The serving backend's description."""
     precision: str
@@ -175,7 +178,9 @@ class Runtime:
             last = held.enter_context(last_good_weights(cfg))
             self._telemetry = held.enter_context(TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry))
             self._emit = locked(self._telemetry.write)
+            self._shield = make_shield(cfg, bundle, self._emit)
             parts = compose(cfg, bundle, last, self._emit, self._log)
+            attach_shield(parts, self._shield)
             held.callback(parts.monitor.close)
             if parts.tuner is not None:
                 held.callback(parts.tuner.stop)  # first on close: the learner process goes before the lock
@@ -255,6 +260,14 @@ class Runtime:
             self.close()
 
     @property
+    def shield(self) -> Shield | None:
+        """The safety shield (None with ``shield="guards"``). A caller that swaps weights itself calls its
+        ``weights_swapped()`` so that the ramp runs; ``falling_back`` says whether the fallback serves now."""
+        if self._owner == _NOT_OPEN:
+            raise SacEdgeError("Runtime.shield before open(): there is no shield yet")
+        return self._shield
+
+    @property
     def backend(self) -> Backend:
         """The backend serving now (the fine-tuner swaps weights into it; the governor may switch it)."""
         if self._owner == _NOT_OPEN:
@@ -272,11 +285,12 @@ class Runtime:
         if type(obs) is not np.ndarray:
             obs = plain_array(obs)  # type: ignore[assignment]
         self._steps += 1
-        act_guard = self._act_guard
+        act_guard, shield = self._act_guard, self._shield
         safe = self._obs_guard.check(obs)
         if safe is None:
             self._held_obs += 1
-            return act_guard.hold()
+            action = act_guard.hold()
+            return action if shield is None else shield.step(obs, action, False)
         timer = time.perf_counter_ns
         t0 = timer()
         try:
@@ -284,14 +298,17 @@ class Runtime:
         except Exception as err:  # the backend is foreign code: hold, count, stop at the limit
             took = timer() - t0
             self._latency(took)
-            return self._backend_failed(err)
+            action = self._backend_failed(err)
+            return action if shield is None else shield.step(obs, action, False)
         took = timer() - t0
         self._latency(took)
         if took > self._budget_ns:
             self._overruns += 1
-            return act_guard.hold()
+            action = act_guard.hold()
+            return action if shield is None else shield.step(obs, action, False)
         tuner = self._tuner
-        return act_guard.apply(raw if tuner is None else tuner.explore(raw))
+        action = act_guard.apply(raw if tuner is None else tuner.explore(raw))
+        return action if shield is None else shield.step(obs, action, True)
 
     def observe(
         self,
@@ -310,6 +327,8 @@ class Runtime:
         done = bool(terminated) or bool(truncated)
         if done:
             self._episodes += 1
+            if self._shield is not None:  # the caller resets its plant: a new start for the ramp
+                self._shield.restart()
         tuner = self._tuner
         if tuner is None:
             return
@@ -439,6 +458,7 @@ class Runtime:
             backend_errors=self._backend_errors,
             backend_error=self._backend_error,
             reward_invalid=self._reward_invalid,
+            shield=guards_summary() if self._shield is None else self._shield.summary(),
             backend=self._backend.describe(),
             precision=self._precision,
             precision_switches=self._switches,

@@ -16,8 +16,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 
-from sac_edge.common.atomic import atomic_dir, check_output_path
+from sac_edge.common.atomic import atomic_dir, atomic_write_json, check_output_path
 from sac_edge.common.config import save_config
+from sac_edge.common.envelope import ENVELOPE
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.manifest import (
@@ -35,6 +36,7 @@ from sac_edge.common.versions import installed_version
 from sac_edge.train.checkpoint import save_tensors
 
 from .config import ExportConfig
+from .envelope import envelope_for
 from .fp16_onnx import write_fp16
 from .onnx_export import INPUT, OUTPUT, OnnxInfo, check_tensorrt_ops, export_policy
 from .parity import (
@@ -67,6 +69,7 @@ FILE_KINDS: dict[str, tuple[str, str | None]] = {
     CALIB_CACHE: ("calibration-cache", "int8"),
     LEARNER: ("learner", "fp32"),
     EXPORT_CONFIG: ("config", None),
+    ENVELOPE: ("envelope", None),
     TIMING_CACHE: ("tensorrt-timing-cache", None),
     **{plan_name(p): ("tensorrt-engine", p) for p in ("fp32", "fp16", "int8")},
 }
@@ -125,6 +128,7 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
         )
         require_parity(parity)
         np.save(stage / PARITY_STATES, states[:GATE_STATES])
+        envelope = _envelope(cfg, source, stage)
         parity_fp16 = _fp16(stage, source, states, origin) if cfg.fp16 else None
         save_tensors(
             stage / LEARNER, source.learner, metadata={"format": "sac-edge learner", "env": source.spec.env_id}
@@ -136,10 +140,32 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
         save_config(cfg, stage / EXPORT_CONFIG, spec=source.spec.to_dict(), source_kind=source.kind)
         manifest = _manifest(cfg, source, stage, onnx_info, parity, int8, engines)
         manifest["parity_fp16"] = parity_fp16.to_dict() if parity_fp16 else None
+        manifest["envelope"] = envelope
         write_manifest(stage, manifest)
         if sign_key is not None:
             sign_bundle(stage, sign_key)
     return ExportResult(out, manifest, parity, parity_fp16, int8)
+
+
+def _envelope(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any] | None:
+    """``envelope.json`` from the training states and rollouts (``envelope.py``); its threshold and facts
+    for the manifest, or None with ``--no-envelope`` or nothing to fit it on."""
+    if not cfg.envelope:
+        return None
+    envelope = envelope_for(
+        source.replay_states,
+        source.states_name,
+        stage / POLICY_ONNX,
+        source.spec,
+        margin=cfg.envelope_margin,
+        fpr=cfg.envelope_fpr,
+        episodes=cfg.envelope_episodes,
+        seed=cfg.seed,
+    )
+    if envelope is None:
+        return None
+    atomic_write_json(stage / ENVELOPE, envelope.to_dict())
+    return {"threshold": envelope.threshold, "slew": envelope.slew is not None, **envelope.facts}
 
 
 def _fp16(stage: Path, source: PolicySource, states: np.ndarray, origin: str) -> Parity:

@@ -60,6 +60,14 @@ def _check_flags(cfg: ExportConfig) -> None:
         raise SacEdgeError(f"--gate-episodes must be >= 1 (got {cfg.gate_episodes})")
     if cfg.discard_finetuned and not cfg.force:
         raise SacEdgeError("--discard-finetuned only makes sense with --force")
+    if not 0 <= cfg.envelope_margin <= 10:
+        raise SacEdgeError(
+            f"--envelope-margin must be from 0 to 10 (a fraction of the span), got {cfg.envelope_margin}"
+        )
+    if not 0 < cfg.envelope_fpr < 0.5:
+        raise SacEdgeError(f"--envelope-fpr must be a rate in (0, 0.5), got {cfg.envelope_fpr}")
+    if cfg.envelope_episodes < 0:
+        raise SacEdgeError(f"--envelope-episodes must be >= 0 (got {cfg.envelope_episodes})")
     if not cfg.parity_tol > 0:
         raise SacEdgeError(f"--parity-tol must be > 0 (got {cfg.parity_tol})")
 

@@ -44,6 +44,24 @@ class ExportConfig:
     gate_episodes: int = field(default=5, metadata={"help": "seeded episodes per precision in the INT8 gate"})
     parity_states: int = field(default=10_000, metadata={"help": "held-out states for the ONNX vs PyTorch parity"})
     parity_tol: float = field(default=1e-5, metadata={"help": "max abs action error allowed by the parity check"})
+    envelope: bool = field(
+        default=True,
+        metadata={
+            "help": "write envelope.json: per-dimension bounds and a Mahalanobis threshold from the training "
+            "states (and rollouts when the env can be made) for the runtime's shield, with the slew default"
+        },
+    )
+    envelope_margin: float = field(
+        default=0.1,
+        metadata={"help": "widen each dimension's 0.1%..99.9% quantile range by this fraction of it on each side"},
+    )
+    envelope_fpr: float = field(
+        default=0.001,
+        metadata={"help": "false-positive rate the envelope's threshold is calibrated to on held-out training states"},
+    )
+    envelope_episodes: int = field(
+        default=4, metadata={"help": "seeded rollouts of the exported policy added to the envelope's states (0: none)"}
+    )
     engine: str = field(
         default="auto",
         metadata={

@@ -37,7 +37,7 @@ ROOM_MAY_IMPORT = {
     "control": {"backends"},
     "finetune": {"backends", "budget"},
 }
-COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "runtime"}
+COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "drill", "runtime"}
 
 
 def module_name(path: Path) -> str:

@@ -10,7 +10,9 @@ Safety policy (see ``safety.py``): observations that are non-finite or outside t
 counted and repaired (``--obs-fault clip``, default) or cause the last safe action to be held
 (``--obs-fault hold``); actions are always finite and clipped to the bounds; an inference that takes
 longer than ``inference_budget`` x period is counted and its action discarded for the last safe action
-(it is stale by then). Episodes reset on termination or truncation. The environment is foreign code:
+(it is stale by then). With a shield (``shield.py``) each guarded action goes through it last: the
+envelope and stuck-sensor checks, the fallback, the ramp (restarted at each episode) and the slew limit.
+Episodes reset on termination or truncation. The environment is foreign code:
 anything its ``reset()`` or ``step()`` raises (even ``SystemExit`` or ``KeyboardInterrupt``), and a result
 the loop cannot read (not five values; ``terminated`` or ``truncated`` not one truth value), ends the loop
 as a stop, kept in ``env_error`` and named in the summary's ``stopped_by``, so the summary is still made.
@@ -50,6 +52,7 @@ import numpy as np
 from sac_edge.edge_runtime.backends.base import Backend
 
 from .safety import ActionGuard, ObservationGuard, plain_array
+from .shield import Shield, guards_summary
 from .step_stats import StepStats, miss_cause
 from .watchdog import InferenceWatchdog
 
@@ -149,7 +152,10 @@ class ControlLoop:
         status: Callable[[str], None] | None = None,
         experience: Experience | None = None,
         on_hang: Callable[[dict[str, Any]], None] | None = None,
+        shield: Shield | None = None,
     ) -> None:
+        self.shield = shield
+        """Shapes each guarded action (``shield.py``); None: the guards alone."""
         self.env, self.backends, self.precision, self.settings = env, dict(backends), precision, settings
         self.monitor, self.emit, self.status, self.experience = monitor, emit, status, experience
         self.on_hang = on_hang
@@ -206,7 +212,7 @@ class ControlLoop:
         period = round(1e9 / self.rate_hz)
         budget_ns = int(s.inference_budget * period)
         obs_guard, act_guard = self.obs_guard, self.act_guard
-        env, experience = self.env, self.experience
+        env, experience, shield = self.env, self.experience, self.shield
         backend = self.backend
         watchdog = InferenceWatchdog(s.inference_timeout_s, lambda ran_ns: hung(ran_ns))
         returned = watchdog.returned
@@ -302,6 +308,7 @@ class ControlLoop:
                 pass
             add_jitter(now - slot)
             took = 0
+            inferred = False
             safe_obs = obs_guard.check(obs)
             if safe_obs is None:
                 action = act_guard.hold()
@@ -326,6 +333,9 @@ class ControlLoop:
                     action = act_guard.hold()
                 else:
                     action = act_guard.apply(raw if experience is None else experience.explore(raw))
+                    inferred = True
+            if shield is not None:
+                action = shield.step(obs, action, inferred)
             t_env = timer()
             try:
                 next_obs, reward, terminated, truncated, _ = env.step(action)
@@ -355,6 +365,8 @@ class ControlLoop:
                     break
                 next_obs = plain_array(next_obs)
                 env_ns += timer() - t_env
+                if shield is not None:
+                    shield.restart()
             obs = next_obs
             steps += 1
             finished = clock()
@@ -515,6 +527,7 @@ class ControlLoop:
             "backend_error": self.backend_error,
             "inference_hang": self.hang,
             "reward_invalid": self.reward_invalid,
+            "shield": guards_summary() if self.shield is None else self.shield.summary(),
             "stopped_by": self.stop_reason,
             "env_error": self.env_error,
             "backend": self.backend.describe(),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -159,6 +159,9 @@ class WeightSwapper:
         self.backends = backends
         self.requantizer = Int8Requantizer(bundle) if "int8" in backends else None
         self.expected: dict[str, int] = {}
+        self.listeners: list[Callable[[], None]] = []
+        """Called (on the installing thread) after each install that went live everywhere: the shield's
+        ramp after a weight swap."""
 
     def prepare(self, actor: Mapping[str, np.ndarray], states: np.ndarray | None) -> WeightSets:
         """Re-quantise ``actor`` in this process (before the loop starts only; see the module docstring)."""
@@ -190,4 +193,6 @@ class WeightSwapper:
                     "the bundle's graph does not name its weights like the learner"
                 )
             seconds[precision] = round(report.seconds, 6)
+        for listener in self.listeners:
+            listener()
         return SwapOutcome(True, seconds, sets.int8_facts, "installed")

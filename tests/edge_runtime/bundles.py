@@ -96,8 +96,10 @@ def make_bundle(
     int8: str | None = "accepted",
     seed: int = 0,
     hidden: tuple[int, ...] = (64, 64),
+    envelope: bool = False,
 ) -> Path:
-    """Write a bundle; ``int8`` is the gate verdict for the int8 graph (None: no int8 graph)."""
+    """Write a bundle; ``int8`` is the gate verdict for the int8 graph (None: no int8 graph); ``envelope``:
+    with ``envelope.json`` fitted by sac-export's code on rollouts of the policy (``export/envelope.py``)."""
     out.mkdir(parents=True, exist_ok=True)
     spec = spec_for(env_id, hidden)
     tensors = learner_tensors(spec, seed)
@@ -107,6 +109,14 @@ def make_bundle(
         "policy.onnx": file_entry(out, "policy.onnx", kind="onnx", precision="fp32"),
         "learner.safetensors": file_entry(out, "learner.safetensors", kind="learner"),
     }
+    if envelope:
+        from sac_edge.common.atomic import atomic_write_json
+        from sac_edge.export.envelope import envelope_for
+
+        fitted = envelope_for(None, "", out / "policy.onnx", spec, margin=0.1, fpr=0.001, episodes=4, seed=seed)
+        assert fitted is not None
+        atomic_write_json(out / "envelope.json", fitted.to_dict())
+        files["envelope.json"] = file_entry(out, "envelope.json", kind="envelope")
     gate: dict[str, object] | None = None
     if int8 is not None:
         quantize_int8(out / "policy.onnx", out / "policy.int8.onnx", spec.obs_dim)

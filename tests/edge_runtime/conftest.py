@@ -16,6 +16,7 @@ import pytest
 PREBUILT_BUNDLES: dict[str, dict[str, Any]] = {
     "pendulum": {"int8": "accepted"},
     "rejected": {"int8": "rejected", "seed": 1},
+    "enveloped": {"int8": None, "envelope": True},
 }
 
 
@@ -32,6 +33,12 @@ def _bundle(factory: pytest.TempPathFactory, name: str) -> Path:
 def pendulum_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Pendulum-v1 bundle with an INT8 graph the gate accepted."""
     return _bundle(tmp_path_factory, "pendulum")
+
+
+@pytest.fixture(scope="session")
+def enveloped_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Pendulum-v1 bundle with envelope.json (fitted on rollouts of its policy) and no INT8 graph."""
+    return _bundle(tmp_path_factory, "enveloped")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,399 @@
+"""``sac-edge drill BUNDLE --env ID``: fault drills that measure the shield.
+
+Each fault runs with the shield (``--shield on``) and without it (``guards``) on the same seeded episodes,
+through the runtime library (``runtime.py``, the path both ``sac-edge run`` and a robot's own loop use),
+unpaced. Faults (:class:`FaultInjector`, a gymnasium wrapper; the policy sees the faulty observation, the
+env steps on the true state):
+
+- ``none``: nominal episodes (false alarms are counted here);
+- ``nan``: NaN on ``--fault-dim`` for ``--fault-steps`` steps from ``--fault-start``;
+- ``stuck``: the observation before the onset repeated bit for bit for ``--fault-steps`` steps;
+- ``spike``: ``--spike-sigma`` standard deviations (the envelope's scale) added to ``--fault-dim``;
+- ``drop``: each observation of the burst dropped with probability ``--drop-rate`` (the previous one repeated);
+- ``delay``: from the onset to the episode's end, the observation of ``--delay-steps`` steps before;
+- ``ood_start``: the start state pushed away from the reset distribution (MuJoCo: ``--ood-scale`` added to
+  joint velocities; other envs with a ``state`` array: that much times the state's magnitude);
+- ``swap``: at the onset the policy's actor weights are swapped for perturbed ones (the shield is told, as
+  the fine-tuner tells it), which measures the ramp after a swap.
+
+Per fault and mode: non-finite and out-of-bound actions, fallbacks and the steps from the onset to the first
+one, false alarms (fallbacks before the onset, or in ``none`` and ``swap``) per nominal step, the mean
+return, the largest step-to-step action change (from the action at rest before the first step) overall, in
+the first ``START_STEPS`` and after the swap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from sac_edge.common.atomic import atomic_write_json, check_output_path
+from sac_edge.common.config import config_dict
+from sac_edge.common.envelope import parse_envelope
+from sac_edge.common.envs import file_env, make_env
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.manifest import MANIFEST
+from sac_edge.common.table import format_table
+from sac_edge.edge_runtime.backends.base import Bundle, open_bundle
+from sac_edge.edge_runtime.control.shield import ShieldSettings
+
+from .config import DrillConfig, RunConfig
+from .runtime import Runtime
+
+FAULTS = ("none", "nan", "stuck", "spike", "drop", "delay", "ood_start", "swap")
+MODES = ("on", "guards")
+START_STEPS = 20
+"""The largest action change in the first this many steps of an episode is reported as the start jump."""
+SWAP_NOISE = 0.5
+"""The swapped-in actor: each weight tensor plus Gaussian noise of this fraction of its own std."""
+DRILL_RATE_HZ = 10.0
+"""The nominal rate the runtime is opened at: the drill runs unpaced, and the inference budget (half the
+period) must not turn a busy machine into overruns the drill would count as fallbacks."""
+
+
+class FaultInjector(gym.Wrapper):
+    """Injects one fault into the observations the policy sees (module docstring)."""
+
+    def __init__(self, env: gym.Env, fault: str, cfg: DrillConfig, sigma: np.ndarray, rng: np.random.Generator) -> None:
+        super().__init__(env)
+        self.fault, self.cfg, self.sigma, self.rng = fault, cfg, sigma, rng
+        self.t = 0
+        self.history: list[np.ndarray] = []
+        self.seen: np.ndarray | None = None
+
+    @property
+    def onset(self) -> int | None:
+        """The step index whose observation is the first faulty one (None: no fault in the observations)."""
+        if self.fault in ("none", "swap"):
+            return None if self.fault == "none" else self.cfg.fault_start
+        return 0 if self.fault == "ood_start" else self.cfg.fault_start
+
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self.t, self.history = 0, []
+        if self.fault == "ood_start":
+            obs = self._push(obs)
+        return self._seen(np.asarray(obs, dtype=np.float32)), info
+
+    def step(self, action: Any) -> tuple[np.ndarray, Any, Any, Any, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.t += 1
+        return self._seen(np.asarray(obs, dtype=np.float32)), reward, terminated, truncated, info
+
+    def _push(self, obs: Any) -> Any:
+        scale, base = self.cfg.ood_scale, self.env.unwrapped
+        if hasattr(base, "set_state") and hasattr(base, "data") and hasattr(base, "_get_obs"):  # MuJoCo
+            qpos, qvel = np.array(base.data.qpos), np.array(base.data.qvel)
+            base.set_state(qpos, qvel + self.rng.normal(0.0, scale, qvel.shape))
+            return base._get_obs()
+        state = getattr(base, "state", None)
+        if isinstance(state, np.ndarray) and hasattr(base, "_get_obs"):
+            pushed = state + self.rng.normal(0.0, scale, state.shape) * (np.abs(state) + 1.0)
+            setattr(base, "state", pushed)  # noqa: B010 (classic-control envs keep their state here)
+            return base._get_obs()
+        raise SacEdgeError(
+            f"--faults ood_start: {type(base).__name__} has neither MuJoCo's set_state nor a state array to push; "
+            "drop ood_start from --faults for this env"
+        )
+
+    def _seen(self, true: np.ndarray) -> np.ndarray:
+        """The observation the policy gets at step ``self.t``."""
+        cfg, t = self.cfg, self.t
+        self.history.append(true)
+        obs = true.copy()
+        burst = cfg.fault_start <= t < cfg.fault_start + cfg.fault_steps
+        if self.fault == "nan" and burst:
+            obs[cfg.fault_dim] = np.nan
+        elif self.fault == "spike" and burst:
+            obs[cfg.fault_dim] += cfg.spike_sigma * self.sigma[cfg.fault_dim]
+        elif self.fault in ("stuck", "drop") and burst and self.seen is not None:
+            if self.fault == "stuck" or self.rng.random() < cfg.drop_rate:
+                obs = self.seen.copy()
+        elif self.fault == "delay" and t >= cfg.fault_start:
+            obs = self.history[max(0, t - cfg.delay_steps)].copy()
+        self.seen = obs
+        return obs
+
+
+def check_drill(cfg: DrillConfig) -> tuple[str, ...]:
+    """The faults to run, after every flag is checked (one line each, before any work)."""
+    faults = cfg.faults or FAULTS
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        raise SacEdgeError(f"--faults: unknown {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
+    for flag, value, least in (
+        ("--episodes", cfg.episodes, 1),
+        ("--max-steps", cfg.max_steps, 0),
+        ("--fault-start", cfg.fault_start, 1),
+        ("--fault-steps", cfg.fault_steps, 1),
+        ("--delay-steps", cfg.delay_steps, 1),
+        ("--fault-dim", cfg.fault_dim, 0),
+    ):
+        if value < least:
+            raise SacEdgeError(f"{flag} must be at least {least}, got {value}")
+    for flag, number in (("--spike-sigma", cfg.spike_sigma), ("--ood-scale", cfg.ood_scale)):
+        if not 0 < number < math.inf:
+            raise SacEdgeError(f"{flag} must be a positive number, got {number}")
+    if not 0 < cfg.drop_rate <= 1:
+        raise SacEdgeError(f"--drop-rate is a probability in (0, 1], got {cfg.drop_rate}")
+    problem = _settings(cfg).problem()
+    if problem is not None:
+        raise SacEdgeError(problem)
+    if cfg.out:
+        check_output_path(cfg.out, "--out")
+    return tuple(dict.fromkeys(faults))
+
+
+def _settings(cfg: DrillConfig) -> ShieldSettings:
+    return ShieldSettings(
+        "on", cfg.shield_window, cfg.stuck_steps, cfg.ramp_steps, cfg.fallback, cfg.safe_action, cfg.slew
+    )
+
+
+def saved_path(cfg: DrillConfig) -> Path | None:
+    """Where the results go: ``--out``, or with ``--save`` beside the bundle (``BUNDLE.drill.json``)."""
+    if cfg.out:
+        return Path(cfg.out)
+    if cfg.save:
+        bundle = Path(cfg.bundle)
+        return bundle.parent / f"{bundle.name}.drill.json"
+    return None
+
+
+def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any]:
+    """Run every fault with and without the shield; the rows and the facts (also written per ``--out``)."""
+    faults = check_drill(cfg)
+    out = saved_path(cfg)
+    if out is not None:
+        check_output_path(out, "--out")
+    bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
+    spec = bundle.spec
+    env_name = cfg.env or file_env(spec.env_id, str(bundle.path / MANIFEST))
+    probe = make_env(env_name)
+    try:
+        obs_space, act_space = probe.observation_space, probe.action_space
+        assert isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)
+        if obs_space.shape != (spec.obs_dim,) or act_space.shape != (spec.act_dim,):
+            raise SacEdgeError(
+                f"{env_name}: observation {obs_space.shape} / action {act_space.shape} do not match the bundle's "
+                f"spec (obs_dim={spec.obs_dim}, act_dim={spec.act_dim})"
+            )
+    finally:
+        probe.close()
+    if cfg.fault_dim >= spec.obs_dim:
+        raise SacEdgeError(f"--fault-dim must be below the bundle's obs_dim {spec.obs_dim}, got {cfg.fault_dim}")
+    names = bundle.files("envelope")
+    envelope = (
+        parse_envelope(bundle.read(bundle.path / names[0]), bundle.path / names[0], spec.obs_dim, spec.act_dim)
+        if names
+        else None
+    )
+    if envelope is None:
+        log(f"sac-edge drill: {bundle.path} has no envelope.json; the shield runs without the envelope check")
+    sigma = envelope.scale if envelope is not None else np.ones(spec.obs_dim)
+    original, swapped = _actor_sets(bundle, cfg.seed) if "swap" in faults else (None, None)
+    low, high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
+    rows = []
+    for mode in MODES:
+        options = RunConfig(
+            bundle=cfg.bundle,
+            env=env_name,
+            backend=cfg.backend,
+            precision="fp32",
+            rate_hz=DRILL_RATE_HZ,
+            shield=mode,
+            shield_window=cfg.shield_window,
+            stuck_steps=cfg.stuck_steps,
+            ramp_steps=cfg.ramp_steps,
+            fallback=cfg.fallback,
+            safe_action=cfg.safe_action,
+            slew=cfg.slew,
+            seed=cfg.seed,
+            trusted_keys=cfg.trusted_keys,
+            allow_downgrade=cfg.allow_downgrade,
+        )
+        with Runtime(options, obs_low=obs_space.low, obs_high=obs_space.high, log=log) as runtime:
+            for fault in faults:
+                row = _run_fault(runtime, fault, cfg, env_name, sigma, low, high, swapped, original)
+                rows.append({"fault": fault, "shield": mode, **row})
+    result = {
+        "bundle": str(bundle.path),
+        "env": env_name,
+        "envelope": envelope is not None,
+        "config": config_dict(cfg),
+        "rows": rows,
+        "checks": _checks(rows, cfg),
+    }
+    if out is not None:
+        atomic_write_json(out, result)
+        result["written"] = str(out)
+    return result
+
+
+def _actor_sets(bundle: Bundle, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The fp32 graph's actor weights (from the verified bytes), and the same plus noise: what the swap
+    installs, and what is installed back after the episode."""
+    import onnx
+    from onnx import numpy_helper
+
+    path = bundle.onnx("fp32")
+    if path is None:
+        raise SacEdgeError(f"{bundle.path}: --faults swap needs the fp32 graph policy.onnx")
+    rng = np.random.default_rng(seed)
+    graph = onnx.load_from_string(bundle.read(path)).graph
+    original, perturbed = {}, {}
+    for init in graph.initializer:
+        if init.name.startswith("actor.") and init.data_type == onnx.TensorProto.FLOAT:
+            arr = np.asarray(numpy_helper.to_array(init), dtype=np.float32)
+            original[init.name] = arr
+            noise = rng.standard_normal(arr.shape).astype(np.float32) * SWAP_NOISE * (arr.std() + 1e-3)
+            perturbed[init.name] = arr + noise
+    if not original:
+        raise SacEdgeError(f"{path}: no actor.* weights to swap; --faults swap needs a sac-export graph")
+    return original, perturbed
+
+
+def _run_fault(
+    runtime: Runtime,
+    fault: str,
+    cfg: DrillConfig,
+    env_name: str,
+    sigma: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    swapped: dict[str, np.ndarray] | None,
+    original: dict[str, np.ndarray] | None,
+) -> dict[str, Any]:
+    """``cfg.episodes`` seeded episodes of one fault on ``runtime``; the row's figures."""
+    shield = runtime.shield
+    rest = np.clip(np.zeros_like(low), low, high)
+    steps = nonfinite = out_of_bounds = nominal_steps = false_alarms = fallbacks = 0
+    to_fallback: list[int] = []
+    missed = 0
+    returns, jumps, start_jumps, swap_jumps = [], [0.0], [0.0], [0.0]
+    for episode in range(cfg.episodes):
+        seed = cfg.seed + episode
+        env = FaultInjector(make_env(env_name), fault, cfg, sigma, np.random.default_rng(seed))
+        onset = env.onset
+        try:
+            obs, _ = env.reset(seed=seed)
+            limit = cfg.max_steps or (env.spec.max_episode_steps if env.spec else None) or 1000
+            total, previous, first = 0.0, rest, None
+            before = shield.counts.fallbacks if shield is not None else 0
+            for t in range(limit):
+                if fault == "swap" and t == onset:
+                    assert swapped is not None
+                    runtime.backend.swap_weights(swapped)
+                    if shield is not None:
+                        shield.weights_swapped()
+                action = np.array(runtime.act(obs), dtype=np.float64)
+                steps += 1
+                if not np.isfinite(action).all():
+                    nonfinite += 1
+                elif np.any(action < low) or np.any(action > high):
+                    out_of_bounds += 1
+                jump = float(np.max(np.abs(action - previous))) if np.isfinite(action).all() else math.inf
+                jumps.append(jump)
+                if t < START_STEPS:
+                    start_jumps.append(jump)
+                if fault == "swap" and onset is not None and onset <= t < onset + START_STEPS:
+                    swap_jumps.append(jump)
+                previous = action
+                faulty = onset is not None and t >= onset and fault != "swap"
+                if shield is not None:
+                    entered = shield.counts.fallbacks - before
+                    before = shield.counts.fallbacks
+                    fallbacks += entered
+                    if not faulty:
+                        false_alarms += entered
+                    if faulty and first is None and shield.falling_back:
+                        first = t - onset  # type: ignore[operator]
+                if not faulty:
+                    nominal_steps += 1
+                next_obs, reward, terminated, truncated, _ = env.step(action.astype(np.float32))
+                total += float(reward)
+                done = bool(terminated or truncated) or t == limit - 1
+                runtime.observe(obs, action, float(reward), next_obs, bool(terminated), done)
+                obs = next_obs
+                if done:
+                    break
+            returns.append(total)
+            if onset is not None and fault != "swap":
+                if first is None:
+                    missed += 1
+                else:
+                    to_fallback.append(first)
+        finally:
+            env.close()
+            if fault == "swap" and original is not None:
+                runtime.backend.swap_weights(original)
+    return {
+        "episodes": cfg.episodes,
+        "steps": steps,
+        "nonfinite_actions": nonfinite,
+        "out_of_bound_actions": out_of_bounds,
+        "fallbacks": fallbacks if shield is not None else None,
+        "steps_to_fallback": max(to_fallback) if to_fallback else None,
+        "episodes_without_fallback": missed if shield is not None and fault not in ("none", "swap") else None,
+        "false_alarms": false_alarms if shield is not None else None,
+        "false_alarm_rate": false_alarms / nominal_steps if shield is not None and nominal_steps else None,
+        "mean_return": float(np.mean(returns)) if returns else None,
+        "max_action_jump": max(jumps),
+        "start_jump": max(start_jumps),
+        "swap_jump": max(swap_jumps) if fault == "swap" else None,
+    }
+
+
+def _checks(rows: Sequence[dict[str, Any]], cfg: DrillConfig) -> dict[str, Any]:
+    """What the issue's goals ask of the rows: zero bad actions, fallback within one step after the window,
+    the false-alarm rate on nominal steps."""
+    windows = {"nan": cfg.shield_window - 1, "spike": cfg.shield_window - 1, "stuck": max(cfg.stuck_steps - 2, 0)}
+    late = [
+        r["fault"]
+        for r in rows
+        if r["shield"] == "on" and r["fault"] in windows and r["steps_to_fallback"] is not None
+        and r["steps_to_fallback"] > windows[r["fault"]] + 1
+    ]  # fmt: skip
+    nominal = [r for r in rows if r["shield"] == "on" and r["fault"] in ("none", "swap")]
+    nominal_steps = sum(r["steps"] for r in nominal)
+    return {
+        "bad_actions": sum(r["nonfinite_actions"] + r["out_of_bound_actions"] for r in rows),
+        "late_fallbacks": late,
+        "expected_steps_to_fallback": windows,
+        "nominal_false_alarm_rate": (sum(r["false_alarms"] for r in nominal) / nominal_steps)
+        if nominal_steps
+        else None,
+    }
+
+
+def drill_table(result: dict[str, Any]) -> str:
+    header = ("fault", "shield", "non-finite", "out of bounds", "fallbacks", "to fallback", "false alarms",
+              "return", "max jump", "start jump", "swap jump")  # fmt: skip
+    rows = [
+        (
+            r["fault"],
+            r["shield"],
+            r["nonfinite_actions"],
+            r["out_of_bound_actions"],
+            _cell(r["fallbacks"]),
+            _cell(r["steps_to_fallback"]),
+            _cell(r["false_alarms"]),
+            f"{r['mean_return']:.1f}",
+            f"{r['max_action_jump']:.3f}",
+            f"{r['start_jump']:.3f}",
+            _cell(r["swap_jump"]),
+        )
+        for r in result["rows"]
+    ]
+    return format_table(rows, header)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)

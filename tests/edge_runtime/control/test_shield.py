@@ -1,0 +1,138 @@
+"""The shield: envelope and stuck-sensor fallbacks within their windows, the ramp, the slew limit, the swap
+ramp, and never a non-finite or out-of-bounds action."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sac_edge.common.envelope import Envelope
+from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
+
+LOW, HIGH = [-2.0, -1.0], [2.0, 1.0]
+
+
+def unit_envelope(dim: int = 3, slew: list[float] | None = None) -> Envelope:
+    """States inside [-1, 1] per dimension; a Mahalanobis threshold of 9 (three standard deviations)."""
+    return Envelope(
+        low=np.full(dim, -1.0),
+        high=np.full(dim, 1.0),
+        mean=np.zeros(dim),
+        scale=np.full(dim, 0.5),
+        whiten=np.eye(dim),
+        threshold=9.0,
+        slew=None if slew is None else np.array(slew),
+        safe_action=np.zeros(2),
+        facts={},
+    )
+
+
+def shield(**settings: object) -> Shield:
+    events: list[dict[str, object]] = []
+    made = Shield(ShieldSettings(**settings), LOW, HIGH, unit_envelope(), events.append)  # type: ignore[arg-type]
+    made.events = events  # type: ignore[attr-defined]
+    return made
+
+
+def good(t: int) -> np.ndarray:
+    return np.array([0.1 * np.sin(t), 0.2, -0.1 + 0.01 * t % 0.05], np.float32)
+
+
+def test_ramp_blends_in_from_the_safe_action() -> None:
+    s = shield(ramp_steps=4)
+    policy = np.array([2.0, -1.0], np.float32)
+    sent = [s.step(good(t), policy, True).copy() for t in range(6)]
+    np.testing.assert_allclose(sent[0], [0.5, -0.25])  # a quarter of the way at the first step
+    np.testing.assert_allclose(sent[3], policy)
+    np.testing.assert_allclose(sent[5], policy)
+    assert s.counts.fallbacks == 0
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_nan_burst_falls_back_after_the_window_and_comes_back_through_the_ramp(window: int) -> None:
+    s = shield(window=window, ramp_steps=2)
+    policy = np.array([1.0, 0.5], np.float32)
+    for t in range(5):
+        s.step(good(t), policy, True)
+    before = s.step(good(5), policy, True).copy()
+    onset = s.steps + 1
+    for t in range(6):
+        obs = good(t)
+        obs[1] = np.nan
+        out = s.step(obs, np.array([-2.0, -1.0], np.float32), True)  # the guard's repair, say
+        assert np.isfinite(out).all()
+        if s.steps < onset + window - 1:
+            assert not s.falling_back
+        else:
+            assert s.falling_back
+            np.testing.assert_array_equal(out, before)  # hold: the last action sent
+    assert s.counts.first_fallback_step == onset + window - 1  # the step the window filled
+    assert s.counts.causes["envelope"] == 1 and s.events[0]["cause"] == "envelope"  # type: ignore[attr-defined]
+    for t in range(window):
+        s.step(good(t), policy, True)
+    assert not s.falling_back and s.counts.ramps == 1
+    assert s.events[-1]["event"] == "resume"  # type: ignore[attr-defined]
+
+
+def test_a_stuck_sensor_falls_back_at_the_kth_identical_observation() -> None:
+    s = shield(stuck_steps=4, window=3, fallback="fixed", safe_action=(0.5, 0.0))
+    policy = np.array([1.0, 1.0], np.float32)
+    frozen = good(1)
+    for k in range(1, 5):
+        out = s.step(frozen.copy(), policy, True)
+        assert s.falling_back == (k == 4)
+    assert s.counts.causes["stuck"] == 1
+    np.testing.assert_array_equal(out, np.float32([0.5, 0.0]))  # the fixed safe action
+
+
+def test_an_action_not_inferred_falls_back_on_that_step() -> None:
+    s = shield(ramp_steps=0)
+    s.step(good(0), np.array([1.0, 0.0], np.float32), True)
+    out = s.step(good(1), np.array([0.3, 0.3], np.float32), False)
+    assert s.falling_back and s.counts.causes["not_inferred"] == 1
+    np.testing.assert_array_equal(out, np.float32([1.0, 0.0]))
+
+
+def test_slew_limit_and_swap_ramp() -> None:
+    s = Shield(ShieldSettings(ramp_steps=2, slew=(0.5,)), LOW, HIGH, unit_envelope())
+    a, b = np.array([2.0, 1.0], np.float32), np.array([-2.0, -1.0], np.float32)
+    sent = [s.step(good(t), a, True).copy() for t in range(8)]
+    assert np.abs(np.diff(np.array([[0.0, 0.0], *sent]), axis=0)).max() <= 0.5 + 1e-6
+    np.testing.assert_allclose(sent[-1], a)
+    s.weights_swapped()
+    after = [s.step(good(t), b, True).copy() for t in range(12)]
+    assert s.counts.swap_ramps == 1 and s.counts.slew_limited > 0
+    assert np.abs(np.diff(np.array([sent[-1], *after]), axis=0)).max() <= 0.5 + 1e-6
+    np.testing.assert_allclose(after[-1], b)
+
+
+def test_the_envelope_check_rejects_what_lies_outside() -> None:
+    s = shield()
+    assert s.inside(np.zeros(3, np.float32)) and s.inside(np.array([0.9, 0.0, 0.0]))
+    assert not s.inside(np.array([1.1, 0.0, 0.0]))  # outside one dimension's bounds
+    assert not s.inside(np.array([0.9, 0.9, 0.9]))  # inside each bound, but a score of 3 * 1.8^2 > 9
+    for bad in (np.array([np.nan, 0, 0]), np.array([np.inf, 0, 0]), np.zeros(4), np.array(["a", "b", "c"]), None):
+        assert not s.inside(bad)
+
+
+def test_random_faults_never_give_a_non_finite_or_out_of_bounds_action() -> None:
+    rng = np.random.default_rng(0)
+    s = Shield(ShieldSettings(window=2, stuck_steps=3, ramp_steps=5, slew=(0.3, 0.1)), LOW, HIGH, unit_envelope())
+    for _ in range(2000):
+        obs = rng.standard_normal(3).astype(np.float32) * rng.choice([0.1, 10.0])
+        if rng.random() < 0.1:
+            obs[rng.integers(3)] = rng.choice([np.nan, np.inf, -np.inf])
+        action = rng.uniform(LOW, HIGH).astype(np.float32)
+        out = s.step(obs, action, bool(rng.random() < 0.95))
+        assert np.isfinite(out).all() and np.all(out >= LOW) and np.all(out <= HIGH)
+        if rng.random() < 0.01:
+            s.restart()
+
+
+def test_settings_problems_name_the_flag() -> None:
+    assert ShieldSettings().problem(2) is None
+    assert "--shield " in str(ShieldSettings(mode="x").problem())
+    assert "--stuck-steps" in str(ShieldSettings(stuck_steps=1).problem())
+    assert "--slew" in str(ShieldSettings(slew=(0.1, 0.2, 0.3)).problem(2))
+    assert "--safe-action" in str(ShieldSettings(safe_action=(0.0,)).problem(2))
+    assert "--ramp-steps" in str(ShieldSettings(ramp_steps=-1).problem())
