@@ -28,7 +28,7 @@ _SHIELD_FIELDS: dict[str, dict[str, Any]] = {
         "metadata": {"help": "bit-identical observations in a row that flag a stuck sensor (0: off)"},
     },
     "ramp_steps": {
-        "default": 10,
+        "default": 5,
         "metadata": {"help": "steps of the blend-in ramp at start, after a fallback and after a weight swap (0: none)"},
     },
     "fallback": {

@@ -17,7 +17,7 @@ env steps on the true state):
   the fine-tuner tells it), which measures the ramp after a swap.
 
 Per fault and mode: non-finite and out-of-bound actions, fallbacks and the steps from the onset to the first
-one, false alarms (fallbacks before the onset, or in ``none`` and ``swap``) per nominal step, the mean
+one, false alarms (fallbacks before the onset, or anywhere in ``none``) per nominal step, the mean
 return, the largest step-to-step action change (from the action at rest before the first step) overall, in
 the first ``START_STEPS`` and after the swap.
 """
@@ -304,14 +304,14 @@ def _run_fault(
                 if fault == "swap" and onset is not None and onset <= t < onset + START_STEPS:
                     swap_jumps.append(jump)
                 previous = action
-                faulty = onset is not None and t >= onset and fault != "swap"
+                faulty = onset is not None and t >= onset
                 if shield is not None:
                     entered = shield.counts.fallbacks - before
                     before = shield.counts.fallbacks
                     fallbacks += entered
                     if not faulty:
                         false_alarms += entered
-                    if faulty and first is None and shield.falling_back:
+                    if faulty and fault != "swap" and first is None and shield.falling_back:
                         first = t - onset  # type: ignore[operator]
                 if not faulty:
                     nominal_steps += 1
@@ -341,6 +341,7 @@ def _run_fault(
         "steps_to_fallback": max(to_fallback) if to_fallback else None,
         "episodes_without_fallback": missed if shield is not None and fault not in ("none", "swap") else None,
         "false_alarms": false_alarms if shield is not None else None,
+        "nominal_steps": nominal_steps,
         "false_alarm_rate": false_alarms / nominal_steps if shield is not None and nominal_steps else None,
         "mean_return": float(np.mean(returns)) if returns else None,
         "max_action_jump": max(jumps),
@@ -359,8 +360,8 @@ def _checks(rows: Sequence[dict[str, Any]], cfg: DrillConfig) -> dict[str, Any]:
         if r["shield"] == "on" and r["fault"] in windows and r["steps_to_fallback"] is not None
         and r["steps_to_fallback"] > windows[r["fault"]] + 1
     ]  # fmt: skip
-    nominal = [r for r in rows if r["shield"] == "on" and r["fault"] in ("none", "swap")]
-    nominal_steps = sum(r["steps"] for r in nominal)
+    nominal = [r for r in rows if r["shield"] == "on"]
+    nominal_steps = sum(r["nominal_steps"] for r in nominal)
     return {
         "bad_actions": sum(r["nonfinite_actions"] + r["out_of_bound_actions"] for r in rows),
         "late_fallbacks": late,

@@ -53,7 +53,7 @@ class ExportConfig:
     )
     envelope_margin: float = field(
         default=0.1,
-        metadata={"help": "widen each dimension's 0.1%..99.9% quantile range by this fraction of it on each side"},
+        metadata={"help": "widen each dimension's 0.001..0.999 quantile range by this fraction on each side"},
     )
     envelope_fpr: float = field(
         default=0.001,

@@ -53,7 +53,7 @@ class ShieldSettings:
     """M: consecutive steps outside the envelope before the fallback (0: the envelope is not checked)."""
     stuck_steps: int = 5
     """K: bit-identical observations in a row that flag a stuck sensor (0: off)."""
-    ramp_steps: int = 10
+    ramp_steps: int = 5
     """N: steps of the blend-in ramp (0: no ramp)."""
     fallback: str = "hold"
     safe_action: tuple[float, ...] = ()

@@ -28,7 +28,7 @@ def test_drill_runs_every_fault_both_ways(enveloped_bundle: Path, capsys: pytest
     assert rows["nan", "on"]["steps_to_fallback"] == 2  # the default window of 3: the third NaN step
     assert rows["stuck", "on"]["steps_to_fallback"] == 3  # five identical observations: the one before the onset + 4
     assert rows["nan", "guards"]["fallbacks"] is None
-    assert rows["swap", "on"]["swap_jump"] is not None and rows["none", "on"]["start_jump"] <= 2.0 / 10 + 0.2
+    assert rows["swap", "on"]["swap_jump"] is not None
     assert documented("sac-edge drill --json") == set(result)
     saved = enveloped_bundle.parent / f"{enveloped_bundle.name}.drill.json"
     assert json.loads(saved.read_text())["rows"] == result["rows"]

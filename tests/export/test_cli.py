@@ -51,6 +51,7 @@ def test_export_writes_verified_bundle_and_json(
         "parity_states.npy",
         "learner.safetensors",
         "export_config.json",
+        "envelope.json",
     }
     assert manifest["parity_fp16"]["passed"] and manifest["parity_fp16"]["max_abs"] > 0
     for entry in manifest["files"].values():

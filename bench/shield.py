@@ -1,0 +1,198 @@
+"""The safety shield's cost per step and the envelope's detection, against references measured in the same run.
+
+For each bundle given (sac-export writes ``envelope.json``):
+
+1. per step, in this process, interleaved: ``Shield.step`` (envelope check, stuck-sensor check, fallback
+   state, ramp and slew limit on the action) against ``ActionGuard.apply`` (the guard every step already
+   runs) on observations from the bundle's ``parity_states.npy``. Goal: ``Shield.step`` under 5 us at
+   HalfCheetah's size.
+2. the envelope's score, chosen by measurement: the Mahalanobis check (``Shield.inside``) against a
+   nearest-neighbour distance in the same normalised space (brute force over half the parity states, its
+   threshold the same quantile of the other half's distances): cost per call, and the share detected of
+   states with a spike of ``--sigma`` standard deviations on one dimension and of states whose dimensions
+   were shuffled independently (each within its own range, the correlations broken), and the false
+   positives on the held-out half.
+3. in the loop: ``sac-edge run`` at ``--rate-hz`` with ``--shield on`` and ``--shield guards``, alternating,
+   ``--repeats`` rounds: the summary's ``loop_work_us`` (a step less its inference and env step, so the
+   shield's work is in it) p50/p99 each, and the median difference of the rounds.
+
+Prints one table per section, then one JSON line (``--out`` writes it to a file too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sac_edge.common.atomic import atomic_write_json
+from sac_edge.common.envelope import Envelope, parse_envelope
+from sac_edge.common.table import format_table
+from sac_edge.edge_runtime.backends.base import open_bundle
+from sac_edge.edge_runtime.control.safety import ActionGuard
+from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
+
+BIN = Path(sys.executable).parent
+
+
+def _p50_us(fn: Callable[[], object], calls: int) -> float:
+    out = np.empty(calls)
+    clock = time.perf_counter_ns
+    for i in range(calls):
+        start = clock()
+        fn()
+        out[i] = clock() - start
+    return float(np.median(out)) / 1000.0
+
+
+def interleaved(fns: dict[str, Callable[[], object]], calls: int = 2000, rounds: int = 7) -> dict[str, float]:
+    """p50 (us) of each function, timed in alternating rounds so drift hits all alike."""
+    for fn in fns.values():
+        for _ in range(200):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(_p50_us(fn, calls))
+    return {name: round(float(np.median(v)), 2) for name, v in samples.items()}
+
+
+def load(bundle_dir: Path) -> tuple[Envelope, np.ndarray, tuple[np.ndarray, np.ndarray], str]:
+    bundle = open_bundle(bundle_dir)
+    spec = bundle.spec
+    names = bundle.files("envelope")
+    if not names:
+        raise SystemExit(f"shield: {bundle_dir} has no envelope.json; export it with sac-export (not --no-envelope)")
+    envelope = parse_envelope(bundle.read(bundle.path / names[0]), bundle.path / names[0], spec.obs_dim, spec.act_dim)
+    states = np.load(io.BytesIO(bundle.read(bundle.path / "parity_states.npy")), allow_pickle=False)
+    return envelope, states, (np.array(spec.action_low), np.array(spec.action_high)), spec.env_id
+
+
+def step_cost(envelope: Envelope, states: np.ndarray, bounds: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
+    low, high = bounds
+    shield = Shield(ShieldSettings(), low.tolist(), high.tolist(), envelope)
+    guard = ActionGuard(low, high)
+    rng = np.random.default_rng(0)
+    obs = [s.astype(np.float32) for s in states[:256]]
+    actions = [np.asarray(rng.uniform(low, high), dtype=np.float32) for _ in range(256)]
+    i = 0
+
+    def shield_step() -> None:
+        nonlocal i
+        i = (i + 1) & 255
+        shield.step(obs[i], actions[i], True)
+
+    def guard_apply() -> None:
+        nonlocal i
+        i = (i + 1) & 255
+        guard.apply(actions[i])
+
+    def inside() -> None:
+        nonlocal i
+        i = (i + 1) & 255
+        shield.inside(obs[i])
+
+    p50 = interleaved({"shield_step": shield_step, "envelope_check": inside, "action_guard": guard_apply})
+    return {"obs_dim": envelope.obs_dim, "act_dim": len(low), **p50}
+
+
+def detection(envelope: Envelope, states: np.ndarray, sigma: float) -> list[dict[str, Any]]:
+    """Mahalanobis against nearest neighbour: cost and detection (section 2)."""
+    rng = np.random.default_rng(1)
+    states = states[rng.permutation(len(states))].astype(np.float64)
+    half = len(states) // 2
+    ref, held = states[:half], states[half:]
+    spiked = held.copy()
+    dims = rng.integers(envelope.obs_dim, size=len(held))
+    spiked[np.arange(len(held)), dims] += sigma * envelope.scale[dims]
+    shuffled = np.column_stack([rng.permutation(held[:, d]) for d in range(envelope.obs_dim)])
+    shield = Shield(ShieldSettings(), [0.0], [0.0], envelope)
+    z_ref = (ref - envelope.mean) / envelope.scale
+
+    def nn_distance(x: np.ndarray) -> float:
+        z = (x - envelope.mean) / envelope.scale
+        return float(np.min(np.einsum("ij,ij->i", z_ref - z, z_ref - z)))
+
+    fpr = envelope.facts.get("false_positive_rate", 0.001)
+    threshold = float(np.quantile([nn_distance(x) for x in held[: len(held) // 2]], 1 - fpr, method="higher"))
+    test = held[len(held) // 2 :]
+    one = test[0]
+    cost = interleaved({"mahalanobis": lambda: shield.inside(one), "nearest": lambda: nn_distance(one)}, 500, 5)
+    rows = []
+    for name, check in (
+        ("mahalanobis", lambda x: shield.inside(x)),
+        ("nearest", lambda x: nn_distance(x) <= threshold),
+    ):
+        rows.append(
+            {
+                "score": name,
+                "us_per_call": cost[name],
+                "stored_states": 0 if name == "mahalanobis" else len(ref),
+                "false_positives": round(1 - float(np.mean([check(x) for x in test])), 4),
+                "spike_detected": round(1 - float(np.mean([check(x) for x in spiked])), 4),
+                "shuffled_detected": round(1 - float(np.mean([check(x) for x in shuffled])), 4),
+            }
+        )
+    return rows
+
+
+def loop_work(bundle: Path, env_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``sac-edge run`` with and without the shield, alternating (section 3)."""
+    runs: dict[str, list[dict[str, float]]] = {"on": [], "guards": []}
+    for round_ in range(args.repeats):
+        for mode in ("on", "guards") if round_ % 2 == 0 else ("guards", "on"):
+            cmd = [str(BIN / "sac-edge"), "run", str(bundle), "--env", env_id, "--backend", "onnxruntime",
+                   "--precision", "fp32", "--rate-hz", str(args.rate_hz), "--duration", str(args.seconds),
+                   "--shield", mode, "--json"]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise SystemExit(f"shield: {' '.join(cmd)} failed: {proc.stderr.strip()}")
+            summary = json.loads(proc.stdout.strip().splitlines()[-1])
+            runs[mode].append({**summary["loop_work_us"], "miss_rate": summary["miss_rate"]})
+    out: dict[str, Any] = {}
+    for mode, figures in runs.items():
+        out[f"{mode}_p50"] = round(float(np.median([f["p50"] for f in figures])), 2)
+        out[f"{mode}_p99"] = round(float(np.median([f["p99"] for f in figures])), 2)
+        out[f"{mode}_miss_rate"] = round(float(np.median([f["miss_rate"] for f in figures])), 5)
+    diffs = [a["p50"] - b["p50"] for a, b in zip(runs["on"], runs["guards"])]
+    out["p50_difference"] = round(float(np.median(diffs)), 2)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundles", nargs="+", type=Path)
+    parser.add_argument("--sigma", type=float, default=8.0, help="spike size in standard deviations")
+    parser.add_argument("--rate-hz", type=float, default=1000.0)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    result: dict[str, Any] = {"bench": "shield", "bundles": {}}
+    for bundle in args.bundles:
+        envelope, states, bounds, env_id = load(bundle)
+        cost = step_cost(envelope, states, bounds)
+        scores = detection(envelope, states, args.sigma)
+        loop = loop_work(bundle, env_id, args) if args.repeats > 0 else None
+        result["bundles"][str(bundle)] = {"env": env_id, "step_us": cost, "scores": scores, "loop_work_us": loop}
+        print(f"\n{bundle} ({env_id}, obs {cost['obs_dim']}, act {cost['act_dim']})")
+        print(format_table([(k, v) for k, v in cost.items() if k.endswith(("step", "check", "guard"))],
+                           ("per step, p50", "us")))  # fmt: skip
+        print(format_table([tuple(r.values()) for r in scores], tuple(scores[0])))
+        if loop is not None:
+            print(format_table([(k, v) for k, v in loop.items()], (f"loop's own work at {args.rate_hz:g} Hz", "us")))
+    if args.out:
+        atomic_write_json(args.out, result)
+    print(json.dumps(result, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
