@@ -236,6 +236,8 @@ class ControlLoop:
                 act_guard.rehearse(raw)
                 if experience is not None:
                     experience.rehearse(safe, raw)
+                if shield is not None:
+                    shield.rehearse(obs, raw)
             return True
 
         def hung(ran_ns: int) -> None:

@@ -38,6 +38,8 @@ import numpy as np
 
 from sac_edge.common.envelope import Envelope
 
+from .safety import PYTHON_CHECK_MAX
+
 SHIELD_MODES = ("on", "guards")
 """``guards``: the observation and action guards alone (the runtime's behaviour without a shield)."""
 FALLBACKS = ("hold", "fixed")
@@ -142,16 +144,15 @@ class Shield:
         if envelope is not None:  # score = |A (obs - mean)|^2 with A = W diag(1/scale); bounds relative to mean
             self._mean = envelope.mean.copy()
             self._a = np.ascontiguousarray(envelope.whiten / envelope.scale[None, :])
-            mid = (envelope.low + envelope.high) / 2 - envelope.mean
-            half = (envelope.high - envelope.low) / 2
-            self._mid = mid
-            self._inv_half = 1.0 / np.maximum(half, np.finfo(np.float64).tiny)
+            self._b = self._a @ self._mean
+            self._low, self._high = envelope.low, envelope.high
+            self._obs_bounds = list(zip(envelope.low.tolist(), envelope.high.tolist()))
+            self._python = envelope.obs_dim <= PYTHON_CHECK_MAX
             self._threshold = envelope.threshold
-            dim_obs = envelope.obs_dim
-            self._z = np.empty(dim_obs)
-            self._w = np.empty(dim_obs)
-            self._t = np.empty(dim_obs)
+            self._shape = (envelope.obs_dim,)
+            self._w = np.empty(envelope.obs_dim)
         self._out = np.array(self.safe_action, dtype=np.float32)
+        self._scratch = self._out.copy()  # what ``rehearse`` writes
         self._swaps = 0
         self._seen_swaps = 0
         self.counts = _Counts()
@@ -173,17 +174,20 @@ class Shield:
         """Whether ``obs`` is inside the envelope (no side effects; True without an envelope)."""
         if not self._check:
             return True
-        if not isinstance(obs, np.ndarray) or obs.shape != self._z.shape or obs.dtype.kind not in "fiu":
+        if not isinstance(obs, np.ndarray) or obs.shape != self._shape or obs.dtype.kind not in "fiu":
             return False
-        z, t = self._z, self._t
-        np.subtract(obs, self._mean, out=z)
-        np.subtract(z, self._mid, out=t)  # the bounds first: a non-finite value fails here (NaN compares
-        np.abs(t, out=t)  # false), so the product below only ever sees finite values
-        np.multiply(t, self._inv_half, out=t)
-        if not t.max() <= 1.0:
+        # The bounds first (over Python floats up to PYTHON_CHECK_MAX dimensions, as the guard does): a
+        # non-finite value fails here (NaN compares false), so the product below only sees finite values.
+        if self._python:
+            for v, (lo, hi) in zip(obs.tolist(), self._obs_bounds):
+                if not lo <= v <= hi:
+                    return False
+        elif not bool(((obs >= self._low) & (obs <= self._high)).all()):
             return False
-        np.dot(self._a, z, out=self._w)
-        return bool(np.dot(self._w, self._w) <= self._threshold)
+        w = self._w
+        np.dot(self._a, obs, out=w)  # A obs - A mean: two calls, no temporary
+        np.subtract(w, self._b, out=w)
+        return bool(np.dot(w, w) <= self._threshold)
 
     def step(self, obs: object, action: np.ndarray, inferred: bool) -> np.ndarray:
         """The action to send for this step (a buffer reused by the next call): ``action`` (the guarded
@@ -234,24 +238,39 @@ class Shield:
                 alpha = (self._ramp_total - self._ramp_left + 1) / self._ramp_total
                 self._ramp_left -= 1
                 target = [a + alpha * (b - a) for a, b in zip(self._ramp_from, target)]
-        if self._limit:
-            sent, limited = [], False
-            for v, last, most in zip(target, self._sent, self.slew):
-                if v > last + most:
-                    v, limited = last + most, True
-                elif v < last - most:
-                    v, limited = last - most, True
-                sent.append(v)
-            counts.slew_limited += limited
-        else:
-            sent = target
-        sent = [min(max(v, lo), hi) for v, (lo, hi) in zip(sent, self._bounds)]
+        sent, limited = self._shape_action(target)
+        counts.slew_limited += limited
         self._sent = sent
         if inside and cause is None:
             self._held = sent
         out = self._out
         out[:] = sent
         return out
+
+    def _shape_action(self, target: list[float]) -> tuple[list[float], bool]:
+        """``target`` slew-limited against the action last sent and clipped to the bounds (no side effects)."""
+        limited = False
+        if self._limit:
+            sent = []
+            for v, last, most in zip(target, self._sent, self.slew):
+                if v > last + most:
+                    v, limited = last + most, True
+                elif v < last - most:
+                    v, limited = last - most, True
+                sent.append(v)
+            target = sent
+        return [min(max(v, lo), hi) for v, (lo, hi) in zip(target, self._bounds)], limited
+
+    def rehearse(self, obs: object, action: np.ndarray) -> None:
+        """``step``'s checks and shaping without their effects: the loop runs it with its rehearsal before
+        the slot, so that the code and data the step touches are in the caches."""
+        self.inside(obs)
+        if self._stuck_after and isinstance(obs, np.ndarray):
+            _ = obs.tobytes() == self._previous
+        target = action.reshape(-1).tolist()
+        if self._ramp_left:
+            target = [a + 0.5 * (b - a) for a, b in zip(self._ramp_from, target)]
+        self._scratch[:] = self._shape_action(target)[0]
 
     def _enter(self, cause: str) -> None:
         counts = self.counts
