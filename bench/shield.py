@@ -4,14 +4,15 @@ For each bundle given (sac-export writes ``envelope.json``):
 
 1. per step, in this process, interleaved: ``Shield.step`` (envelope check, stuck-sensor check, fallback
    state, ramp and slew limit on the action) against ``ActionGuard.apply`` (the guard every step already
-   runs) on observations from the bundle's ``parity_states.npy``. Goal: ``Shield.step`` under 5 us at
-   HalfCheetah's size.
+   runs) on observations from the bundle's ``parity_states.npy`` in the env's observation dtype. Goal:
+   ``Shield.step`` under 5 us at HalfCheetah's size.
 2. the envelope's score, chosen by measurement: the Mahalanobis check (``Shield.inside``) against a
    nearest-neighbour distance in the same normalised space (brute force over half the parity states, its
    threshold the same quantile of the other half's distances): cost per call, and the share detected of
    states with a spike of ``--sigma`` standard deviations on one dimension and of states whose dimensions
-   were shuffled independently (each within its own range, the correlations broken), and the false
-   positives on the held-out half.
+   were shuffled independently (each within its own range, the correlations broken), and the share of
+   the other parity states flagged (an upper bound on false positives: a tenth of the parity states are
+   calibration states perturbed by 3 standard deviations on purpose).
 3. in the loop: ``sac-edge run`` at ``--rate-hz`` with ``--shield on`` and ``--shield guards``, alternating,
    ``--repeats`` rounds: the summary's ``loop_work_us`` (a step less its inference and env step, so the
    shield's work is in it) p50/p99 each, and the median difference of the rounds.
@@ -76,12 +77,25 @@ def load(bundle_dir: Path) -> tuple[Envelope, np.ndarray, tuple[np.ndarray, np.n
     return envelope, states, (np.array(spec.action_low), np.array(spec.action_high)), spec.env_id
 
 
-def step_cost(envelope: Envelope, states: np.ndarray, bounds: tuple[np.ndarray, np.ndarray]) -> dict[str, Any]:
+def obs_dtype(env_id: str) -> Any:
+    """The dtype the env's observations come in (what the shield sees in the loop)."""
+    from sac_edge.common.envs import make_env
+
+    env = make_env(env_id)
+    try:
+        return env.observation_space.dtype
+    finally:
+        env.close()
+
+
+def step_cost(
+    envelope: Envelope, states: np.ndarray, bounds: tuple[np.ndarray, np.ndarray], dtype: Any
+) -> dict[str, Any]:
     low, high = bounds
     shield = Shield(ShieldSettings(), low.tolist(), high.tolist(), envelope)
     guard = ActionGuard(low, high)
     rng = np.random.default_rng(0)
-    obs = [s.astype(np.float32) for s in states[:256]]
+    obs = [s.astype(dtype) for s in states[:256]]
     actions = [np.asarray(rng.uniform(low, high), dtype=np.float32) for _ in range(256)]
     i = 0
 
@@ -101,7 +115,7 @@ def step_cost(envelope: Envelope, states: np.ndarray, bounds: tuple[np.ndarray, 
         shield.inside(obs[i])
 
     p50 = interleaved({"shield_step": shield_step, "envelope_check": inside, "action_guard": guard_apply})
-    return {"obs_dim": envelope.obs_dim, "act_dim": len(low), **p50}
+    return {"obs_dim": envelope.obs_dim, "act_dim": len(low), "obs_dtype": np.dtype(dtype).name, **p50}
 
 
 def detection(envelope: Envelope, states: np.ndarray, sigma: float) -> list[dict[str, Any]]:
@@ -179,7 +193,7 @@ def main() -> None:
     result: dict[str, Any] = {"bench": "shield", "bundles": {}}
     for bundle in args.bundles:
         envelope, states, bounds, env_id = load(bundle)
-        cost = step_cost(envelope, states, bounds)
+        cost = step_cost(envelope, states, bounds, obs_dtype(env_id))
         scores = detection(envelope, states, args.sigma)
         loop = loop_work(bundle, env_id, args) if args.repeats > 0 else None
         result["bundles"][str(bundle)] = {"env": env_id, "step_us": cost, "scores": scores, "loop_work_us": loop}

@@ -140,6 +140,7 @@ class Shield:
             slew = [0.0] * dim
         self.slew = [v if v > 0 else math.inf for v in slew]
         self._limit = any(math.isfinite(v) for v in self.slew)
+        self._limits = [(lo, hi, most) for (lo, hi), most in zip(self._bounds, self.slew)]
         self._check = envelope is not None and settings.window > 0
         if envelope is not None:  # score = |A (obs - mean)|^2 with A = W diag(1/scale); bounds relative to mean
             self._mean = envelope.mean.copy()
@@ -233,7 +234,7 @@ class Shield:
             counts.fallback_steps += 1
             target = self._fallback
         else:
-            target = action.reshape(-1).tolist()
+            target = action.tolist() if action.ndim == 1 else action.reshape(-1).tolist()
             if self._ramp_left:
                 alpha = (self._ramp_total - self._ramp_left + 1) / self._ramp_total
                 self._ramp_left -= 1
@@ -248,18 +249,22 @@ class Shield:
         return out
 
     def _shape_action(self, target: list[float]) -> tuple[list[float], bool]:
-        """``target`` slew-limited against the action last sent and clipped to the bounds (no side effects)."""
+        """``target`` slew-limited against the action last sent and clipped to the bounds (no side effects).
+
+        One pass of comparisons over Python floats (``min``/``max`` calls cost more than the work)."""
         limited = False
-        if self._limit:
-            sent = []
-            for v, last, most in zip(target, self._sent, self.slew):
-                if v > last + most:
-                    v, limited = last + most, True
-                elif v < last - most:
-                    v, limited = last - most, True
-                sent.append(v)
-            target = sent
-        return [min(max(v, lo), hi) for v, (lo, hi) in zip(target, self._bounds)], limited
+        sent = []
+        for v, last, (lo, hi, most) in zip(target, self._sent, self._limits):
+            if v > last + most:
+                v, limited = last + most, True
+            elif v < last - most:
+                v, limited = last - most, True
+            if v > hi:
+                v = hi
+            elif v < lo:
+                v = lo
+            sent.append(v)
+        return sent, limited
 
     def rehearse(self, obs: object, action: np.ndarray) -> None:
         """``step``'s checks and shaping without their effects: the loop runs it with its rehearsal before
