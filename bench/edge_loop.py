@@ -41,7 +41,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ import torch
 
 from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.envs import make_env
+from sac_edge.common.latency import interleaved
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.base import Backend, open_bundle
@@ -112,28 +112,6 @@ def export(run: Path, bundle: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"edge_loop: {' '.join(cmd)} failed: {proc.stderr.strip()}")
-
-
-def _p50_us(fn: Callable[[], object], calls: int) -> float:
-    out = np.empty(calls)
-    clock = time.perf_counter_ns
-    for i in range(calls):
-        start = clock()
-        fn()
-        out[i] = clock() - start
-    return float(np.median(out)) / 1000.0
-
-
-def interleaved(fns: dict[str, Callable[[], object]], calls: int = 2000, rounds: int = 5) -> dict[str, float]:
-    """p50 (us) of each function, timed in alternating rounds (A B A B ...) so drift hits all alike."""
-    for fn in fns.values():
-        for _ in range(200):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(_p50_us(fn, calls))
-    return {name: round(float(np.median(v)), 2) for name, v in samples.items()}
 
 
 def hot_path(bundle: Path) -> dict[str, float]:

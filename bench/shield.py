@@ -27,8 +27,6 @@ import io
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,34 +34,13 @@ import numpy as np
 
 from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.envelope import Envelope, parse_envelope
+from sac_edge.common.latency import interleaved
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.base import open_bundle
 from sac_edge.edge_runtime.control.safety import ActionGuard
 from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
 
 BIN = Path(sys.executable).parent
-
-
-def _p50_us(fn: Callable[[], object], calls: int) -> float:
-    out = np.empty(calls)
-    clock = time.perf_counter_ns
-    for i in range(calls):
-        start = clock()
-        fn()
-        out[i] = clock() - start
-    return float(np.median(out)) / 1000.0
-
-
-def interleaved(fns: dict[str, Callable[[], object]], calls: int = 2000, rounds: int = 7) -> dict[str, float]:
-    """p50 (us) of each function, timed in alternating rounds so drift hits all alike."""
-    for fn in fns.values():
-        for _ in range(200):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(_p50_us(fn, calls))
-    return {name: round(float(np.median(v)), 2) for name, v in samples.items()}
 
 
 def load(bundle_dir: Path) -> tuple[Envelope, np.ndarray, tuple[np.ndarray, np.ndarray], str]:

@@ -37,6 +37,30 @@ def time_calls(fn: Callable[[int], object], calls: int, warmup: int) -> np.ndarr
     return out
 
 
+def _p50_us(fn: Callable[[], object], calls: int) -> float:
+    """The median wall time of ``calls`` calls of ``fn`` (us; a bare loop: no wrapper call in the timing)."""
+    out = np.empty(calls)
+    clock = time.perf_counter_ns
+    for i in range(calls):
+        start = clock()
+        fn()
+        out[i] = clock() - start
+    return float(np.median(out)) / 1000.0
+
+
+def interleaved(fns: dict[str, Callable[[], object]], calls: int = 2000, rounds: int = 5) -> dict[str, float]:
+    """p50 (us) of each function, timed in alternating rounds (A B A B ...) so drift hits all alike (the
+    benchmarks' same-run references)."""
+    for fn in fns.values():
+        for _ in range(200):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(_p50_us(fn, calls))
+    return {name: round(float(np.median(v)), 2) for name, v in samples.items()}
+
+
 class LatencyHistogram:
     """Whole-run latency figures in bounded memory: log-spaced buckets 1% wide plus the exact extremes.
 
