@@ -54,7 +54,7 @@ class EngineInfo(NamedTuple):
     plan: Path
     precision: str
     tensorrt_version: str
-    generation: str  # "8.5/8.6", "10.x", "11.x"
+    generation: str  # "8.5/8.6", "10.x", "10.12+", "11.x"
     device: str
     compute_capability: str
     onnx: str  # the bundle file it was built from
@@ -169,7 +169,11 @@ def build_engine(
     started = time.perf_counter()
     logger = make_logger(trt)
     builder = create(trt.Builder, logger, logger=logger, what="create a builder")
-    flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH) if gen.explicit_batch_flag else 0
+    flags = 0
+    if gen.explicit_batch_flag:
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    elif gen.strongly_typed_flag:  # the graph's types decide the precision (policy.fp16.onnx, Q/DQ)
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = _require(builder.create_network(flags), logger, "create a network")
     parser = create(trt.OnnxParser, network, logger, logger=logger, what="create an ONNX parser")
     if not parser.parse(onnx_path.read_bytes()):
@@ -252,7 +256,7 @@ def _add_profiles(
 
 
 def _set_precision(trt: Any, gen: Generation, config: Any, network: Any, precision: str, onnx_path: Path) -> list[str]:
-    """The builder flags ``precision`` needs on ``gen`` (none on 11.x: the graph's types decide)."""
+    """The builder flags ``precision`` needs on ``gen`` (none where strongly typed: the graph's types decide)."""
     if precision == "int8" and not gen.implicit_int8 and not _has_qdq(trt, network):
         raise SacEdgeError(f"{onnx_path.name} has no Q/DQ nodes; TensorRT {gen.name} builds INT8 from policy.int8.onnx")
     if precision == "fp32" or not gen.precision_flags:
