@@ -7,9 +7,9 @@ engine gets two optimisation profiles for batch 1..64 (profile 0 for ``act``'s c
 ``act_batch``'s: on 8.5 a second context on a one-profile engine has no profile and its enqueues fail,
 NvInferRuntime.h / NVIDIA/TensorRT#1590), a workspace limit, a timing cache loaded from and saved beside
 the plan, detailed profiling verbosity so the engine inspector can say which layers run INT8, and the
-REFIT flag only when asked for (on-device fine-tuning): the TensorRT 11.3 docs warn that REFIT can drop a
-GEMM bias, and every engine is compared with the ONNX before it serves anyway (the edge runtime's parity
-gate).
+REFIT flag only when asked for (on-device fine-tuning) and never from 11.3, whose release notes list a
+known issue where REFIT drops a GEMM bias (``trt_generations.refit_is_safe``: swaps rebuild there); every
+engine is compared with the ONNX before it serves anyway (the edge runtime's parity gate).
 
 Every TensorRT call whose result can fail (parse, profile, timing cache, build, deserialise) is checked;
 a failure is one ``SacEdgeError``/``InternalError`` line with TensorRT's own last message. Nothing here

@@ -67,6 +67,18 @@ GENERATIONS = (TRT8, TRT10, TRT10_STRONG, TRT11)
 STRONG_TYPING_FROM = (10, 12)
 
 
+# TensorRT 11.3's release notes list a known issue: an engine built with REFIT can silently drop a
+# matrix-multiply bias, and the policy is such an MLP. From 11.3 on (no later notes say it is fixed) engines
+# are built without REFIT and a weight swap rebuilds the engine from the graph with the new weights instead;
+# the parity gate checks every build and every swap either way, so a dropped bias is refused, not served.
+REFIT_BIAS_ISSUE_FROM = (11, 3)
+
+
+def refit_is_safe(version: str) -> bool:
+    """Whether TensorRT ``version`` may build REFIT engines (not from 11.3: the dropped-bias known issue)."""
+    return parse_version(version)[:2] < REFIT_BIAS_ISSUE_FROM
+
+
 def generation(version: str) -> Generation:
     """The code path for TensorRT ``version``; an unsupported one is a one-line error naming the fix."""
     major, minor, _ = parse_version(version)

@@ -69,12 +69,14 @@ class TensorRTBackend(Backend):
         super().__init__(bundle.spec)
         from sac_edge.export.tensorrt import PROFILES, cuda_device, cuda_problem, engine_inputs
         from sac_edge.export.trt_api import create, import_tensorrt, make_logger, numpy_type
-        from sac_edge.export.trt_generations import generation
+        from sac_edge.export.trt_generations import generation, refit_is_safe
 
         trt = import_tensorrt()
         self.trt, self.precision, self.bundle = trt, precision, bundle
         self.generation = generation(trt.__version__)
         self.refittable = options.refit
+        # swaps refit a REFIT plan where TensorRT builds one safely, else rebuild the engine from the graph
+        self.rebuild_swaps = options.refit and not refit_is_safe(trt.__version__)
         device = cuda_device()
         if device is None:  # before any CUDA or TensorRT object: each would fail with a less clear reason
             raise SacEdgeError(f"backend 'tensorrt': {cuda_problem()}; use --backend onnxruntime")
@@ -97,7 +99,7 @@ class TensorRTBackend(Backend):
                 sha256_file(self.onnx),
                 precision,
                 calib_sha,
-                options.refit,
+                options.refit and not self.rebuild_swaps,
                 PROFILES,
             )
             self.key, self.engine_dir = key, options.engine_dir or bundle.path / "engines"
@@ -241,6 +243,8 @@ class TensorRTBackend(Backend):
         if not self.refittable:
             raise SacEdgeError(f"{self.plan.name}: engine was built without REFIT; swaps need sac-edge run --finetune")
         with self.cuda.current():
+            if self.rebuild_swaps:
+                return self._rebuild_swap(weights, start)
             refitter = self._refitter(self._runner.engine)
             known = set(refitter.get_all_weights())
             dtypes = self._initializer_dtypes()
@@ -254,15 +258,26 @@ class TensorRTBackend(Backend):
             else:
                 merged = {**self._weights, **use}
                 runner = self._load(merged)
-            self._bind_batch_checked(runner, weights, when)
-            self._bind(runner)
-            self._retired, self._runner, self._weights = self._runner, runner, merged
-            self.swaps += 1
+            self._publish(runner, weights, when, merged)
             return SwapReport(
                 len(use) if when == "refit" else len(weights),
                 () if when == "rebuild" else ignored,
                 time.perf_counter() - start,
             )
+
+    def _rebuild_swap(self, weights: Mapping[str, np.ndarray], start: float) -> SwapReport:
+        """A swap on a TensorRT whose REFIT builds are not trusted: the engine rebuilt with the new weights."""
+        known = set(self._initializer_dtypes())
+        self._publish(self._rebuild(weights), weights, "rebuild", {})
+        ignored = tuple(sorted(set(weights) - known))
+        return SwapReport(len(weights) - len(ignored), ignored, time.perf_counter() - start)
+
+    def _publish(self, runner: _Engine, weights: Mapping[str, np.ndarray], when: str, merged: dict[str, Any]) -> None:
+        """``runner`` through the parity gate with ``weights``, then served (one assignment)."""
+        self._bind_batch_checked(runner, weights, when)
+        self._bind(runner)
+        self._retired, self._runner, self._weights = self._runner, runner, merged
+        self.swaps += 1
 
     def _bind_batch_checked(self, runner: _Engine, weights: Mapping[str, np.ndarray], when: str) -> None:
         """The parity gate on ``runner`` (its batch context) with the new weights, before it is published."""
@@ -287,7 +302,7 @@ class TensorRTBackend(Backend):
         work.mkdir(parents=True, exist_ok=True)
         source, plan = work / self.onnx.name, work / f"policy.{self.precision}.plan"
         source.write_bytes(model.SerializeToString())
-        self._build_plan(source, plan, refit=True)
+        self._build_plan(source, plan, refit=not self.rebuild_swaps)
         self._plan_bytes = plan.read_bytes()
         return self._load(None)
 
@@ -310,6 +325,7 @@ class TensorRTBackend(Backend):
             "tensorrt": self.trt.__version__,
             "generation": self.generation.name,
             "refit": self.refittable,
+            "swaps": "rebuild" if self.rebuild_swaps else "refit",
             "device": self.device,
         }
 
