@@ -15,13 +15,15 @@ profile 1, its own stream and device buffers, under a lock. On 8.5 a second cont
 engine has no profile and its enqueues fail (NvInferRuntime.h; NVIDIA/TensorRT#1590), so profiles are
 selected explicitly and every bool result (``set_optimization_profile_async``, ``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``, refits) is checked: a failure is one ``SacEdgeError`` line,
-never uninitialised output. CUDA goes through ``cuda.py`` (the primary context, current on any thread).
+never uninitialised output. CUDA goes through ``cuda.py`` (the primary context, current for each call on its thread).
 
 A weight swap (only on a plan built refittable, ``BackendOptions.refit``, which ``--finetune`` sets)
 deserialises a fresh engine from the plan, refits it, checks it with the parity gate against the fp32 ONNX
 with the same weights, and publishes it with one assignment. An INT8 swap whose set the refitter cannot
 take completely (per-channel scales it does not know, weights it reports missing) is rebuilt from the
-graph with the new initializers instead, never half-applied.
+graph with the new initializers instead, never half-applied. From TensorRT 11.3 (a REFIT build can drop a
+matrix-multiply bias, ``trt_generations.refit_is_safe``) plans are built without REFIT and every swap is such
+a rebuild.
 """
 
 from __future__ import annotations
