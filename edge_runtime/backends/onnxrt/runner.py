@@ -123,10 +123,19 @@ class OrtBackend(Backend):
     """One precision of the bundle on one onnxruntime execution-provider list."""
 
     def __init__(
-        self, name: str, bundle: Bundle, precision: str, model: Path, providers: list[Any], options: BackendOptions
+        self,
+        name: str,
+        bundle: Bundle,
+        precision: str,
+        model: Path,
+        providers: list[Any],
+        options: BackendOptions,
+        max_batch: int | None = None,
     ) -> None:
+        """``max_batch``: the largest batch one run may take (the TensorRT provider's explicit profile);
+        ``act_batch`` runs larger batches in chunks of it."""
         super().__init__(bundle.spec)
-        self.name, self.precision, self.model = name, precision, model
+        self.name, self.precision, self.model, self.max_batch = name, precision, model, max_batch
         self._providers, self._threads, self._bundle = providers, options.threads, bundle
         self._model_bytes = bundle.read(model)  # the verified bytes: the file is never read again
         ort = import_ort()
@@ -258,9 +267,15 @@ class OrtBackend(Backend):
         return lambda: runner.session.run_with_iobinding(runner.binding)
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        feed = {INPUT: np.ascontiguousarray(obs, dtype=np.float32)}
+        rows = np.ascontiguousarray(obs, dtype=np.float32)
+        step = self.max_batch or max(len(rows), 1)
         with self._batch_lock:
-            return self._runner.session.run([OUTPUT], feed)[0]
+            session = self._runner.session  # one generation for the whole call
+            if len(rows) <= step:
+                return session.run([OUTPUT], {INPUT: rows})[0]
+            return np.concatenate(
+                [session.run([OUTPUT], {INPUT: rows[i : i + step]})[0] for i in range(0, len(rows), step)]
+            )
 
     def _swappable(self) -> dict[str, np.ndarray]:
         """The graph's swappable initializers as stored in the file: float, and the int8 weights / int32
