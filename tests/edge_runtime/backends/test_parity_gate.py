@@ -5,6 +5,7 @@ serves) fails, is not served, and --backend auto goes on to the next candidate w
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +19,11 @@ from sac_edge.edge_runtime.backends.base import BackendKind, BackendOptions, Bun
 from sac_edge.edge_runtime.backends.onnxrt.loader import gated
 from sac_edge.edge_runtime.backends.onnxrt.runner import OrtBackend, swap_providers
 from sac_edge.edge_runtime.backends.parity_gate import (
+    INT8_KERNEL_FRAC,
     ParityError,
     check_backend,
     gate_states,
+    judge,
     reference_actions,
     require,
 )
@@ -30,20 +33,38 @@ from sac_edge.edge_runtime.backends.trt.plans import parity_records, record_pari
 CPU = ["CPUExecutionProvider"]
 
 
-def _perturbed(source: Path, tmp_path: Path, name: str, delta: float = 0.5) -> tuple[Bundle, Path]:
-    """A copy of the bundle ``source`` that also lists ``name``: its policy.onnx with the last layer's bias
-    shifted by ``delta`` (everything else identical), opened with open_bundle so the backend is served the
-    perturbed graph's verified bytes like any bundle file."""
+def _variant(
+    source: Path, tmp_path: Path, name: str, graph: str, edit: Callable[[onnx.ModelProto], None]
+) -> tuple[Bundle, Path]:
+    """A copy of the bundle ``source`` that also lists ``name``: its ``graph`` changed by ``edit``
+    (everything else identical), opened with open_bundle so the backend is served the changed graph's
+    verified bytes like any bundle file."""
     root = tmp_path / "bundle"
     shutil.copytree(source, root)
-    model = onnx.load(str(root / "policy.onnx"))
-    bias = [i for i in model.graph.initializer if i.name.endswith("bias")][-1]
-    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + np.float32(delta), bias.name))
+    model = onnx.load(str(root / graph))
+    edit(model)
     onnx.save(model, str(root / name))
     manifest = read_manifest(root)
     manifest["files"][name] = file_entry(root, name, kind="onnx", precision="perturbed")
     write_manifest(root, manifest)
     return open_bundle(root), root / name
+
+
+def _changed(
+    model: onnx.ModelProto, initializer: Callable[[str], bool], change: Callable[[np.ndarray], np.ndarray]
+) -> None:
+    """The last initializer whose name ``initializer`` accepts, replaced by ``change`` of its value."""
+    init = [i for i in model.graph.initializer if initializer(i.name)][-1]
+    init.CopyFrom(numpy_helper.from_array(change(numpy_helper.to_array(init)), init.name))
+
+
+def _perturbed(source: Path, tmp_path: Path, name: str, delta: float = 0.5) -> tuple[Bundle, Path]:
+    """The bundle with ``name``: policy.onnx with the last layer's bias shifted by ``delta``."""
+
+    def edit(model: onnx.ModelProto) -> None:
+        _changed(model, lambda n: n.endswith("bias"), lambda v: v + np.float32(delta))
+
+    return _variant(source, tmp_path, name, "policy.onnx", edit)
 
 
 def _engine(bundle: Bundle, model: Path, precision: str = "fp32", name: str = "engine-under-test") -> OrtBackend:
@@ -75,11 +96,63 @@ def test_a_tiny_perturbation_passes_fp16_but_not_fp32(pendulum_bundle: Path, tmp
     assert check_backend(_engine(bundle, model, "fp16"), bundle, "build").passed
 
 
-def test_int8_is_judged_by_the_accuracy_gate_rule(pendulum_bundle: Path, tmp_path: Path) -> None:
+def test_int8_is_judged_against_the_qdq_graph_it_implements(pendulum_bundle: Path) -> None:
     bundle = open_bundle(pendulum_bundle)
     parity = check_backend(_engine(bundle, bundle.path / "policy.int8.onnx", "int8"), bundle, "build")
+    assert parity.passed and parity.rule == "mean action error / range against the Q/DQ graph"
+    assert parity.value == 0.0 and parity.limit == INT8_KERNEL_FRAC
+    assert parity.max_abs > 0  # against fp32 int8 really differs...
+    assert parity.fp32_value == parity.reference_fp32_value  # ...by exactly the Q/DQ graph's own figure
+    assert parity.fp32_limit == pytest.approx(parity.fp32_value + INT8_KERNEL_FRAC)
+    assert "against fp32" in parity.line()
+
+
+def test_a_correct_int8_engine_near_the_accuracy_limit_is_served(pendulum_bundle: Path) -> None:
+    """The Q/DQ graph passed the accuracy gate at 0.99% of the range; an engine that implements it with
+    kernel differences of 0.05% lands at 1.04% against fp32. The accuracy gate's 1% applied on the device
+    would refuse it (and silently fall back); judged against the model it implements, it serves."""
+    bundle = open_bundle(pendulum_bundle)
+    states, source = gate_states(bundle)
+    span = np.float32(bundle.spec.action_high[0] - bundle.spec.action_low[0])
+    fp32 = reference_actions(bundle, states)
+    qdq = fp32 + np.float32(0.0099) * span
+    engine = qdq + np.float32(0.0005) * span
+    old = judge(engine, fp32, bundle, "tensorrt", "int8", "build", source)
+    new = judge(engine, fp32, bundle, "tensorrt", "int8", "build", source, qdq)
+    assert not old.passed and old.value == pytest.approx(0.0104, rel=1e-3)
+    assert new.passed and new.value == pytest.approx(0.0005, rel=1e-2)
+    assert new.fp32_value == pytest.approx(0.0104, rel=1e-3) and new.fp32_limit == pytest.approx(0.0119, rel=1e-3)
+    # kernel differences beyond the margin are refused even though the model was accurate
+    drifted = qdq + np.float32(1.5 * INT8_KERNEL_FRAC) * span
+    assert not judge(drifted, fp32, bundle, "tensorrt", "int8", "build", source, qdq).passed
+
+
+def test_an_int8_engine_off_its_qdq_graph_fails_though_near_fp32(pendulum_bundle: Path, tmp_path: Path) -> None:
+    """A stale int8 engine (here the Q/DQ graph with the output layer's weight scale 30% off, as an engine
+    built with old scales serves) that still lands within 1% of fp32 passed the old rule; against the Q/DQ
+    graph it implements it fails."""
+
+    def edit(model: onnx.ModelProto) -> None:
+        _changed(model, lambda n: n == "actor.mu.weight_scale", lambda v: v * np.float32(1.3))
+
+    bundle, model = _variant(pendulum_bundle, tmp_path, "stale.int8.onnx", "policy.int8.onnx", edit)
+    engine = _engine(bundle, model, "int8")
+    parity = check_backend(engine, bundle, "build")
+    assert not parity.passed and parity.value > INT8_KERNEL_FRAC
+    states, source = gate_states(bundle)
+    old = judge(engine.act_batch(states), reference_actions(bundle, states), bundle, "t", "int8", "build", source)
+    assert old.passed and old.value < 0.01
+    with pytest.raises(ParityError, match=r"against the Q/DQ graph .* against fp32"):
+        require(parity, "not served")
+
+
+def test_int8_without_a_qdq_graph_keeps_the_accuracy_gate_rule(pendulum_bundle: Path) -> None:
+    bundle = open_bundle(pendulum_bundle)
+    states, source = gate_states(bundle)
+    fp32 = reference_actions(bundle, states)
+    parity = judge(fp32, fp32, bundle, "tensorrt", "int8", "build", source)
     assert parity.passed and parity.rule == "mean action error / range" and parity.limit == 0.01
-    assert parity.max_abs > 0  # int8 really differs; the rule is the mean, not the max
+    assert parity.fp32_limit is None
 
 
 def test_held_out_states_come_from_the_bundle(pendulum_bundle: Path, tmp_path: Path) -> None:
