@@ -144,13 +144,18 @@ def build_engine(
     workspace_bytes: int = DEFAULT_WORKSPACE,
     timing_cache: Path | None = None,
     refit: bool = False,
+    onnx_bytes: bytes | None = None,
+    calib_bytes: bytes | None = None,
 ) -> EngineInfo:
     """Build ``plan_path`` from ``onnx_path`` at ``precision`` (fp32|fp16|int8); batch = (min, opt, max).
 
     ``onnx_path`` must be what ``engine_inputs`` names for this TensorRT (``policy.fp16.onnx`` for fp16 on
     11.x, the Q/DQ graph for int8 on 10/11); ``calib_cache`` is implicit INT8 (8.x only). The timing cache
     defaults to ``timing.cache`` beside the plan. ``refit`` adds ``BuilderFlag.REFIT`` (fine-tuning only).
-    A parse or build failure is an InternalError carrying TensorRT's own messages.
+    ``onnx_bytes`` and ``calib_bytes``, when given, are the files' contents as already read and verified
+    (the runtime's bundle bytes): the build then never reopens the files, so a file swapped after its
+    checksum was checked is not built. A parse or build failure is an InternalError carrying TensorRT's
+    own messages.
     """
     if precision not in PRECISIONS:
         raise SacEdgeError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
@@ -162,7 +167,7 @@ def build_engine(
     gen = generation(trt.__version__)
     device = cuda_device()
     assert device is not None
-    if not onnx_path.is_file():
+    if onnx_bytes is None and not onnx_path.is_file():
         raise SacEdgeError(f"{onnx_path} is missing; re-export the bundle with this sac-export to build {precision}")
     if calib_cache is not None and not gen.implicit_int8:
         raise SacEdgeError(f"TensorRT {gen.name} has no implicit INT8 calibration; build int8 from policy.int8.onnx")
@@ -176,7 +181,7 @@ def build_engine(
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = _require(builder.create_network(flags), logger, "create a network")
     parser = create(trt.OnnxParser, network, logger, logger=logger, what="create an ONNX parser")
-    if not parser.parse(onnx_path.read_bytes()):
+    if not parser.parse(onnx_path.read_bytes() if onnx_bytes is None else onnx_bytes):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise InternalError(f"TensorRT cannot parse {onnx_path.name}: {errors or reason(logger)}")
     config = _require(builder.create_builder_config(), logger, "create a builder config")
@@ -191,7 +196,7 @@ def build_engine(
     if calib_cache is not None and precision == "int8":
         from sac_edge.calibration.cache import for_tensorrt
 
-        data = for_tensorrt(calib_cache, trt.__version__)
+        data = for_tensorrt(calib_cache, trt.__version__, calib_bytes)
         header = data.split(b"\n", 1)[0].decode()
         calibrator = _cache_calibrator(trt, data)
         config.int8_calibrator = calibrator

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import ENGINES_DIR, sha256_file
+from sac_edge.common.manifest import ENGINES_DIR, sha256_bytes
 
 from ..base import Backend, BackendOptions, Bundle, SwapReport
 from ..parity_gate import ParityError, check_backend, require, verify
@@ -93,12 +93,13 @@ class TensorRTBackend(Backend):
                     f"{bundle.path}: {self.onnx.name} is missing; TensorRT {self.generation.name} builds {precision} "
                     "from it (re-export the bundle with this sac-export)"
                 )
-            calib_sha = sha256_file(self.calib) if self.calib is not None else ""
+            # hashes of the verified bytes: the files are never reopened by path (build included)
+            calib_sha = sha256_bytes(bundle.read(self.calib)) if self.calib is not None else ""
             key = PlanKey(
                 trt.__version__,
                 device.name,
                 device.compute_capability,
-                sha256_file(self.onnx),
+                sha256_bytes(bundle.read(self.onnx)),
                 precision,
                 calib_sha,
                 options.refit and not self.rebuild_swaps,
@@ -145,12 +146,13 @@ class TensorRTBackend(Backend):
         """Build into the cache, then the sidecar."""
         plan, _ = cached_plan_paths(self.engine_dir, key)
         self.engine_dir.mkdir(parents=True, exist_ok=True)
-        info = self._build_plan(onnx, plan, key.refit)
+        info = self._build_plan(onnx, plan, key.refit, self.bundle.read(onnx))
         write_sidecar(plan, key, info.to_dict())
         return plan
 
-    def _build_plan(self, onnx: Path, plan: Path, refit: bool) -> Any:
-        """Export's builder on this thread's CUDA context: batch 1..MAX_BATCH, REFIT only if asked."""
+    def _build_plan(self, onnx: Path, plan: Path, refit: bool, source: bytes) -> Any:
+        """Export's builder on this thread's CUDA context from ``source`` (``onnx``'s verified bytes, or a
+        graph made in memory): batch 1..MAX_BATCH, REFIT only if asked."""
         from sac_edge.export.tensorrt import build_engine
 
         with self.cuda.current():
@@ -162,6 +164,8 @@ class TensorRTBackend(Backend):
                 batch=(1, 1, MAX_BATCH),
                 timing_cache=self.engine_dir / "timing.cache",
                 refit=refit,
+                onnx_bytes=source,
+                calib_bytes=None if self.calib is None else self.bundle.read(self.calib),
             )
 
     def _load(self, weights: Mapping[str, np.ndarray] | None) -> _Engine:
@@ -295,16 +299,15 @@ class TensorRTBackend(Backend):
         import onnx
         from onnx import numpy_helper
 
-        model = onnx.load(str(self.onnx))
+        model = onnx.load_from_string(self.bundle.read(self.onnx))
         for init in model.graph.initializer:
             if init.name in weights:
                 dtype = numpy_helper.to_array(init).dtype
                 init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype), init.name))
         work = self.engine_dir / "swap"
         work.mkdir(parents=True, exist_ok=True)
-        source, plan = work / self.onnx.name, work / f"policy.{self.precision}.plan"
-        source.write_bytes(model.SerializeToString())
-        self._build_plan(source, plan, refit=not self.rebuild_swaps)
+        plan = work / f"policy.{self.precision}.plan"
+        self._build_plan(self.onnx, plan, not self.rebuild_swaps, model.SerializeToString())
         self._plan_bytes = plan.read_bytes()
         return self._load(None)
 
@@ -314,7 +317,7 @@ class TensorRTBackend(Backend):
             import onnx
             from onnx import numpy_helper
 
-            graph = onnx.load(str(self.onnx), load_external_data=False).graph
+            graph = onnx.load_from_string(self.bundle.read(self.onnx)).graph
             self._dtypes = {i.name: numpy_helper.to_array(i).dtype for i in graph.initializer}
         return self._dtypes
 
