@@ -20,6 +20,7 @@ them, so the onnxruntime path never imports torch; a missing one is a one-line `
 from __future__ import annotations
 
 import abc
+import enum
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -208,6 +209,22 @@ class SwapReport(NamedTuple):
     seconds: float
 
 
+class SwapPath(enum.Enum):
+    """A weight-swap strategy of onnxruntime's CPU provider (``backends/onnxrt/runner.py``; the values are
+    what ``describe()["swap"]`` reports). The GPU providers always rebuild from the file, and the other
+    backends have one way each (TensorRT refits or rebuilds, torch copies its module)."""
+
+    AUTO = "auto"
+    """In place for fp32 with ``refit``, else the pre-optimised rebuild with ``refit``, else from the file;
+    each falls back to the next when its start-up check fails on this onnxruntime and graph."""
+    IN_PLACE = "in place"
+    """Two generations over numpy arrays the session reads where they are; a swap refills the retired one."""
+    PRE_OPTIMISED = "rebuild (pre-optimised)"
+    """A new session built from the graph onnxruntime optimised at start, optimisation off."""
+    FROM_FILE = "rebuild"
+    """A new session built from the graph file with the new initializers."""
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     """Knobs shared by the backends."""
@@ -220,9 +237,9 @@ class BackendOptions:
     """Build for weight swaps (``--finetune``): TensorRT engines refittable (off otherwise, since REFIT can
     cost speed and, per the TensorRT 11.3 docs, drop a GEMM bias); onnxruntime's CPU fp32 session as two
     generations refilled in place (``backends/onnxrt/runner.py``)."""
-    swap_from_file: bool = False
-    """onnxruntime on the CPU: rebuild swapped sessions from the graph file instead of the graph onnxruntime
-    optimised at start (slower; for benchmarks that price the difference)."""
+    swap: SwapPath = SwapPath.AUTO
+    """How onnxruntime's CPU provider installs new weights (``SwapPath``); the default picks the fastest this
+    onnxruntime supports for the graph. Benchmarks select one explicitly to price it against the others."""
 
 
 class Backend(abc.ABC):
