@@ -8,8 +8,7 @@ from pathlib import Path
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import ENGINES_DIR
 
-from ..base import Backend, BackendKind, BackendOptions, Bundle
-from ..parity_gate import check_backend, require
+from ..base import PRECISIONS, Backend, BackendKind, BackendOptions, Bundle
 from .runner import OrtBackend, import_ort
 
 
@@ -55,18 +54,8 @@ def _open_cpu(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
     )
 
 
-def gated(backend: OrtBackend, bundle: Bundle) -> Backend:
-    """``backend`` once the parity gate passed on it (closed and a ParityError otherwise)."""
-    try:
-        backend.parity = require(check_backend(backend, bundle, "session"), "not served").to_dict()
-    except BaseException:
-        backend.close()
-        raise
-    return backend
-
-
 def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    backend = OrtBackend(
+    return OrtBackend(
         "onnxruntime-cuda",
         bundle,
         precision,
@@ -74,7 +63,6 @@ def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backe
         ["CUDAExecutionProvider", "CPUExecutionProvider"],
         options,
     )
-    return gated(backend, bundle)
 
 
 def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
@@ -86,7 +74,7 @@ def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
         "trt_fp16_enable": precision != "fp32",
         "trt_int8_enable": precision == "int8",
     }
-    backend = OrtBackend(
+    return OrtBackend(
         "onnxruntime-tensorrt",
         bundle,
         precision,
@@ -94,11 +82,18 @@ def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
         [("TensorrtExecutionProvider", trt_options), "CUDAExecutionProvider", "CPUExecutionProvider"],
         options,
     )
-    return gated(backend, bundle)
 
 
+#: The CPU provider is the parity gate's own reference path: ungated. The GPU providers' sessions are
+#: gated at every precision, at open and on every swap (``registry.open_backend``).
 CPU = BackendKind("onnxruntime", lambda: _unavailable("CPUExecutionProvider"), _cpu_precisions, _open_cpu)
-CUDA = BackendKind("onnxruntime-cuda", lambda: _unavailable("CUDAExecutionProvider"), _onnx_precisions, _open_cuda)
+CUDA = BackendKind(
+    "onnxruntime-cuda", lambda: _unavailable("CUDAExecutionProvider"), _onnx_precisions, _open_cuda, PRECISIONS
+)
 TENSORRT_EP = BackendKind(
-    "onnxruntime-tensorrt", lambda: _unavailable("TensorrtExecutionProvider"), _trt_ep_precisions, _open_trt
+    "onnxruntime-tensorrt",
+    lambda: _unavailable("TensorrtExecutionProvider"),
+    _trt_ep_precisions,
+    _open_trt,
+    PRECISIONS,
 )

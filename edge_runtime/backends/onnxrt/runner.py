@@ -36,7 +36,7 @@ half its speed (``bench/weight_swap.py --sections prepack``, BENCHMARKS.md).
 A swapped session never uses the TensorRT execution provider's engine cache: onnxruntime keys that cache by
 the model file name, graph names and versions, not by weight values, so it would load the engine built
 with the old weights. On the GPU providers the swapped session goes through the parity gate with the new
-weights before it is published.
+weights before it is published (the registry gates those kinds: ``Backend.swap_weights``).
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
 
-from ..base import Backend, BackendOptions, Bundle, SwapPath, SwapReport, check_weights
-from ..parity_gate import GATED_BACKENDS, require, verify
+from ..base import Backend, BackendOptions, Bundle, PendingSwap, SwapPath, check_weights
 
 INPUT, OUTPUT = "obs", "action"
 #: Precisions whose CPU session is refilled in place when built for swaps (see the module docstring).
@@ -327,28 +326,21 @@ class OrtBackend(Backend):
             time.sleep(RELEASE_POLL_S)
         return True
 
-    def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
-        start = time.perf_counter()
+    def prepare_swap(self, weights: Mapping[str, np.ndarray]) -> PendingSwap:
         known = self.swappable()
         shapes = {k: tuple(v.shape) for k, v in known.items()}
         use, ignored = check_weights(weights, shapes, {k: v.dtype for k, v in known.items()})
         runner = self.swap_strategy.next_generation(self, use)
-        if self.name in GATED_BACKENDS:
-            parity = verify(
-                lambda obs: runner.session.run([OUTPUT], {INPUT: obs})[0],
-                None,
-                self._bundle,
-                self.name,
-                self.precision,
-                "swap",
-                use,
-            )
-            self.parity = require(parity, "the swap was not applied").to_dict()
-        # the old generation is refilled or freed on the next swap, here (never by the control thread)
-        self._retired, self._runner = self._runner, runner
-        self._retired_at = self.entered
-        self.swaps += 1
-        return SwapReport(len(use), ignored, time.perf_counter() - start)
+
+        def publish() -> None:
+            # the old generation is refilled or freed on the next swap, here (never by the control thread)
+            self._retired, self._runner = self._runner, runner
+            self._retired_at = self.entered
+
+        # the gate's reference gets every weight asked for: a generation that did not take one of them fails
+        return PendingSwap(
+            lambda obs: runner.session.run([OUTPUT], {INPUT: obs})[0], weights, "swap", len(use), ignored, publish
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
