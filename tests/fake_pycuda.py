@@ -150,16 +150,10 @@ class _Stack:
             self.fake.aborts.append(self.thread)
 
 
-class _Passed:
-    passed = True
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"passed": True}
-
-
 def fake_runner(version: str, monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, list[str], FakePyCuda]:
-    """The TensorRT runner module on ``version``'s fake ``tensorrt`` and this fake pycuda, a device present and
-    the parity gate passed through (no engine computes): (the runner module, the names used, the pycuda)."""
+    """The TensorRT runner module on ``version``'s fake ``tensorrt`` and this fake pycuda, a device present;
+    the backend is built directly, not through the registry that gates it (no engine computes).
+    Returns the runner module, the names used and the pycuda."""
     from fake_tensorrt import fake_tensorrt
 
     from sac_edge.edge_runtime.backends.trt import runner
@@ -172,6 +166,4 @@ def fake_runner(version: str, monkeypatch: pytest.MonkeyPatch) -> tuple[types.Mo
     pycuda = FakePyCuda()
     pycuda.install(monkeypatch)
     monkeypatch.setattr(runner, "open_cuda", PyCuda)
-    monkeypatch.setattr(runner, "check_backend", lambda backend, bundle, when: _Passed())
-    monkeypatch.setattr(runner, "verify", lambda *args, **kwargs: _Passed())
     return runner, used, pycuda

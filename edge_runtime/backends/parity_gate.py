@@ -17,6 +17,11 @@ and are compared with the fp32 ONNX reference through onnxruntime's CPU provider
   Every action must be finite. A bundle without the Q/DQ graph keeps the accuracy gate's rule against
   fp32 (mean <= ``MAX_MEAN_ERROR_FRAC``).
 
+Which backends and precisions are gated is declared once per backend kind (``BackendKind.gated``) and
+enforced by the registry, the one way a backend is opened: ``gate_open`` before it serves, and a
+``SwapGate`` it attaches that every ``swap_weights`` passes before it publishes. A backend never runs the
+gate itself, so a new kind cannot forget it.
+
 A failure is a ``ParityError`` (a ``SacEdgeError``) whose one line names the figures; the caller does not
 serve that backend (``--backend auto`` goes on to the next candidate, a cached plan is deleted) and the
 figures go into the plan's sidecar, the telemetry and ``sac-edge doctor`` (``EngineParity.to_dict``).
@@ -36,11 +41,10 @@ import numpy as np
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.tolerance import tolerance
 
-from .base import Backend, Bundle
+from .base import Backend, Bundle, PendingSwap
 
 STATES_KIND = "parity-states"  # export/bundle.py FILE_KINDS
 ACT_ROWS = 32  # rows also sent one at a time through act (the serving context)
-GATED_BACKENDS = ("tensorrt", "onnxruntime-tensorrt", "onnxruntime-cuda")
 # Room for int8 kernels that implement the same Q/DQ model differently, as a mean fraction of the action
 # range; BENCHMARKS.md ("INT8 engine gate") has the kernel differences it was set against.
 INT8_KERNEL_FRAC = 0.002
@@ -219,3 +223,26 @@ def require(parity: EngineParity, action: str) -> EngineParity:
 def check_backend(backend: Backend, bundle: Bundle, when: str) -> EngineParity:
     """``verify`` through a backend's own ``act_batch`` and ``act``, with the weights it serves."""
     return verify(backend.act_batch, backend.act, bundle, backend.name, backend.precision, when)
+
+
+def gate_open(backend: Backend, bundle: Bundle) -> EngineParity:
+    """The gate on a backend just opened, through its own ``act_batch`` and ``act``; the backend records the
+    verdict (``Backend.parity_checked``) and a failure is a ParityError saying what was done."""
+    parity = check_backend(backend, bundle, backend.opened_as)
+    action = backend.parity_checked(parity.passed, parity.to_dict())
+    backend.parity = require(parity, action).to_dict()
+    return parity
+
+
+class SwapGate:
+    """The gate a gated backend's swaps pass (``Backend.gate_swaps``): the new generation's batch path
+    against the fp32 reference with the same weights, before it is published."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        self.bundle = bundle
+
+    def __call__(self, backend: Backend, pending: PendingSwap) -> None:
+        parity = verify(
+            pending.run_batch, None, self.bundle, backend.name, backend.precision, pending.when, pending.weights
+        )
+        backend.parity = require(parity, "the swap was not applied").to_dict()

@@ -9,8 +9,7 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import ENGINES_DIR
 from sac_edge.common.versions import parse_version
 
-from ..base import Backend, BackendKind, BackendOptions, Bundle
-from ..parity_gate import check_backend, require
+from ..base import PRECISIONS, Backend, BackendKind, BackendOptions, Bundle
 from .runner import INPUT, OrtBackend, import_ort
 
 
@@ -56,18 +55,8 @@ def _open_cpu(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
     )
 
 
-def gated(backend: OrtBackend, bundle: Bundle) -> Backend:
-    """``backend`` once the parity gate passed on it (closed and a ParityError otherwise)."""
-    try:
-        backend.parity = require(check_backend(backend, bundle, "session"), "not served").to_dict()
-    except BaseException:
-        backend.close()
-        raise
-    return backend
-
-
 def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    backend = OrtBackend(
+    return OrtBackend(
         "onnxruntime-cuda",
         bundle,
         precision,
@@ -75,7 +64,6 @@ def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backe
         ["CUDAExecutionProvider", "CPUExecutionProvider"],
         options,
     )
-    return gated(backend, bundle)
 
 
 # The TensorRT provider's engine covers batch 1..TRT_EP_MAX_BATCH (as the TensorRT backend's profiles do);
@@ -111,7 +99,7 @@ def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
         "trt_int8_enable": precision == "int8",
         **profile,
     }
-    backend = OrtBackend(
+    return OrtBackend(
         "onnxruntime-tensorrt",
         bundle,
         precision,
@@ -120,11 +108,18 @@ def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
         options,
         max_batch=TRT_EP_MAX_BATCH if profile else None,
     )
-    return gated(backend, bundle)
 
 
+#: The CPU provider is the parity gate's own reference path: ungated. The GPU providers' sessions are
+#: gated at every precision, at open and on every swap (``registry.open_backend``).
 CPU = BackendKind("onnxruntime", lambda: _unavailable("CPUExecutionProvider"), _cpu_precisions, _open_cpu)
-CUDA = BackendKind("onnxruntime-cuda", lambda: _unavailable("CUDAExecutionProvider"), _onnx_precisions, _open_cuda)
+CUDA = BackendKind(
+    "onnxruntime-cuda", lambda: _unavailable("CUDAExecutionProvider"), _onnx_precisions, _open_cuda, PRECISIONS
+)
 TENSORRT_EP = BackendKind(
-    "onnxruntime-tensorrt", lambda: _unavailable("TensorrtExecutionProvider"), _trt_ep_precisions, _open_trt
+    "onnxruntime-tensorrt",
+    lambda: _unavailable("TensorrtExecutionProvider"),
+    _trt_ep_precisions,
+    _open_trt,
+    PRECISIONS,
 )

@@ -3,9 +3,9 @@
 A plan is loaded only when its record matches this machine (``plans.py``); anything else is rebuilt
 from the ONNX the TensorRT generation takes (``export.trt_generations``) with
 ``sac_edge.export.tensorrt.build_engine`` and cached as ``BUNDLE/engines/policy.<precision>.<tag>.plan``
-(+ ``.json``). Every engine, built or cached, then goes through the parity gate (``parity_gate.py``); one
-that disagrees with the fp32 ONNX is not served, a cached plan is deleted and the figures stay in its
-sidecar.
+(+ ``.json``). Every engine, built or cached, then goes through the parity gate (``parity_gate.py``; the
+registry runs it, since the kind declares every precision gated); one that disagrees with the fp32 ONNX is
+not served, a cached plan is deleted and the figures stay in its sidecar (``parity_checked``).
 
 Inference follows the TensorRT 8.5+/10/11 tensor API (``num_io_tensors``, ``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``): device buffers and pinned host buffers are allocated once.
@@ -29,7 +29,6 @@ a rebuild.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -39,8 +38,7 @@ import numpy as np
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import ENGINES_DIR, sha256_bytes
 
-from ..base import Backend, BackendOptions, Bundle, SwapReport
-from ..parity_gate import ParityError, check_backend, require, verify
+from ..base import Backend, BackendOptions, Bundle, PendingSwap
 from .cuda import open_cuda
 from .plans import PlanKey, cached_plan_paths, find_plan, record_parity, write_sidecar
 
@@ -129,18 +127,14 @@ class TensorRTBackend(Backend):
             self._batch_host_out = self._batch_cuda.pinned((MAX_BATCH, dims[1]), self._out_dtype)
             self._action = np.zeros(dims[1], np.float32)
             self._bind(self._runner)
-            self._gate("build" if self.built else "cached plan")
+            self.opened_as = "build" if self.built else "cached plan"  # the registry gates it before it serves
 
-    def _gate(self, when: str) -> None:
-        """The parity gate on the engine just loaded; a failing cached plan is deleted (sidecar kept)."""
-        parity = check_backend(self, self.bundle, when)
+    def parity_checked(self, passed: bool, figures: Mapping[str, Any]) -> str:
+        """The gate's figures go into a cached plan's sidecar; a failing cached plan is deleted (sidecar kept)."""
         cached = self.plan.parent == self.engine_dir
         if cached:
-            record_parity(self.plan, parity.to_dict(), delete_plan=not parity.passed)
-        if not parity.passed:
-            self.close()
-            raise ParityError(parity, "plan deleted, not served" if cached else "not served")
-        self.parity = parity.to_dict()
+            record_parity(self.plan, figures, delete_plan=not passed)
+        return "plan deleted, not served" if cached else "not served"
 
     def _build(self, onnx: Path, key: PlanKey) -> Path:
         """Build into the cache, then the sidecar."""
@@ -244,54 +238,43 @@ class TensorRTBackend(Backend):
                 out.append(host_out.astype(np.float32))
             return np.concatenate(out) if out else np.empty((0, self.spec.act_dim), np.float32)
 
-    def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
-        start = time.perf_counter()
+    def prepare_swap(self, weights: Mapping[str, np.ndarray]) -> PendingSwap:
         if not self.refittable:
             raise SacEdgeError(f"{self.plan.name}: engine was built without REFIT; swaps need sac-edge run --finetune")
+        merged: dict[str, np.ndarray] = {}
         with self.cuda.current():
-            if self.rebuild_swaps:
-                return self._rebuild_swap(weights, start)
-            refitter = self._refitter(self._runner.engine)
-            known = set(refitter.get_all_weights())
-            dtypes = self._initializer_dtypes()
-            use = {
-                k: np.asarray(v, dtype=dtypes.get(k, np.float32), order="C") for k, v in weights.items() if k in known
-            }
-            ignored = tuple(sorted(set(weights) - known))
-            when = "refit"
-            if self.precision == "int8" and ignored:
-                runner, merged, when = self._rebuild(weights), {}, "rebuild"
+            if self.rebuild_swaps:  # REFIT builds are not trusted on this TensorRT: rebuilt with the new weights
+                known = set(self._initializer_dtypes())
+                runner, when = self._rebuild(weights), "rebuild"
+                ignored = tuple(sorted(set(weights) - known))
+                applied = len(weights) - len(ignored)
             else:
-                merged = {**self._weights, **use}
-                runner = self._load(merged)
-            self._publish(runner, weights, when, merged)
-            return SwapReport(
-                len(use) if when == "refit" else len(weights),
-                () if when == "rebuild" else ignored,
-                time.perf_counter() - start,
-            )
+                refitter = self._refitter(self._runner.engine)
+                known = set(refitter.get_all_weights())
+                dtypes = self._initializer_dtypes()
+                use = {
+                    k: np.asarray(v, dtype=dtypes.get(k, np.float32), order="C")
+                    for k, v in weights.items()
+                    if k in known
+                }
+                ignored = tuple(sorted(set(weights) - known))
+                when, applied = "refit", len(use)
+                if self.precision == "int8" and ignored:
+                    runner, when = self._rebuild(weights), "rebuild"
+                    applied, ignored = len(weights), ()
+                else:
+                    merged = {**self._weights, **use}
+                    runner = self._load(merged)
 
-    def _rebuild_swap(self, weights: Mapping[str, np.ndarray], start: float) -> SwapReport:
-        """A swap on a TensorRT whose REFIT builds are not trusted: the engine rebuilt with the new weights."""
-        known = set(self._initializer_dtypes())
-        self._publish(self._rebuild(weights), weights, "rebuild", {})
-        ignored = tuple(sorted(set(weights) - known))
-        return SwapReport(len(weights) - len(ignored), ignored, time.perf_counter() - start)
+        def run_batch(obs: np.ndarray) -> np.ndarray:
+            with self._batch_lock:  # the batch buffers are shared with act_batch
+                return self._run_batch(runner, obs)
 
-    def _publish(self, runner: _Engine, weights: Mapping[str, np.ndarray], when: str, merged: dict[str, Any]) -> None:
-        """``runner`` through the parity gate with ``weights``, then served (one assignment)."""
-        self._bind_batch_checked(runner, weights, when)
-        self._bind(runner)
-        self._retired, self._runner, self._weights = self._runner, runner, merged
-        self.swaps += 1
+        def publish() -> None:
+            self._bind(runner)
+            self._retired, self._runner, self._weights = self._runner, runner, merged
 
-    def _bind_batch_checked(self, runner: _Engine, weights: Mapping[str, np.ndarray], when: str) -> None:
-        """The parity gate on ``runner`` (its batch context) with the new weights, before it is published."""
-        with self._batch_lock:
-            parity = verify(
-                lambda obs: self._run_batch(runner, obs), None, self.bundle, self.name, self.precision, when, weights
-            )
-        self.parity = require(parity, "the swap was not applied").to_dict()
+        return PendingSwap(run_batch, weights, when, applied, ignored, publish)
 
     def _rebuild(self, weights: Mapping[str, np.ndarray]) -> _Engine:
         """A new engine built from the source graph with ``weights`` as its initializers (INT8 swaps the

@@ -4,8 +4,9 @@ The build (``export/tensorrt.py``) and the runner (``backends/trt/runner.py``: o
 refit swap) run on each release's ``fake_tensorrt``, which raises on a name the release lacks, a method
 read as a property, a property it cannot set and an argument count no overload takes. A scan of the
 product's source then checks that every ``trt.X.Y`` it writes was reached by those runs, so no use escapes
-the check. CUDA is pycuda's model (``fake_pycuda``) and the parity gate is passed through, since no engine
-computes. Run with ``trt.nptype`` in the runner, the 8.5 case fails as the real 8.5 does with numpy 1.24.
+the check. CUDA is pycuda's model (``fake_pycuda``) and the runner is built directly, not through the
+registry that gates it, since no engine computes. Run with ``trt.nptype`` in the runner, the 8.5 case
+fails as the real 8.5 does with numpy 1.24.
 """
 
 from __future__ import annotations
