@@ -8,7 +8,7 @@ DEMO := runs/demo
 # what `make test` sees (tests/test_clean_clone.py checks this recipe).
 DEMO_BUNDLE := runs/demo-bundle
 
-.PHONY: venv test test-device device-suite lint typecheck docs unit demo bench clean
+.PHONY: venv test test-device test-trt85 device-suite lint typecheck docs unit demo bench clean
 
 # The pinned CPU torch goes in first: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -88,3 +88,17 @@ bench: venv
 
 clean:
 	rm -rf runs bundles sweeps $(DEVICE) .pytest_cache .mypy_cache .ruff_cache
+
+# The real TensorRT 8.5.3.1 wheel (JetPack 5.1's generation; 525 MB, kept in .cache/) on the Python 3.8 install:
+# doctor prints its whole report with TensorRT saying no CUDA device is usable, run --backend tensorrt exits 2
+# in one line. Not in `make test`: the download alone is larger than everything else it fetches.
+TRT85_BUNDLE := runs/trt85
+test-trt85: venv $(DEVICE_STAMP)
+	$(DEVICE)/bin/python -m pip install -q --no-deps --force-reinstall .
+	rm -rf $(TRT85_BUNDLE) && cd tests && ../$(BIN)/python edge_runtime/bundles.py ../$(TRT85_BUNDLE)
+	$(DEVICE)/bin/python scripts/real_tensorrt.py 8.5.3.1 -- $(DEVICE)/bin/sac-edge doctor $(TRT85_BUNDLE)/pendulum \
+		| tee $(TRT85_BUNDLE)/doctor.txt | grep -E "^bundle +tensorrt \(any precision\) +no +no CUDA device usable"
+	grep -qE "^bundle +onnxruntime fp32 +ok" $(TRT85_BUNDLE)/doctor.txt
+	$(DEVICE)/bin/python scripts/real_tensorrt.py 8.5.3.1 -- $(DEVICE)/bin/sac-edge run $(TRT85_BUNDLE)/pendulum \
+		--backend tensorrt --duration 1 2>$(TRT85_BUNDLE)/run.err; test $$? -eq 2
+	grep -v -i cryptography $(TRT85_BUNDLE)/run.err | tee /dev/stderr | grep -c . | grep -qx 1

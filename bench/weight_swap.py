@@ -39,7 +39,7 @@ from edge_loop import ENVS, export, interleaved, write_run_dir
 from onnx import numpy_helper
 
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, Bundle, open_bundle
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, Bundle, SwapPath, open_bundle
 from sac_edge.edge_runtime.backends.onnxrt.runner import NO_PREPACKING
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.finetune.finetuner import GIL_SWITCH_S, read_learner_tensors
@@ -129,8 +129,12 @@ def stall(bundle: Bundle, load: tuple[str, ...], path: str, swaps: int, gap_s: f
     """The ticker's gaps (ns) while ``path`` (none / before / after) swaps ``swaps`` times, ``gap_s`` apart,
     and the swaps' seconds."""
     after = path.startswith("after")
-    options = BackendOptions(refit=after, swap_from_file=path == FROM_FILE)
-    backends = {p: open_backend(bundle, "onnxruntime", p, options) for p in load}
+    options = BackendOptions(refit=after)
+    from_file = BackendOptions(refit=True, swap=SwapPath.FROM_FILE)  # the int8 rebuild from the graph file
+    backends = {
+        p: open_backend(bundle, "onnxruntime", p, from_file if path == FROM_FILE and p == "int8" else options)
+        for p in load
+    }
     swapper = WeightSwapper(backends, bundle)
     actors = _actor_sets(bundle)
     states = np.random.default_rng(0).standard_normal((SHADOW_STATES, bundle.spec.obs_dim)).astype(np.float32)

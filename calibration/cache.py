@@ -107,16 +107,18 @@ def trt_version_code(version: str) -> int:
     return major * 1000 + minor * 100 + patch
 
 
-def for_tensorrt(path: Path, version: str) -> bytes:
-    """``path``'s cache with the header of TensorRT ``version`` (same calibrator, same scales)."""
-    cache = read_cache(path)
+def for_tensorrt(path: Path, version: str, data: bytes | None = None) -> bytes:
+    """``path``'s cache (``data``: its bytes, already read and verified) with the header of TensorRT
+    ``version`` (same calibrator, same scales)."""
+    cache = read_cache(path, data)
     return cache_text(cache.scales, trt_version_code(version), cache.calibrator).encode()
 
 
-def read_cache(path: Path) -> CalibCache:
-    """Parse a TensorRT calibration cache (ours or TensorRT's own)."""
+def read_cache(path: Path, data: bytes | None = None) -> CalibCache:
+    """Parse a TensorRT calibration cache (ours or TensorRT's own) at ``path``, or ``data`` when given
+    (``path`` then only names it in errors)."""
     try:
-        lines = path.read_text().splitlines()
+        lines = (path.read_bytes() if data is None else data).decode().splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise SacEdgeError(f"{path}: cannot read the calibration cache ({err})") from None
     header = lines[0].split("-") if lines else []

@@ -33,6 +33,11 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FIX = "re-export the bundle with sac-export"
 
 
+def sha256_bytes(data: bytes) -> str:
+    """The sha256 of bytes already in memory (a verified bundle file's), as ``sha256_file`` gives it."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file, streamed."""
     digest = hashlib.sha256()

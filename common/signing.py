@@ -14,12 +14,17 @@ import base64
 import binascii
 import hashlib
 import os
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization as ser
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+# cryptography warns at import that Python 3.8 (JetPack 5's) is deprecated; on the device that would be a
+# second stderr line on every command, so that one warning (and only it) is not shown
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r"Python 3\.8 is no longer supported")
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import serialization as ser
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .atomic import atomic_write_json
 from .bounded import read_capped

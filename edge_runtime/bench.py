@@ -22,7 +22,7 @@ from sac_edge.common.latency import latency_us, time_calls
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.autoselect import probe_observations
 from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, open_bundle
-from sac_edge.edge_runtime.backends.registry import candidates, check_precision, kind
+from sac_edge.edge_runtime.backends.registry import candidates, check_precision, kind, open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.budget.sensors import EnergyMeter, detect_power_sensor
 
@@ -75,7 +75,7 @@ def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any
     t0 = None
     try:
         for cand in usable:
-            backend = kind(cand.backend).open(bundle, cand.precision, BackendOptions(threads=cfg.threads))
+            backend = open_backend(bundle, cand.backend, cand.precision, BackendOptions(threads=cfg.threads))
             for batch in cfg.batch:
                 call = _caller(backend, probes, batch)
                 label = f"{cand.backend}/{cand.precision}/b{batch}"

@@ -36,6 +36,7 @@ from sac_edge.edge_runtime.control.realtime import check_idle_latency
 from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner, finetune_dir, install_last_good
 from sac_edge.edge_runtime.finetune.promotion import LastGood, LastGoodStore, PromotionRules
+from sac_edge.edge_runtime.finetune.settings import FinetuneSettings
 from sac_edge.edge_runtime.finetune.weight_swap import WeightSwapper
 
 from .config import RunConfig
@@ -100,7 +101,7 @@ def validate(cfg: RunConfig) -> None:
             f"got {cfg.inference_timeout}"
         )
     if cfg.finetune:  # a read-only bundle would otherwise fail at the lock, after the bundle was verified
-        check_output_path(finetune_dir(cfg), "--finetune-dir", directory=True)
+        check_output_path(finetune_dir(FinetuneSettings.of(cfg)), "--finetune-dir", directory=True)
     if cfg.threads < 1 or cfg.auto_calls < 1:
         raise SacEdgeError("--threads and --auto-calls must be at least 1")
     if cfg.idle_latency_us is not None:
@@ -144,7 +145,7 @@ def promotion_rules(cfg: RunConfig) -> PromotionRules:
 def last_good_weights(cfg: RunConfig) -> Iterator[LastGood | None]:
     """The weights to start from (with ``--resume``), with the fine-tuning directory's lock held throughout
     when fine-tuning: one fine-tuner per weights directory, or each would overwrite the other's."""
-    store = LastGoodStore(finetune_dir(cfg))
+    store = LastGoodStore(finetune_dir(FinetuneSettings.of(cfg)))
     with contextlib.ExitStack() as held:
         if cfg.finetune:
             held.enter_context(pid_lock(store.lock, f"fine-tuning directory {store.dir}"))
@@ -273,7 +274,7 @@ def compose(cfg: RunConfig, bundle: Bundle, last: LastGood | None, emit: Emit, l
     tuner, resumed = None, None
     if cfg.finetune:
         tuner, resumed = build_finetuner(
-            cfg, bundle, backends, probe, last, emit, log, promotion_rules(cfg),
+            FinetuneSettings.of(cfg), bundle, backends, probe, last, emit, log, promotion_rules(cfg),
             lambda batch: make_governor(cfg, precisions, batch),
         )  # fmt: skip
         governor = tuner.governor

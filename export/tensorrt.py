@@ -7,9 +7,9 @@ engine gets two optimisation profiles for batch 1..64 (profile 0 for ``act``'s c
 ``act_batch``'s: on 8.5 a second context on a one-profile engine has no profile and its enqueues fail,
 NvInferRuntime.h / NVIDIA/TensorRT#1590), a workspace limit, a timing cache loaded from and saved beside
 the plan, detailed profiling verbosity so the engine inspector can say which layers run INT8, and the
-REFIT flag only when asked for (on-device fine-tuning): the TensorRT 11.3 docs warn that REFIT can drop a
-GEMM bias, and every engine is compared with the ONNX before it serves anyway (the edge runtime's parity
-gate).
+REFIT flag only when asked for (on-device fine-tuning) and never from 11.3, whose release notes list a
+known issue where REFIT drops a GEMM bias (``trt_generations.refit_is_safe``: swaps rebuild there); every
+engine is compared with the ONNX before it serves anyway (the edge runtime's parity gate).
 
 Every TensorRT call whose result can fail (parse, profile, timing cache, build, deserialise) is checked;
 a failure is one ``SacEdgeError``/``InternalError`` line with TensorRT's own last message. Nothing here
@@ -54,7 +54,7 @@ class EngineInfo(NamedTuple):
     plan: Path
     precision: str
     tensorrt_version: str
-    generation: str  # "8.5/8.6", "10.x", "11.x"
+    generation: str  # "8.5/8.6", "10.x", "10.12+", "11.x"
     device: str
     compute_capability: str
     onnx: str  # the bundle file it was built from
@@ -144,13 +144,18 @@ def build_engine(
     workspace_bytes: int = DEFAULT_WORKSPACE,
     timing_cache: Path | None = None,
     refit: bool = False,
+    onnx_bytes: bytes | None = None,
+    calib_bytes: bytes | None = None,
 ) -> EngineInfo:
     """Build ``plan_path`` from ``onnx_path`` at ``precision`` (fp32|fp16|int8); batch = (min, opt, max).
 
     ``onnx_path`` must be what ``engine_inputs`` names for this TensorRT (``policy.fp16.onnx`` for fp16 on
     11.x, the Q/DQ graph for int8 on 10/11); ``calib_cache`` is implicit INT8 (8.x only). The timing cache
     defaults to ``timing.cache`` beside the plan. ``refit`` adds ``BuilderFlag.REFIT`` (fine-tuning only).
-    A parse or build failure is an InternalError carrying TensorRT's own messages.
+    ``onnx_bytes`` and ``calib_bytes``, when given, are the files' contents as already read and verified
+    (the runtime's bundle bytes): the build then never reopens the files, so a file swapped after its
+    checksum was checked is not built. A parse or build failure is an InternalError carrying TensorRT's
+    own messages.
     """
     if precision not in PRECISIONS:
         raise SacEdgeError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
@@ -162,17 +167,21 @@ def build_engine(
     gen = generation(trt.__version__)
     device = cuda_device()
     assert device is not None
-    if not onnx_path.is_file():
+    if onnx_bytes is None and not onnx_path.is_file():
         raise SacEdgeError(f"{onnx_path} is missing; re-export the bundle with this sac-export to build {precision}")
     if calib_cache is not None and not gen.implicit_int8:
         raise SacEdgeError(f"TensorRT {gen.name} has no implicit INT8 calibration; build int8 from policy.int8.onnx")
     started = time.perf_counter()
     logger = make_logger(trt)
     builder = create(trt.Builder, logger, logger=logger, what="create a builder")
-    flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH) if gen.explicit_batch_flag else 0
+    flags = 0
+    if gen.explicit_batch_flag:
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    elif gen.strongly_typed_flag:  # the graph's types decide the precision (policy.fp16.onnx, Q/DQ)
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = _require(builder.create_network(flags), logger, "create a network")
     parser = create(trt.OnnxParser, network, logger, logger=logger, what="create an ONNX parser")
-    if not parser.parse(onnx_path.read_bytes()):
+    if not parser.parse(onnx_path.read_bytes() if onnx_bytes is None else onnx_bytes):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise InternalError(f"TensorRT cannot parse {onnx_path.name}: {errors or reason(logger)}")
     config = _require(builder.create_builder_config(), logger, "create a builder config")
@@ -187,7 +196,7 @@ def build_engine(
     if calib_cache is not None and precision == "int8":
         from sac_edge.calibration.cache import for_tensorrt
 
-        data = for_tensorrt(calib_cache, trt.__version__)
+        data = for_tensorrt(calib_cache, trt.__version__, calib_bytes)
         header = data.split(b"\n", 1)[0].decode()
         calibrator = _cache_calibrator(trt, data)
         config.int8_calibrator = calibrator
@@ -252,7 +261,7 @@ def _add_profiles(
 
 
 def _set_precision(trt: Any, gen: Generation, config: Any, network: Any, precision: str, onnx_path: Path) -> list[str]:
-    """The builder flags ``precision`` needs on ``gen`` (none on 11.x: the graph's types decide)."""
+    """The builder flags ``precision`` needs on ``gen`` (none where strongly typed: the graph's types decide)."""
     if precision == "int8" and not gen.implicit_int8 and not _has_qdq(trt, network):
         raise SacEdgeError(f"{onnx_path.name} has no Q/DQ nodes; TensorRT {gen.name} builds INT8 from policy.int8.onnx")
     if precision == "fp32" or not gen.precision_flags:

@@ -1,7 +1,7 @@
 """The TensorRT Python API pieces every generation shares: importing it, its logger, creating its top-level
 objects, and numpy types for its tensor types.
 
-Checked against the real modules (8.5.3.1, 10.3.0, 10.13.3.9, 11.4.0.106; ``tests/export/trt_surfaces/``):
+Checked against the real modules (8.5.3.1, 10.3.0, 10.13.3.9, 11.4.0.106; ``tests/trt_surfaces/``):
 
 - ``trt.Builder``, ``trt.Runtime``, ``trt.OnnxParser`` and ``trt.Refitter`` are pybind11 factory
   constructors: when TensorRT cannot create the object (no usable CUDA device, a driver too old) they raise

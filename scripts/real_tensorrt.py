@@ -50,6 +50,8 @@ BINDINGS = ("10.3.0", "10.13.3.9", "11.4.0.106")
 TRT85 = "8.5.3.1"
 NEAREST_JETPACK6 = "10.3.0"
 CURRENT_11 = "11.4.0.106"
+# cuda-python 11.8 and 12.2 raise RuntimeError (not an error code) where libcuda.so.1 cannot be loaded.
+CUDA_PYTHON = "12.2.0"
 
 
 class Unavailable(Exception):
@@ -99,7 +101,7 @@ STUB_C = r"""
 #include <stddef.h>
 typedef void (*log_fn)(void *self, int severity, const char *msg);
 static void warn(void *logger) {
-    if (logger != NULL) ((log_fn)(*(void ***)logger)[0])(logger, 2, NO_DEVICE);
+    if (logger != NULL) ((log_fn)(*(void ***)logger)[LOG_SLOT])(logger, 2, NO_DEVICE);
 }
 void *createInferBuilder_INTERNAL(void *logger, int version) { warn(logger); return NULL; }
 void *createInferRuntime_INTERNAL(void *logger, int version) { warn(logger); return NULL; }
@@ -112,6 +114,9 @@ int initLibNvInferPlugins(void *logger, const char *ns) { return 0; }
 int getInferLibVersion(void) { return LIB_VERSION; }
 int getNvOnnxParserVersion(void) { return LIB_VERSION; }
 """
+# ILogger::log's slot in the vtable: first through 10.x; 11's ILogger is a versioned interface
+# (nvinfer1::v_1_0) whose log is the fifth virtual function (found by calling each slot of the real module's).
+LOG_SLOT_11 = 4
 NO_DEVICE = "CUDA initialization failure with error: 35"  # what the real 8.5 logs at WARNING without a GPU
 
 
@@ -126,15 +131,18 @@ def stub_libraries(major: int, version: str) -> Path:
     """libnvinfer/libnvinfer_plugin/libnvonnxparser ``.so.<major>`` stubs in one folder (built once)."""
     out = CACHE / f"stubs-{version}"
     names = [f"lib{lib}.so.{major}" for lib in ("nvinfer", "nvinfer_plugin", "nvonnxparser")]
-    if all((out / n).is_file() for n in names):
-        return out
-    out.mkdir(parents=True, exist_ok=True)
     source = out / "stub.c"
+    if source.is_file() and source.read_text() == STUB_C and all((out / n).is_file() for n in names):
+        return out  # built from this very source
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (out / name).unlink(missing_ok=True)
     source.write_text(STUB_C)
     parts = [int(p) for p in version.split(".")[:3]]
     code = parts[0] * 10000 + parts[1] * 100 + parts[2]  # NV_TENSORRT_VERSION's layout from 10.0
     for name in names:
         cmd = [compiler(), "-shared", "-fPIC", "-O1", f"-Wl,-soname,{name}", f"-DLIB_VERSION={code}"]
+        cmd += [f"-DLOG_SLOT={LOG_SLOT_11 if major >= 11 else 0}"]
         cmd += [f'-DNO_DEVICE="{NO_DEVICE}"', "-o", str(out / f".{name}"), str(source)]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0:
@@ -149,8 +157,9 @@ from tensorrt_bindings import __version__  # noqa: F401
 '''
 
 
-def bindings(version: str, python: str | None = None) -> tuple[Path, Path]:
-    """(the folder to put on PYTHONPATH, the stub-library folder) for a 10.x/11.x bindings release."""
+def bindings(version: str, python: str | None = None, stubs: bool = True) -> tuple[Path, Path | None]:
+    """(the folder to put on PYTHONPATH, the stub-library folder or None where ``stubs`` is false) for a
+    10.x/11.x bindings release."""
     rel = release(version, python)
     wheel = _pip_download(f"{rel.package}=={rel.version}", rel.python, CACHE / "wheels")
     site = _unpacked(wheel, CACHE / f"site-{rel.version}-py{rel.python}")
@@ -158,7 +167,7 @@ def bindings(version: str, python: str | None = None) -> tuple[Path, Path]:
     if not shim.is_file():
         shim.parent.mkdir(exist_ok=True)
         shim.write_text(SHIM)
-    return site, stub_libraries(rel.major, rel.version)
+    return site, stub_libraries(rel.major, rel.version) if stubs else None
 
 
 def _missing_symbols(folder: Path) -> dict[str, list[str]]:
@@ -199,12 +208,25 @@ def trt85() -> tuple[Path, Path]:
     return site, out
 
 
-def environment(version: str, python: str | None = None) -> dict[str, str]:
-    """Environment variables under which ``python`` imports the real ``tensorrt`` ``version``."""
-    site, stubs = trt85() if version == TRT85 else bindings(version, python)
+def cuda_python(python: str | None = None) -> Path:
+    """The real cuda-python ``CUDA_PYTHON`` wheel unpacked (a folder for PYTHONPATH)."""
+    here = python or f"{sys.version_info[0]}.{sys.version_info[1]}"
+    wheel = _pip_download(f"cuda-python=={CUDA_PYTHON}", here, CACHE / "wheels")
+    return _unpacked(wheel, CACHE / f"site-cuda-python-{CUDA_PYTHON}-py{here}")
+
+
+def environment(
+    version: str, python: str | None = None, libraries: bool = True, with_cuda_python: bool = False
+) -> dict[str, str]:
+    """Environment variables under which ``python`` imports the real ``tensorrt`` ``version``: over the stub
+    libraries, or without any (``libraries=False``: installed as pip installs the bindings alone, so the
+    import fails as it does without TensorRT's libraries), and with the real cuda-python if asked."""
+    site, stubs = trt85() if version == TRT85 else bindings(version, python, stubs=libraries)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(stubs), env.get("LD_LIBRARY_PATH", "")) if p)
+    paths = [str(site), *([str(cuda_python(python))] if with_cuda_python else []), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    if stubs is not None and libraries:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(stubs), env.get("LD_LIBRARY_PATH", "")) if p)
     return env
 
 

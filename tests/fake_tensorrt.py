@@ -171,7 +171,7 @@ def fake_tensorrt(version: str, qdq: bool = True, device: bool = True) -> tuple[
     )
     builder = obj(
         "Builder",
-        create_network=lambda flags=0: network,
+        create_network=lambda flags=0: used.append(f"create_network:{flags}") or network,
         create_builder_config=new_config,
         create_optimization_profile=lambda: obj("IOptimizationProfile", set_shape=lambda *a: None),
         build_serialized_network=lambda net, cfg: build_log() or b"serialized plan",
@@ -198,6 +198,20 @@ def fake_tensorrt(version: str, qdq: bool = True, device: bool = True) -> tuple[
 
         def __init__(self) -> None:
             used.append("ILogger.__init__")
+
+    for level, value in ILogger.Severity.__members__.items():  # ILogger.WARNING etc., as on the real class
+        setattr(ILogger, level, value)
+
+    class Logger(ILogger):
+        """The real module's own logger: prints messages at ``min_severity`` or more severe to stderr."""
+
+        def __init__(self, min_severity: Any = ILogger.Severity.WARNING) -> None:
+            super().__init__()
+            self.min_severity = min_severity
+
+        def log(self, severity: Any, msg: str) -> None:
+            if int(severity) <= int(self.min_severity):  # lower values are more severe
+                print(f"[TRT] [{severity.name[0]}] {msg}", file=sys.stderr)
 
     def constructor(kind: str, make: Callable[..., Any], needs_device: bool = False) -> Callable[..., Any]:
         def factory(*args: Any) -> Any:
@@ -241,6 +255,7 @@ def fake_tensorrt(version: str, qdq: bool = True, device: bool = True) -> tuple[
         "Weights": constructor("Weights", weights),
         "nptype": nptype,
         "ILogger": ILogger,
+        "Logger": Logger,
     }
     if surface.top("IInt8EntropyCalibrator2"):
 

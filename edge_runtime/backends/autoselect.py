@@ -16,7 +16,7 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.latency import latency_us, time_calls
 
 from .base import Backend, BackendOptions, Bundle
-from .registry import KINDS, candidates, kind
+from .registry import KINDS, candidates, open_backend
 
 
 class Measurement(NamedTuple):
@@ -68,8 +68,8 @@ def autoselect(
             figures.append(Measurement(cand.backend, cand.precision, None, None, None, cand.refusal))
             continue
         try:
-            backend = kind(cand.backend).open(bundle, cand.precision, options)
-        except SacEdgeError as err:  # e.g. a provider that falls back at session creation
+            backend = open_backend(bundle, cand.backend, cand.precision, options)
+        except SacEdgeError as err:  # a provider that falls back at session creation, a failed parity gate
             figures.append(Measurement(cand.backend, cand.precision, None, None, None, str(err)))
             continue
         lat = latency_us(time_backend(backend, calls, warmup))

@@ -7,10 +7,11 @@ A backend loads one entry of a bundle (a precision of the policy) and runs it:
   loop must copy it (or finish with it) before the next call. ``act`` is for one control thread.
 - ``act_batch(obs[n, d])`` is for bench and evaluation; it may allocate.
 - ``swap_weights(weights)`` installs a new weight set atomically (the new runner is built, or a retired one
-  no reader can still be using is refilled, aside and published with one reference assignment), so a
-  reader never sees half of one set and half of another. Weights are keyed by the ``InferencePolicy``
-  state-dict names, which are also the initializer names of the bundle's fp32 ONNX graph
-  (``actor.trunk.0.weight``, ...). It may be called from any thread.
+  no reader can still be using is refilled, aside by the backend's ``prepare_swap``, checked by the
+  parity gate where the registry gated the backend, and published with one reference assignment), so a
+  reader never sees half of one set and half of another, nor a set that failed its gate. Weights are keyed
+  by the ``InferencePolicy`` state-dict names, which are also the initializer names of the bundle's fp32
+  ONNX graph (``actor.trunk.0.weight``, ...). It may be called from any thread.
 - ``describe()`` says what runs (backend, precision, file, provider/device, versions) for logs and JSON.
 
 Heavy dependencies (torch, tensorrt, cuda-python/pycuda) are imported inside the backend that needs
@@ -20,15 +21,17 @@ them, so the onnxruntime path never imports torch; a missing one is a one-line `
 from __future__ import annotations
 
 import abc
+import enum
+import time
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.graph_ops import check_graph_ops
 from sac_edge.common.manifest import manifest_bytes, read_manifest, verify_files
 from sac_edge.common.releases import check_release
@@ -208,6 +211,22 @@ class SwapReport(NamedTuple):
     seconds: float
 
 
+class SwapPath(enum.Enum):
+    """A weight-swap strategy of onnxruntime's CPU provider (``backends/onnxrt/runner.py``; the values are
+    what ``describe()["swap"]`` reports). The GPU providers always rebuild from the file, and the other
+    backends have one way each (TensorRT refits or rebuilds, torch copies its module)."""
+
+    AUTO = "auto"
+    """In place for fp32 with ``refit``, else the pre-optimised rebuild with ``refit``, else from the file;
+    each falls back to the next when its start-up check fails on this onnxruntime and graph."""
+    IN_PLACE = "in place"
+    """Two generations over numpy arrays the session reads where they are; a swap refills the retired one."""
+    PRE_OPTIMISED = "rebuild (pre-optimised)"
+    """A new session built from the graph onnxruntime optimised at start, optimisation off."""
+    FROM_FILE = "rebuild"
+    """A new session built from the graph file with the new initializers."""
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     """Knobs shared by the backends."""
@@ -220,9 +239,32 @@ class BackendOptions:
     """Build for weight swaps (``--finetune``): TensorRT engines refittable (off otherwise, since REFIT can
     cost speed and, per the TensorRT 11.3 docs, drop a GEMM bias); onnxruntime's CPU fp32 session as two
     generations refilled in place (``backends/onnxrt/runner.py``)."""
-    swap_from_file: bool = False
-    """onnxruntime on the CPU: rebuild swapped sessions from the graph file instead of the graph onnxruntime
-    optimised at start (slower; for benchmarks that price the difference)."""
+    swap: SwapPath = SwapPath.AUTO
+    """How onnxruntime's CPU provider installs new weights (``SwapPath``); the default picks the fastest this
+    onnxruntime supports for the graph. Benchmarks select one explicitly to price it against the others."""
+
+
+class PendingSwap(NamedTuple):
+    """A weight set built aside by ``Backend.prepare_swap``, not serving yet: what the parity gate runs
+    and what ``publish`` installs with one assignment."""
+
+    run_batch: Callable[[np.ndarray], np.ndarray]
+    """The new generation's batch path (for the gate; never the serving context)."""
+    weights: Mapping[str, np.ndarray]
+    """The weights the gate's fp32 reference is given: all those asked for, so that a generation which did
+    not take one of them fails."""
+    when: str
+    """What the gate calls this check ("swap", "refit", "rebuild")."""
+    applied: int
+    ignored: tuple[str, ...]
+    publish: Callable[[], None]
+
+
+class SwapCheck(Protocol):
+    """What the registry attaches to a gated backend: raises (and the swap is not published) unless
+    ``pending`` passes (``parity_gate.SwapGate``)."""
+
+    def __call__(self, backend: Backend, pending: PendingSwap) -> None: ...
 
 
 class Backend(abc.ABC):
@@ -230,12 +272,15 @@ class Backend(abc.ABC):
 
     name: str
     precision: str
+    opened_as = "session"
+    """What the parity gate calls its check at open (TensorRT: "build" or "cached plan")."""
 
     def __init__(self, spec: PolicySpec) -> None:
         self.spec = spec
         self.swaps = 0
         self.parity: dict[str, Any] | None = None
         """The last engine parity gate's figures (``parity_gate.EngineParity.to_dict``), for gated backends."""
+        self._swap_check: SwapCheck | None = None
 
     @abc.abstractmethod
     def act(self, obs: np.ndarray) -> np.ndarray:
@@ -246,8 +291,30 @@ class Backend(abc.ABC):
         """Actions ``[n, act_dim]`` for observations ``[n, obs_dim]`` (a new array)."""
 
     @abc.abstractmethod
+    def prepare_swap(self, weights: Mapping[str, np.ndarray]) -> PendingSwap:
+        """Build ``weights`` aside (the serving generation untouched) and say how to publish them."""
+
     def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
-        """Install ``weights`` atomically (see the module docstring)."""
+        """Install ``weights`` atomically (see the module docstring): prepared aside, through the gate the
+        registry attached (a failure raises and nothing changes), then published."""
+        start = time.perf_counter()
+        pending = self.prepare_swap(weights)
+        if self._swap_check is not None:
+            self._swap_check(self, pending)
+        pending.publish()
+        self.swaps += 1
+        return SwapReport(pending.applied, pending.ignored, time.perf_counter() - start)
+
+    def gate_swaps(self, check: SwapCheck) -> None:
+        """Make every later swap pass ``check`` before it is published (the registry, once, at open)."""
+        if self._swap_check is not None:
+            raise InternalError(f"backend {self.name!r}: its swaps are gated already")
+        self._swap_check = check
+
+    def parity_checked(self, passed: bool, figures: Mapping[str, Any]) -> str:
+        """The gate's verdict at open, for a backend that records it (TensorRT's plan sidecar); returns what
+        a failure does, for the error line."""
+        return "not served"
 
     def bare_call(self) -> Callable[[], object]:
         """The library call ``act`` makes, on the backend's own input and output buffers, without the
@@ -294,11 +361,17 @@ def missing_package(backend: str, package: str, hint: str) -> SacEdgeError:
 
 
 class BackendKind(NamedTuple):
-    """A backend as the registry sees it: why it cannot run here, what it can run, how to open it."""
+    """A backend as the registry sees it: why it cannot run here, what it can run, how to load it, and which
+    of its precisions the engine parity gate must pass (``registry.open_backend``, the one way a backend
+    is opened, enforces it at open and on every swap)."""
 
     name: str
     unavailable: Callable[[], str | None]
     """None when usable here, else a one-line reason (missing package, no device)."""
     precisions: Callable[[Bundle], tuple[str, ...]]
     """Precisions this backend can run from this bundle (before the accuracy gate)."""
-    open: Callable[[Bundle, str, BackendOptions], Backend]
+    load: Callable[[Bundle, str, BackendOptions], Backend]
+    """Build the backend (not gated yet: only the registry calls it)."""
+    gated: tuple[str, ...] = ()
+    """Precisions that serve only after the engine parity gate passed, at open and on every swap: a
+    device's engines and sessions (empty for the CPU reference paths the gate compares against)."""

@@ -1,4 +1,5 @@
-"""The backends by name, and the checks every open goes through (availability, precision, accuracy gate).
+"""The backends by name, and the checks every open goes through (availability, precision, accuracy gate,
+and the engine parity gate each kind declares).
 
 ``--backend auto`` measures the candidates this module lists (see ``autoselect``); an explicit backend or
 precision that cannot run is a one-line error naming why.
@@ -13,6 +14,7 @@ from sac_edge.common.errors import SacEdgeError
 
 from .base import PRECISIONS, Backend, BackendKind, BackendOptions, Bundle, gate_refusal
 from .onnxrt import loader as onnxrt
+from .parity_gate import SwapGate, gate_open
 from .pyt import loader as pyt
 from .trt import loader as trt
 
@@ -73,8 +75,20 @@ def candidates(
 
 
 def open_backend(bundle: Bundle, backend: str, precision: str, options: BackendOptions | None = None) -> Backend:
-    """Open ``backend`` at ``precision``; a refused combination is a one-line SacEdgeError."""
+    """Open ``backend`` at ``precision``: the one way a backend is opened. A refused combination is a
+    one-line SacEdgeError; a precision the kind gates (``BackendKind.gated``) serves only once the engine
+    parity gate passed on it (a ParityError otherwise, the backend closed), and every later swap must pass
+    it too before it is published."""
     reason = refusal(bundle, backend, precision)
     if reason is not None:
         raise SacEdgeError(reason)
-    return kind(backend).open(bundle, precision, options or BackendOptions())
+    k = kind(backend)
+    opened = k.load(bundle, precision, options or BackendOptions())
+    if precision in k.gated:
+        try:
+            opened.gate_swaps(SwapGate(bundle))
+            gate_open(opened, bundle)
+        except BaseException:
+            opened.close()
+            raise
+    return opened

@@ -434,23 +434,7 @@ def build_finetuner(
         "main_baseline_mb": probe.read().budget_mb,  # everything but the learner: backends, env, the swap path
         "bundle": str(bundle.path),
         "manifest": bundle.manifest,  # the child re-checks that it re-quantises with the files opened here
-        "loop_cpus": list(cfg.cpus),
-        **{
-            name: getattr(cfg, name)
-            for name in (
-                "finetune_buffer",
-                "finetune_batch",
-                "learning_starts",
-                "mem_budget_mb",
-                "finetune_lr",
-                "seed",
-                "finetune_utd",
-                "rate_hz",
-                "learner_cpu",
-                "swap_every",
-                "shadow_max_diff",
-            )
-        },
+        "finetune": cfg.to_json(),  # the section itself, as JSON: the child rebuilds the same dataclass
     }
     learner = LearnerProcess(spec, tensors, sets.int8, settings)
     probe.follow(learner.process.pid)  # the governor's memory figure includes the learner's

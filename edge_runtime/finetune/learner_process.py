@@ -60,6 +60,7 @@ from sac_edge.edge_runtime.budget.memory import read_process_memory
 
 from .experience import StagingRing, ring_layout
 from .promotion import shadow_check
+from .settings import FinetuneSettings
 from .shared import SharedArrays, layout_of
 from .weight_swap import Int8Requantizer, weight_sets
 
@@ -241,8 +242,9 @@ def serve(config_json: str, conn: Any, publish: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     cfg = json.loads(config_json)
     _die_with_parent(int(cfg["parent_pid"]))
-    _keep_off(cfg["loop_cpus"])
     try:
+        settings = FinetuneSettings.from_json(cfg["finetune"])
+        _keep_off(list(settings.cpus))
         ring_block, weights, control = (SharedArrays.attach(cfg["blocks"][k]) for k in ("ring", "weights", "control"))
         spec = PolicySpec.from_dict(cfg["spec"], source="the learner process's config")
         loop = LearnerLoop.build(
@@ -252,6 +254,7 @@ def serve(config_json: str, conn: Any, publish: Any) -> None:
             control,
             conn,
             cfg,
+            settings,
         )
         from sac_edge.train import compat
 
@@ -291,16 +294,17 @@ class LearnerLoop:
         weights: SharedArrays,
         control: SharedArrays,
         conn: Any,
-        settings: Mapping[str, Any],
+        settings: FinetuneSettings,
+        utd: float,
         requantizer: Int8Requantizer | None = None,
     ) -> None:
         self.spec, self.learner, self.ring, self.weights, self.conn = spec, learner, ring, weights, conn
         self.requantizer = requantizer
         self.knobs, self.flags = control["knobs"], control["flags"]
-        self.utd = float(settings["utd"])
-        self.swap_every = int(settings["swap_every"])
-        self.learning_starts = int(settings["learning_starts"])
-        self.shadow_max_diff = float(settings["shadow_max_diff"])
+        self.utd = utd
+        self.swap_every = settings.swap_every
+        self.learning_starts = settings.learning_starts
+        self.shadow_max_diff = settings.shadow_max_diff
         self.good_state = _numpy(learner.state())
         self.pending: dict[str, np.ndarray] | None = None
         self.awaiting = False  # a proposal the main process has not resolved yet
@@ -318,6 +322,7 @@ class LearnerLoop:
         control: SharedArrays,
         conn: Any,
         cfg: Mapping[str, Any],
+        settings: FinetuneSettings,
     ) -> LearnerLoop:
         """Size the learner for the memory budget (this process's resident memory after torch's and the int8
         re-check's warm-ups plus the main process's baseline), time an update, choose the UTD, load the
@@ -338,21 +343,19 @@ class LearnerLoop:
         baseline = float(cfg["main_baseline_mb"]) + read_process_memory().rss_mb
         sizing = choose_sizing(
             net_shape(spec, tensors),
-            rows=int(cfg["finetune_buffer"]),
-            batch=int(cfg["finetune_batch"]),
+            rows=settings.finetune_buffer,
+            batch=settings.finetune_batch,
             staging=STAGING_ROWS,
-            min_rows=max(int(cfg["learning_starts"]), 1000),
-            budget_mb=cfg["mem_budget_mb"],
+            min_rows=max(settings.learning_starts, 1000),
+            budget_mb=settings.mem_budget_mb,
             baseline_mb=baseline,
         )
-        learner = DeviceLearner(spec, tensors, sizing, float(cfg["finetune_lr"]), int(cfg["seed"]))
+        learner = DeviceLearner(spec, tensors, sizing, settings.finetune_lr, settings.seed)
         extra = sorted(set(tensors) - set(learner.state()))
         if extra:  # the shared block holds the file's tensors; each candidate must fill all of them
             raise SacEdgeError(f"learner tensors hold {extra[0]} (and {len(extra) - 1} more) that the networks lack")
-        utd, reason = choose_utd(
-            float(cfg["finetune_utd"]), learner.update_seconds, float(cfg["rate_hz"]), float(cfg["learner_cpu"])
-        )
-        loop = cls(spec, learner, ring, weights, control, conn, {**cfg, "utd": utd}, requantizer)
+        utd, reason = choose_utd(settings.finetune_utd, learner.update_seconds, settings.rate_hz, settings.learner_cpu)
+        loop = cls(spec, learner, ring, weights, control, conn, settings, utd, requantizer)
         loop.sizing = {
             **sizing.to_dict(),
             "utd": utd,

@@ -1,52 +1,57 @@
-"""What the fine-tuner reads from the command's config, as a protocol.
+"""The fine-tuning section of the run's configuration: one frozen dataclass, the same object in the main
+process and (sent as JSON, never pickled) in the learner process.
 
-``sac-edge run``'s ``RunConfig`` (the composition root's) satisfies it structurally, so this room never
-imports the command layer; tests can pass any object with these fields.
+``FinetuneSettings.of`` cuts it out of ``sac-edge run``'s ``RunConfig`` (the composition root's), so this
+room never imports the command layer; a field is validated where the command's config is, before any work.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from sac_edge.common.errors import InternalError
 
 
-class FinetuneSettings(Protocol):
+@dataclass(frozen=True)
+class FinetuneSettings:
     """The ``sac-edge run`` fields that steer on-device learning (see ``sac-edge run --help``)."""
 
-    @property
-    def bundle(self) -> str: ...
-    @property
-    def env(self) -> str | None: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def rate_hz(self) -> float: ...
-    @property
-    def mem_budget_mb(self) -> float | None: ...
-    @property
-    def finetune_dir(self) -> str | None: ...
-    @property
-    def finetune_buffer(self) -> int: ...
-    @property
-    def finetune_batch(self) -> int: ...
-    @property
-    def finetune_utd(self) -> float: ...
-    @property
-    def learner_cpu(self) -> float: ...
-    @property
-    def finetune_lr(self) -> float: ...
-    @property
-    def learning_starts(self) -> int: ...
-    @property
-    def swap_every(self) -> int: ...
-    @property
-    def promotion_window(self) -> int: ...
-    @property
-    def rollback_threshold(self) -> float: ...
-    @property
-    def rollback_noise_z(self) -> float: ...
-    @property
-    def shadow_max_diff(self) -> float: ...
-    @property
-    def explore_std(self) -> float: ...
-    @property
-    def cpus(self) -> tuple[int, ...]: ...
+    bundle: str
+    env: str | None
+    seed: int
+    rate_hz: float
+    mem_budget_mb: float | None
+    finetune_dir: str | None
+    finetune_buffer: int
+    finetune_batch: int
+    finetune_utd: float
+    learner_cpu: float
+    finetune_lr: float
+    learning_starts: int
+    swap_every: int
+    promotion_window: int
+    rollback_threshold: float
+    rollback_noise_z: float
+    shadow_max_diff: float
+    explore_std: float
+    cpus: tuple[int, ...]
+
+    @classmethod
+    def of(cls, config: object) -> FinetuneSettings:
+        """The section of a command's config that has these fields (``RunConfig``, validated already)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as JSON values, for the learner process's start message."""
+        return {**asdict(self), "cpus": list(self.cpus)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FinetuneSettings:
+        """The section as the learner process receives it from its parent (``to_json``'s output)."""
+        want = {f.name for f in fields(cls)}
+        if set(data) != want:
+            odd = sorted(set(data) ^ want)
+            raise InternalError(f"the learner's fine-tuning settings differ from this version's in {odd[:3]}")
+        return cls(**{**data, "cpus": tuple(int(c) for c in data["cpus"])})

@@ -92,3 +92,15 @@ def test_common_never_imports_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_importing_signing_prints_nothing() -> None:
+    """Every console script imports common.signing: on Python 3.8 (JetPack 5) cryptography's deprecation
+    warning would be a second stderr line on every command."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", "import sac_edge.common.signing"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stderr == ""

@@ -27,6 +27,7 @@ from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner
+from sac_edge.edge_runtime.finetune.settings import FinetuneSettings
 from sac_edge.train.checkpoint import save_tensors
 
 
@@ -95,5 +96,5 @@ def make_tuner(
     bundle = open_bundle(bundle_dir)
     options = BackendOptions(refit=True)  # as the run opens them with --finetune
     backends = {p: open_backend(bundle, "onnxruntime", p, options) for p in precisions}
-    tuner, _ = build_finetuner(cfg, bundle, backends, MemoryProbe(), None, emit, lambda _: None)
+    tuner, _ = build_finetuner(FinetuneSettings.of(cfg), bundle, backends, MemoryProbe(), None, emit, lambda _: None)
     return tuner, backends[precisions[0]]

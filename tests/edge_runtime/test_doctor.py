@@ -110,6 +110,7 @@ def test_tensorrt_generation_row() -> None:
     assert "generation 8.5/8.6: implicit INT8 from calib.cache" in tensorrt_row("8.5.2.2").value
     assert "generation 10.x: Q/DQ INT8" in tensorrt_row("10.3.0").value
     assert "strongly typed" in tensorrt_row("11.4.0").value
+    assert "generation 10.12+: strongly typed" in tensorrt_row("10.13.3.9").value
     old = tensorrt_row("7.1.3")
     assert old.status == "no" and old.fix
 

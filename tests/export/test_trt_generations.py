@@ -18,11 +18,20 @@ from fake_tensorrt import REMOVED_IN_11, VERSIONS, fake_tensorrt
 from sac_edge.calibration.cache import read_cache, trt_version_code, write_cache
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.export import tensorrt as builder
-from sac_edge.export.trt_generations import TRT8, TRT10, TRT11, generation
+from sac_edge.export.trt_generations import TRT8, TRT10, TRT10_STRONG, TRT11, generation
 
 
 @pytest.mark.parametrize(
-    ("version", "gen"), [("8.5.2.2", TRT8), ("8.6.1", TRT8), ("10.3.0", TRT10), ("10.13.2.6", TRT10), ("11.4.0", TRT11)]
+    ("version", "gen"),
+    [
+        ("8.5.2.2", TRT8),
+        ("8.6.1", TRT8),
+        ("10.3.0", TRT10),
+        ("10.11.0.33", TRT10),
+        ("10.12.0.36", TRT10_STRONG),
+        ("10.13.2.6", TRT10_STRONG),
+        ("11.4.0", TRT11),
+    ],
 )
 def test_generation_is_chosen_from_the_version(version: str, gen: object) -> None:
     assert generation(version) is gen
@@ -74,15 +83,42 @@ def test_each_generation_path_uses_only_its_own_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, precision: str
 ) -> None:
     info, used = _build(tmp_path, monkeypatch, version, precision)  # the fake raises on a name it lacks
-    assert all(_has(version, u) for u in used if not u.startswith("set_flag:") and not u.endswith("__init__"))
+    assert all(_has(version, u) for u in used if ":" not in u and not u.endswith("__init__"))
     assert info.profiles == 2 and info.refit and "REFIT" in info.flags  # type: ignore[attr-defined]
     gen = generation(version)
     assert info.generation == gen.name  # type: ignore[attr-defined]
     if version.startswith("11"):
         assert not set(REMOVED_IN_11) & set(used)
+    if not gen.precision_flags:
         assert info.flags == ("REFIT",)  # type: ignore[attr-defined]  strongly typed: no precision flags
     elif precision != "fp32":
         assert precision.upper() in info.flags  # type: ignore[attr-defined]
+    _no_deprecated_flag(version, used)
+
+
+def _no_deprecated_flag(version: str, used: list[str]) -> None:
+    """No builder or network flag the release's own docstrings mark deprecated (10.12+: FP16/INT8 are
+    "Superseded by strong typing"; 11: STRONGLY_TYPED is always on and ignored; 10: EXPLICIT_BATCH)."""
+    surface = load(version)
+    for use in used:
+        if use.startswith("set_flag:BuilderFlag."):
+            flag = use.rpartition(".")[2]
+            assert surface.deprecated("BuilderFlag", flag) is None, (version, flag)
+        if use.startswith("create_network:"):
+            bits = int(use.partition(":")[2])
+            for name, value in surface.enum("NetworkDefinitionCreationFlag").items():
+                if bits & (1 << value):
+                    assert surface.deprecated("NetworkDefinitionCreationFlag", name) is None, (version, name)
+
+
+def test_strong_typing_exactly_where_the_release_deprecates_the_precision_flags() -> None:
+    for version in VERSIONS:
+        surface = load(version)
+        superseded = "Superseded by strong typing" in (surface.deprecated("BuilderFlag", "FP16") or "")
+        removed = "FP16" not in surface.enum("BuilderFlag")
+        gen = generation(version)
+        assert gen.precision_flags == (not superseded and not removed), version
+        assert gen.strongly_typed_flag == superseded, version
 
 
 def test_the_inputs_and_int8_source_per_generation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,6 +126,8 @@ def test_the_inputs_and_int8_source_per_generation(tmp_path: Path, monkeypatch: 
     assert fp16_11.onnx == "policy.fp16.onnx"  # type: ignore[attr-defined]
     fp16_10, _ = _build(tmp_path, monkeypatch, "10.3.0", "fp16")
     assert fp16_10.onnx == "policy.onnx"  # type: ignore[attr-defined]
+    fp16_1013, used = _build(tmp_path, monkeypatch, "10.13.3.9", "fp16")
+    assert fp16_1013.onnx == "policy.fp16.onnx" and "create_network:2" in used  # type: ignore[attr-defined]
     int8_8, used = _build(tmp_path, monkeypatch, "8.5.3.1", "int8")
     assert int8_8.onnx == "policy.onnx" and int8_8.int8_source == "calib.cache"  # type: ignore[attr-defined]
     assert int8_8.calib_header == "TRT-8503-EntropyCalibration2"  # type: ignore[attr-defined]

@@ -108,12 +108,61 @@ def test_bad_train_flag_is_one_line(
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into directories without write permission")
 def test_read_only_train_out_is_one_line(tmp_path: Path, refused: Callable[..., str]) -> None:
     locked = tmp_path / "ro"
     locked.mkdir(mode=0o500)
     argv = ["--total-steps", "10", "--out", str(locked / "run")]
     assert "is not a writable directory" in refused(train_cli.main, argv, prog="sac-train")
+
+
+def _read_only_mount_works(path: Path) -> bool:
+    """Whether this process may make a read-only bind mount of ``path`` in a mount namespace of its own."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return False
+    probe = f"mount --bind {path} {path} && mount -o remount,bind,ro {path} && ! touch {path}/probe"
+    return subprocess.run(["unshare", "-m", "sh", "-c", probe], capture_output=True).returncode == 0
+
+
+def _refused_on_read_only(locked: Path, argv: list[str]) -> str:
+    """``argv`` run with ``locked`` bind-mounted read-only; its one stderr line (exit 2 asserted)."""
+    import shlex
+    import subprocess
+
+    if not _read_only_mount_works(locked):
+        pytest.skip("needs root and unshare to make a read-only bind mount in a private mount namespace")
+    script = f"mount --bind {locked} {locked} && mount -o remount,bind,ro {locked} && exec {shlex.join(argv)}"
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    return lines[0]
+
+
+def test_train_out_on_a_read_only_file_system_is_one_line(tmp_path: Path) -> None:
+    """What root meets on a read-only mount (EROFS, which permissions do not explain): one line, exit 2."""
+    import sys
+
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    train = Path(sys.executable).parent / "sac-train"
+    line = _refused_on_read_only(locked, [str(train), "--total-steps", "10", "--out", str(locked / "run")])
+    assert "is not a writable directory" in line
+
+
+def test_finetune_on_a_read_only_bundle_is_one_line(tmp_path: Path, bundle: Path) -> None:
+    """A bundle on a read-only mount still serves; --finetune, which must write its last good weights
+    there, is refused in one line before anything loads."""
+    import shutil
+    import sys
+
+    locked = tmp_path / "ro"
+    shutil.copytree(bundle, locked)
+    edge = Path(sys.executable).parent / "sac-edge"
+    line = _refused_on_read_only(locked, [str(edge), "run", str(locked), "--finetune", "--duration", "1"])
+    assert f"--finetune-dir {locked / 'finetune'}" in line and "not a writable directory" in line
 
 
 @pytest.mark.parametrize(

@@ -72,3 +72,57 @@ def test_a_symlinked_manifest_or_signature_is_refused(
     (bundle / name).symlink_to(outside)
     argv = ["run", str(bundle), "--duration", "0.05", "--backend", "onnxruntime", "--trusted-keys", str(trusted)]
     assert "symlink" in refused(edge_cli.main, argv)
+
+
+@pytest.mark.parametrize("version", ["8.5.3.1", "10.3.0", "11.4.0.106"])
+def test_tensorrt_builds_the_verified_bytes_not_the_file(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """TensorRT's builder (at start and for a rebuild swap) parses the graph bytes open_bundle verified;
+    a graph swapped on disk afterwards is neither built nor hashed into the plan's key, and a rebuild
+    writes no graph file into the bundle for the builder to read back."""
+    import hashlib
+    import sys
+
+    from fake_pycuda import fake_runner
+
+    from sac_edge.common.manifest import read_manifest
+    from sac_edge.edge_runtime.backends.base import BackendOptions
+
+    runner, _, _ = fake_runner(version, monkeypatch)
+    trt = sys.modules["tensorrt"]
+    parsed: list[bytes] = []
+    real_parser = trt.OnnxParser
+
+    class RecordingParser:  # the fake's parser, with the bytes each parse was given kept
+        def __init__(self, network: object, logger: object) -> None:
+            self._parser = real_parser(network, logger)
+
+        def parse(self, data: bytes) -> bool:
+            parsed.append(bytes(data))
+            return bool(self._parser.parse(data))
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._parser, name)
+
+    monkeypatch.setattr(trt, "OnnxParser", RecordingParser)
+    opened = open_bundle(bundle)  # verified here
+    graph = bundle / "policy.onnx"
+    verified = graph.read_bytes()
+    graph.write_bytes(_saturating(onnx.load(str(graph))).SerializeToString())  # swapped in between
+    backend = runner.TensorRTBackend(opened, "fp32", BackendOptions(refit=True, engine_dir=tmp_path / "engines"))
+    assert parsed == [verified]
+    assert (
+        backend.key.onnx_sha256
+        == hashlib.sha256(verified).hexdigest()
+        == read_manifest(bundle, verify=False)["files"]["policy.onnx"]["sha256"]
+    )
+    if not backend.key.refit:  # 11.3+: a swap rebuilds from the verified graph with the new weights
+        weights = {i.name: numpy_helper.to_array(i) for i in onnx.load_from_string(verified).graph.initializer}
+        backend.swap_weights(weights)
+        assert (
+            len(parsed) == 2
+            and onnx.load_from_string(parsed[1]).graph.node == onnx.load_from_string(verified).graph.node
+        )
+        assert not list((tmp_path / "engines").rglob("*.onnx"))
+    backend.close()

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import ENGINES_DIR
+from sac_edge.common.versions import parse_version
 
-from ..base import Backend, BackendKind, BackendOptions, Bundle
-from ..parity_gate import check_backend, require
-from .runner import OrtBackend, import_ort
+from ..base import PRECISIONS, Backend, BackendKind, BackendOptions, Bundle
+from .runner import INPUT, OrtBackend, import_ort
 
 
 def _unavailable(provider: str) -> str | None:
@@ -55,18 +55,8 @@ def _open_cpu(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
     )
 
 
-def gated(backend: OrtBackend, bundle: Bundle) -> Backend:
-    """``backend`` once the parity gate passed on it (closed and a ParityError otherwise)."""
-    try:
-        backend.parity = require(check_backend(backend, bundle, "session"), "not served").to_dict()
-    except BaseException:
-        backend.close()
-        raise
-    return backend
-
-
 def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    backend = OrtBackend(
+    return OrtBackend(
         "onnxruntime-cuda",
         bundle,
         precision,
@@ -74,31 +64,62 @@ def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backe
         ["CUDAExecutionProvider", "CPUExecutionProvider"],
         options,
     )
-    return gated(backend, bundle)
+
+
+# The TensorRT provider's engine covers batch 1..TRT_EP_MAX_BATCH (as the TensorRT backend's profiles do);
+# act_batch runs larger batches in chunks of it.
+TRT_EP_MAX_BATCH = 64
+# onnxruntime takes explicit TensorRT profiles (trt_profile_min/opt/max_shapes, microsoft/onnxruntime#15546) in
+# 1.16 at the latest; before, the provider
+# builds its engine for the shapes it has seen and rebuilds it when a batch size outside them arrives.
+TRT_EP_PROFILES_FROM = (1, 16)
+
+
+def trt_ep_profile(obs_dim: int, ort_version: str) -> dict[str, str]:
+    """The TensorRT provider options that fix its engine's profile to batch 1..TRT_EP_MAX_BATCH (opt 1, the
+    control loop's batch), or none where this onnxruntime cannot take them."""
+    if parse_version(ort_version, "onnxruntime")[:2] < TRT_EP_PROFILES_FROM:
+        return {}
+    shape = {batch: f"{INPUT}:{batch}x{obs_dim}" for batch in (1, TRT_EP_MAX_BATCH)}
+    return {
+        "trt_profile_min_shapes": shape[1],
+        "trt_profile_opt_shapes": shape[1],
+        "trt_profile_max_shapes": shape[TRT_EP_MAX_BATCH],
+    }
 
 
 def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
     cache = options.engine_dir or bundle.path / ENGINES_DIR
     cache.mkdir(parents=True, exist_ok=True)
+    profile = trt_ep_profile(bundle.spec.obs_dim, import_ort().__version__)
     trt_options = {
         "trt_engine_cache_enable": True,
         "trt_engine_cache_path": str(cache / "ort-trt"),
         "trt_fp16_enable": precision != "fp32",
         "trt_int8_enable": precision == "int8",
+        **profile,
     }
-    backend = OrtBackend(
+    return OrtBackend(
         "onnxruntime-tensorrt",
         bundle,
         precision,
         _model(bundle, precision, "onnxruntime-tensorrt"),
         [("TensorrtExecutionProvider", trt_options), "CUDAExecutionProvider", "CPUExecutionProvider"],
         options,
+        max_batch=TRT_EP_MAX_BATCH if profile else None,
     )
-    return gated(backend, bundle)
 
 
+#: The CPU provider is the parity gate's own reference path: ungated. The GPU providers' sessions are
+#: gated at every precision, at open and on every swap (``registry.open_backend``).
 CPU = BackendKind("onnxruntime", lambda: _unavailable("CPUExecutionProvider"), _cpu_precisions, _open_cpu)
-CUDA = BackendKind("onnxruntime-cuda", lambda: _unavailable("CUDAExecutionProvider"), _onnx_precisions, _open_cuda)
+CUDA = BackendKind(
+    "onnxruntime-cuda", lambda: _unavailable("CUDAExecutionProvider"), _onnx_precisions, _open_cuda, PRECISIONS
+)
 TENSORRT_EP = BackendKind(
-    "onnxruntime-tensorrt", lambda: _unavailable("TensorrtExecutionProvider"), _trt_ep_precisions, _open_trt
+    "onnxruntime-tensorrt",
+    lambda: _unavailable("TensorrtExecutionProvider"),
+    _trt_ep_precisions,
+    _open_trt,
+    PRECISIONS,
 )

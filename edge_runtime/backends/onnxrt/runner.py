@@ -3,12 +3,13 @@
 The session is built once (graph optimisation level ALL, sequential execution, one intra-op thread by
 default) and batch-1 runs go through an IOBinding bound to two OrtValues that wrap preallocated numpy
 arrays, so the hot path copies the observation in and reads the action out of the same memory every
-call. A weight swap publishes a new generation of the session with one assignment, built one of two ways:
+call. A weight swap publishes a new generation of the session with one assignment, built by one of three
+strategies (``SwapStrategy``, selected by ``BackendOptions.swap``; ``SwapPath.AUTO`` picks as below):
 
-- rebuilt: a new session whose initializers are overridden with ``SessionOptions.add_initializer`` (the
+- rebuilt (``FromFile``): a new session whose initializers are overridden with ``SessionOptions.add_initializer`` (the
   graph file is unchanged). onnxruntime holds the interpreter lock while it builds a session (another
   Python thread stalls for milliseconds: ``bench/weight_swap.py``), so this is the slow way;
-- refilled in place (fp32 on the CPU provider with ``BackendOptions.refit``, i.e. ``--finetune``): two
+- refilled in place (``InPlace``; fp32 on the CPU provider with ``BackendOptions.refit``, i.e. ``--finetune``): two
   generations are built at start, each over numpy arrays given by ``add_initializer`` with the session
   option ``session.disable_prepacking``, so the session reads the arrays where they are; a swap writes
   the new values into the retired generation's arrays and publishes it. No session is built during the
@@ -20,9 +21,9 @@ call. A weight swap publishes a new generation of the session with one assignmen
 
 Prepacking off costs the int8 graph its speed, so the int8 graphs (and the GPU providers, whose
 sessions copy weights to the device and go through the parity gate) keep the rebuild. On the CPU
-provider that rebuild starts from the graph onnxruntime has already optimised: at start the backend
-saves it (``ORT_ENABLE_EXTENDED``, in onnxruntime's own format, in memory) and each swap builds from it
-with optimisation off, overriding only the initializers that graph still has (the rest, such as an
+provider that rebuild (``FromPreOptimised``) starts from the graph onnxruntime has already optimised: at
+start the backend saves it (``ORT_ENABLE_EXTENDED``, in onnxruntime's own format, in memory) and each
+swap builds from it with optimisation off, overriding only the initializers that graph still has (the rest, such as an
 int8 bias's scale, are folded into its fused nodes and follow from the others), which holds the
 interpreter lock for a fraction of a build from the file (``bench/weight_swap.py``). At start the backend checks
 that a session built that way with changed initializers answers like a full build with them, and rebuilds from the
@@ -35,7 +36,7 @@ half its speed (``bench/weight_swap.py --sections prepack``, BENCHMARKS.md).
 A swapped session never uses the TensorRT execution provider's engine cache: onnxruntime keys that cache by
 the model file name, graph names and versions, not by weight values, so it would load the engine built
 with the old weights. On the GPU providers the swapped session goes through the parity gate with the new
-weights before it is published.
+weights before it is published (the registry gates those kinds: ``Backend.swap_weights``).
 """
 
 from __future__ import annotations
@@ -46,14 +47,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
 
-from ..base import Backend, BackendOptions, Bundle, SwapReport, check_weights
-from ..parity_gate import GATED_BACKENDS, require, verify
+from ..base import Backend, BackendOptions, Bundle, PendingSwap, SwapPath, check_weights
 
 INPUT, OUTPUT = "obs", "action"
 #: Precisions whose CPU session is refilled in place when built for swaps (see the module docstring).
@@ -123,10 +123,19 @@ class OrtBackend(Backend):
     """One precision of the bundle on one onnxruntime execution-provider list."""
 
     def __init__(
-        self, name: str, bundle: Bundle, precision: str, model: Path, providers: list[Any], options: BackendOptions
+        self,
+        name: str,
+        bundle: Bundle,
+        precision: str,
+        model: Path,
+        providers: list[Any],
+        options: BackendOptions,
+        max_batch: int | None = None,
     ) -> None:
+        """``max_batch``: the largest batch one run may take (the TensorRT provider's explicit profile);
+        ``act_batch`` runs larger batches in chunks of it."""
         super().__init__(bundle.spec)
-        self.name, self.precision, self.model = name, precision, model
+        self.name, self.precision, self.model, self.max_batch = name, precision, model, max_batch
         self._providers, self._threads, self._bundle = providers, options.threads, bundle
         self._model_bytes = bundle.read(model)  # the verified bytes: the file is never read again
         ort = import_ort()
@@ -139,14 +148,9 @@ class OrtBackend(Backend):
         self.entered = self.left = self._retired_at = 0  # act calls begun / returned; entered at the last flip
         self._batch_lock = threading.Lock()
         cpu_only = all((p if isinstance(p, str) else p[0]) == "CPUExecutionProvider" for p in providers)
-        self.in_place = options.refit and cpu_only and precision in IN_PLACE_PRECISIONS
-        self._pre: _PreOptimized | None = None
-        self._runner = self._build({}, self.in_place)
-        self._retired: _Runner | None = self._build({}, in_place=True) if self.in_place else None
-        if self.in_place and not self._reads_in_place():
-            self.in_place, self._retired = False, None
-        if options.refit and cpu_only and not self.in_place and not options.swap_from_file:
-            self._pre = self._pre_optimize()
+        choices = strategies(options, cpu_only, precision, name)
+        self._retired: _Runner | None = None
+        self._runner = self._build({}, choices[0].in_place)
         wanted = self._providers[0] if isinstance(self._providers[0], str) else self._providers[0][0]
         active = self._runner.session.get_providers()
         if active[0] != wanted:
@@ -154,6 +158,32 @@ class OrtBackend(Backend):
                 f"backend {name!r}: onnxruntime fell back to {active[0]} (is {wanted} usable here?); "
                 "use --backend onnxruntime"
             )
+        for choice in choices:
+            strategy = choice()
+            if strategy.start(self):
+                break
+        else:  # only an explicit choice can end here: FromFile always starts
+            raise SacEdgeError(
+                f"backend {name!r}: swap strategy {options.swap.value!r} does not work with onnxruntime "
+                f"{import_ort().__version__} on {model.name} (its start-up check failed); use SwapPath.AUTO"
+            )
+        self.swap_strategy: SwapStrategy = strategy
+        """How this backend installs new weights (chosen at open; ``swap_strategy.path`` names it)."""
+
+    @property
+    def in_place(self) -> bool:
+        """Whether swaps refill a retired generation in place."""
+        return self.swap_strategy.in_place
+
+    @property
+    def serving(self) -> _Runner:
+        """The generation ``act`` runs (read-only; tests and diagnostics)."""
+        return self._runner
+
+    @property
+    def retired(self) -> _Runner | None:
+        """The generation the last swap replaced, freed or refilled on the next swap (read-only)."""
+        return self._retired
 
     def _options(self, level: str) -> Any:
         """Session options as every generation has them, at graph optimisation ``level``."""
@@ -184,7 +214,7 @@ class OrtBackend(Backend):
         arrays: dict[str, np.ndarray] = {}
         if in_place:
             so.add_session_config_entry(NO_PREPACKING, "1")
-            arrays = {k: np.array(initializers.get(k, v), dtype=v.dtype) for k, v in self._swappable().items()}
+            arrays = {k: np.array(initializers.get(k, v), dtype=v.dtype) for k, v in self.swappable().items()}
             initializers = arrays
         values = []
         for key, arr in initializers.items():
@@ -211,7 +241,7 @@ class OrtBackend(Backend):
             return None
         changed = {
             k: -v if v.dtype.kind == "i" else v * np.asarray(2, v.dtype)
-            for k, v in self._swappable().items()
+            for k, v in self.swappable().items()
             if v.ndim > 0
         }
         return pre if self._answers_like_the_file(self._build(changed, pre=pre), changed) else None
@@ -258,11 +288,17 @@ class OrtBackend(Backend):
         return lambda: runner.session.run_with_iobinding(runner.binding)
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        feed = {INPUT: np.ascontiguousarray(obs, dtype=np.float32)}
+        rows = np.ascontiguousarray(obs, dtype=np.float32)
+        step = self.max_batch or max(len(rows), 1)
         with self._batch_lock:
-            return self._runner.session.run([OUTPUT], feed)[0]
+            session = self._runner.session  # one generation for the whole call
+            if len(rows) <= step:
+                return session.run([OUTPUT], {INPUT: rows})[0]
+            return np.concatenate(
+                [session.run([OUTPUT], {INPUT: rows[i : i + step]})[0] for i in range(0, len(rows), step)]
+            )
 
-    def _swappable(self) -> dict[str, np.ndarray]:
+    def swappable(self) -> dict[str, np.ndarray]:
         """The graph's swappable initializers as stored in the file: float, and the int8 weights / int32
         biases of an integer INT8 graph (onnx is imported only here, for swaps)."""
         if self._graph is None:
@@ -281,7 +317,7 @@ class OrtBackend(Backend):
         with them (it does on the onnxruntime versions measured; an optimizer that copied a weight at load
         would make refills silently ineffective)."""
         assert self._retired is not None
-        graph = self._swappable()
+        graph = self.swappable()
         other = {k: np.asarray(v * 0.5 + 0.125, v.dtype) for k, v in graph.items() if v.dtype == np.float32}
         self._refill(self._retired, other)
         try:
@@ -293,7 +329,7 @@ class OrtBackend(Backend):
         """Write ``values`` (the file's for names it lacks) into an in-place generation's arrays."""
         with self._batch_lock:
             for name, arr in runner.arrays.items():
-                np.copyto(arr, values.get(name, self._swappable()[name]), casting="unsafe")
+                np.copyto(arr, values.get(name, self.swappable()[name]), casting="unsafe")
 
     def _released(self) -> bool:
         """Whether every ``act`` that began before the last flip has returned (waits up to
@@ -305,33 +341,21 @@ class OrtBackend(Backend):
             time.sleep(RELEASE_POLL_S)
         return True
 
-    def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
-        start = time.perf_counter()
-        known = self._swappable()
+    def prepare_swap(self, weights: Mapping[str, np.ndarray]) -> PendingSwap:
+        known = self.swappable()
         shapes = {k: tuple(v.shape) for k, v in known.items()}
         use, ignored = check_weights(weights, shapes, {k: v.dtype for k, v in known.items()})
-        retired = self._retired
-        if self.in_place and retired is not None and self._released():
-            self._refill(retired, use)
-            runner = retired
-        else:  # the rebuild, or a fresh in-place generation when an act still holds the retired one
-            runner = self._build(use, self.in_place, self._pre)
-        if self.name in GATED_BACKENDS:
-            parity = verify(
-                lambda obs: runner.session.run([OUTPUT], {INPUT: obs})[0],
-                None,
-                self._bundle,
-                self.name,
-                self.precision,
-                "swap",
-                use,
-            )
-            self.parity = require(parity, "the swap was not applied").to_dict()
-        # the old generation is refilled or freed on the next swap, here (never by the control thread)
-        self._retired, self._runner = self._runner, runner
-        self._retired_at = self.entered
-        self.swaps += 1
-        return SwapReport(len(use), ignored, time.perf_counter() - start)
+        runner = self.swap_strategy.next_generation(self, use)
+
+        def publish() -> None:
+            # the old generation is refilled or freed on the next swap, here (never by the control thread)
+            self._retired, self._runner = self._runner, runner
+            self._retired_at = self.entered
+
+        # the gate's reference gets every weight asked for: a generation that did not take one of them fails
+        return PendingSwap(
+            lambda obs: runner.session.run([OUTPUT], {INPUT: obs})[0], weights, "swap", len(use), ignored, publish
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -339,6 +363,85 @@ class OrtBackend(Backend):
             "file": self.model.name,
             "providers": self._runner.session.get_providers(),
             "threads": self._threads,
-            "swap": "in place" if self.in_place else "rebuild" + (" (pre-optimised)" if self._pre else ""),
+            "swap": self.swap_strategy.path.value,
             "onnxruntime": import_ort().__version__,
         }
+
+
+class SwapStrategy:
+    """How an ``OrtBackend`` builds the generation a swap publishes; ``start`` prepares it at open."""
+
+    path: ClassVar[SwapPath]
+    in_place: ClassVar[bool] = False
+    """Whether generations are built over arrays the strategy refills (the serving one included)."""
+
+    def start(self, backend: OrtBackend) -> bool:
+        """Prepare at open, on the serving generation; False when this onnxruntime cannot do it for the graph."""
+        return True
+
+    def next_generation(self, backend: OrtBackend, use: Mapping[str, np.ndarray]) -> _Runner:
+        """A generation holding ``use`` (checked weights), not yet published."""
+        return backend._build(use)
+
+
+class FromFile(SwapStrategy):
+    """A new session from the graph file with the new initializers (works everywhere; the slowest)."""
+
+    path = SwapPath.FROM_FILE
+
+
+class FromPreOptimised(SwapStrategy):
+    """A new session from the graph onnxruntime optimised at start, with optimisation off."""
+
+    path = SwapPath.PRE_OPTIMISED
+
+    def __init__(self) -> None:
+        self.graph: _PreOptimized | None = None
+
+    def start(self, backend: OrtBackend) -> bool:
+        self.graph = backend._pre_optimize()
+        return self.graph is not None
+
+    def next_generation(self, backend: OrtBackend, use: Mapping[str, np.ndarray]) -> _Runner:
+        return backend._build(use, pre=self.graph)
+
+
+class InPlace(SwapStrategy):
+    """Two generations over numpy arrays; a swap refills the retired one once no ``act`` can hold it."""
+
+    path = SwapPath.IN_PLACE
+    in_place = True
+
+    def start(self, backend: OrtBackend) -> bool:
+        backend._retired = backend._build({}, in_place=True)
+        if backend._reads_in_place():
+            return True
+        backend._retired = None
+        return False
+
+    def next_generation(self, backend: OrtBackend, use: Mapping[str, np.ndarray]) -> _Runner:
+        retired = backend._retired
+        if retired is not None and retired.arrays and backend._released():
+            backend._refill(retired, use)
+            return retired
+        return backend._build(use, in_place=True)  # an act still holds the retired one: a fresh generation
+
+
+STRATEGIES: dict[SwapPath, type[SwapStrategy]] = {s.path: s for s in (InPlace, FromPreOptimised, FromFile)}
+
+
+def strategies(options: BackendOptions, cpu_only: bool, precision: str, name: str) -> list[type[SwapStrategy]]:
+    """The strategies to try at open, in order: ``options.swap`` alone, or for ``SwapPath.AUTO`` the fastest
+    first where ``options.refit`` asks for swaps on the CPU provider."""
+    if options.swap is SwapPath.AUTO:
+        if not (options.refit and cpu_only):
+            return [FromFile]
+        return (
+            [InPlace, FromPreOptimised, FromFile] if precision in IN_PLACE_PRECISIONS else [FromPreOptimised, FromFile]
+        )
+    if not cpu_only and options.swap is not SwapPath.FROM_FILE:
+        raise SacEdgeError(
+            f"backend {name!r}: swap strategy {options.swap.value!r} runs on the CPU provider only "
+            "(a GPU session copies its weights to the device); use SwapPath.AUTO"
+        )
+    return [STRATEGIES[options.swap]]

@@ -10,7 +10,6 @@ reader's module is never half-updated.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
 
-from ..base import Backend, BackendOptions, Bundle, SwapReport, check_weights, missing_package
+from ..base import Backend, BackendOptions, Bundle, PendingSwap, check_weights, missing_package
 
 LEARNER_KIND = "learner"
 
@@ -77,14 +76,19 @@ class TorchBackend(Backend):
             x = self._torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
             return self._module(x).numpy()
 
-    def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
-        start = time.perf_counter()
+    def prepare_swap(self, weights: Mapping[str, np.ndarray]) -> PendingSwap:
         use, ignored = check_weights(weights, self._shapes)
         module = copy.deepcopy(self._module)
         module.load_state_dict({k: self._torch.from_numpy(v) for k, v in use.items()}, strict=False)
-        self._module = module
-        self.swaps += 1
-        return SwapReport(len(use), ignored, time.perf_counter() - start)
+
+        def run_batch(obs: np.ndarray) -> np.ndarray:
+            with self._torch.inference_mode():
+                return module(self._torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))).numpy()
+
+        def publish() -> None:
+            self._module = module
+
+        return PendingSwap(run_batch, use, "swap", len(use), ignored, publish)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "file": self.file, "device": "cpu", "torch": self._torch.__version__}

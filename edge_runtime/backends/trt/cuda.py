@@ -2,14 +2,17 @@
 
 One context strategy for both: the device's *primary* context, made current on whichever thread touches
 CUDA or TensorRT (the control thread's ``act``, the learner thread's weight swap, a benchmark thread).
-``ensure()`` is called at the top of every such entry point; it does the work once per thread:
+Every such entry point runs inside ``with cuda.current():``:
 
 - cuda-python (``cuda.bindings.runtime``; ``cuda.cudart`` before 12.6.1, removed in 13): the runtime API
-  binds the primary context of the current device on first use in a thread; ``ensure`` makes that
-  explicit with a checked ``cudaSetDevice``.
+  binds the primary context of the current device on first use in a thread; ``current`` makes that
+  explicit with a checked ``cudaSetDevice`` (once per thread; nothing to undo).
 - pycuda (JetPack 5's samples): ``pycuda.autoinit`` is *not* used, since it makes a non-primary context
   current on the importing thread only, and a weight swap on the learner thread would run with no context;
-  instead the primary context is retained once and pushed on each new thread.
+  instead the primary context is retained once, pushed when a thread enters ``current`` and popped when it
+  leaves (nested entries push once). pycuda aborts the process when a thread's context stack is not empty
+  as the thread or the interpreter ends (``context_stack``'s destructor in its ``cuda.hpp``), so no push
+  may outlive the call that made it, ``close`` included.
 
 Versions (edge-facts.md; cuda-python's release notes): cuda-python's major version follows the CUDA
 toolkit's, so a CUDA 12 driver (JetPack 6) needs cuda-python < 13; ``open_cuda`` checks the installed
@@ -20,10 +23,12 @@ Every call's status is checked and a failure is one ``SacEdgeError`` line.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import importlib.util
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -64,7 +69,7 @@ class CudaPython:
     def __init__(self, rt: Any, device: int = 0) -> None:
         self.rt, self.device = rt, device
         self._local = threading.local()
-        self.ensure()
+        self._select()
         driver = int(self._check(rt.cudaDriverGetVersion(), "get the driver version"))
         reason = check_cuda_python(installed_version("cuda-bindings", "cuda-python"), driver)
         if reason is not None:
@@ -79,11 +84,16 @@ class CudaPython:
             raise SacEdgeError(f"CUDA could not {what}: {err} (check the device with nvidia-smi or tegrastats)")
         return rest[0] if len(rest) == 1 else rest
 
-    def ensure(self) -> None:
-        """Make the device's primary context current on this thread (once per thread)."""
+    def _select(self) -> None:
         if not getattr(self._local, "ready", False):
             self._check(self.rt.cudaSetDevice(self.device), f"select CUDA device {self.device}")
             self._local.ready = True
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """The device's primary context current on this thread for the block (selected once per thread)."""
+        self._select()
+        yield
 
     def device_alloc(self, nbytes: int) -> int:
         ptr = int(self._check(self.rt.cudaMalloc(nbytes), f"allocate {nbytes} bytes of device memory"))
@@ -109,7 +119,7 @@ class CudaPython:
         self._check(self.rt.cudaStreamSynchronize(self._stream), "finish the stream")
 
     def close(self) -> None:
-        self.ensure()
+        self._select()
         for where, ptr in reversed(self._owned):
             self._check(self.rt.cudaFreeHost(ptr) if where == "host" else self.rt.cudaFree(ptr), "free memory")
         self._owned.clear()
@@ -117,7 +127,7 @@ class CudaPython:
 
 
 class PyCuda:
-    """The same calls through pycuda, on the retained primary context pushed on each thread that needs it."""
+    """The same calls through pycuda, on the retained primary context, pushed and popped around each use."""
 
     def __init__(self, device: int = 0) -> None:
         import pycuda.driver as cuda
@@ -129,16 +139,24 @@ class PyCuda:
             self._context = cuda.Device(device).retain_primary_context()
         except cuda.Error as err:
             raise SacEdgeError(f"pycuda cannot open CUDA device {device}: {err}") from None
-        self.ensure()
-        self._stream = cuda.Stream()
-        self.stream = int(self._stream.handle)
         self._owned: list[Any] = []
+        with self.current():
+            self._stream = cuda.Stream()
+        self.stream = int(self._stream.handle)
 
-    def ensure(self) -> None:
-        """Push the primary context on this thread (once per thread; it stays current there)."""
-        if not getattr(self._local, "ready", False):
-            self._context.push()
-            self._local.ready = True
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """The primary context pushed on this thread for the block and popped after it (once when nested)."""
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            self._guard(self._context.push, "make the CUDA context current")
+        self._local.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                self._guard(self.cuda.Context.pop, "release the CUDA context")
 
     def device_alloc(self, nbytes: int) -> int:
         mem = self._guard(lambda: self.cuda.mem_alloc(nbytes), f"allocate {nbytes} bytes of device memory")
@@ -165,10 +183,11 @@ class PyCuda:
             raise SacEdgeError(f"CUDA could not {what}: {err}") from None
 
     def close(self) -> None:
-        self.ensure()
-        for mem in self._owned:
-            mem.free()
-        self._owned.clear()
+        with self.current():
+            for mem in self._owned:
+                mem.free()
+            self._owned.clear()
+            self._stream = None
 
 
 def _handle(stream: Any) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..base import BackendKind, Bundle
+from ..base import PRECISIONS, BackendKind, Bundle
 from .plans import CALIB_KIND, PLAN_KIND
 from .runner import TensorRTBackend
 
@@ -35,4 +35,5 @@ def _precisions(bundle: Bundle) -> tuple[str, ...]:
     return tuple(out)
 
 
-KIND = BackendKind("tensorrt", _unavailable, _precisions, lambda b, p, o: TensorRTBackend(b, p, o))
+#: Every engine, built or cached, and every refit or rebuild is gated (``registry.open_backend``).
+KIND = BackendKind("tensorrt", _unavailable, _precisions, lambda b, p, o: TensorRTBackend(b, p, o), PRECISIONS)

@@ -3,9 +3,9 @@
 A plan is loaded only when its record matches this machine (``plans.py``); anything else is rebuilt
 from the ONNX the TensorRT generation takes (``export.trt_generations``) with
 ``sac_edge.export.tensorrt.build_engine`` and cached as ``BUNDLE/engines/policy.<precision>.<tag>.plan``
-(+ ``.json``). Every engine, built or cached, then goes through the parity gate (``parity_gate.py``); one
-that disagrees with the fp32 ONNX is not served, a cached plan is deleted and the figures stay in its
-sidecar.
+(+ ``.json``). Every engine, built or cached, then goes through the parity gate (``parity_gate.py``; the
+registry runs it, since the kind declares every precision gated); one that disagrees with the fp32 ONNX is
+not served, a cached plan is deleted and the figures stay in its sidecar (``parity_checked``).
 
 Inference follows the TensorRT 8.5+/10/11 tensor API (``num_io_tensors``, ``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``): device buffers and pinned host buffers are allocated once.
@@ -15,19 +15,20 @@ profile 1, its own stream and device buffers, under a lock. On 8.5 a second cont
 engine has no profile and its enqueues fail (NvInferRuntime.h; NVIDIA/TensorRT#1590), so profiles are
 selected explicitly and every bool result (``set_optimization_profile_async``, ``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``, refits) is checked: a failure is one ``SacEdgeError`` line,
-never uninitialised output. CUDA goes through ``cuda.py`` (the primary context, current on any thread).
+never uninitialised output. CUDA goes through ``cuda.py`` (the primary context, current for each call on its thread).
 
 A weight swap (only on a plan built refittable, ``BackendOptions.refit``, which ``--finetune`` sets)
 deserialises a fresh engine from the plan, refits it, checks it with the parity gate against the fp32 ONNX
 with the same weights, and publishes it with one assignment. An INT8 swap whose set the refitter cannot
 take completely (per-channel scales it does not know, weights it reports missing) is rebuilt from the
-graph with the new initializers instead, never half-applied.
+graph with the new initializers instead, never half-applied. From TensorRT 11.3 (a REFIT build can drop a
+matrix-multiply bias, ``trt_generations.refit_is_safe``) plans are built without REFIT and every swap is such
+a rebuild.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,10 +36,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import ENGINES_DIR, sha256_file
+from sac_edge.common.manifest import ENGINES_DIR, sha256_bytes
 
-from ..base import Backend, BackendOptions, Bundle, SwapReport
-from ..parity_gate import ParityError, check_backend, require, verify
+from ..base import Backend, BackendOptions, Bundle, PendingSwap
 from .cuda import open_cuda
 from .plans import PlanKey, cached_plan_paths, find_plan, record_parity, write_sidecar
 
@@ -69,12 +69,14 @@ class TensorRTBackend(Backend):
         super().__init__(bundle.spec)
         from sac_edge.export.tensorrt import PROFILES, cuda_device, cuda_problem, engine_inputs
         from sac_edge.export.trt_api import create, import_tensorrt, make_logger, numpy_type
-        from sac_edge.export.trt_generations import generation
+        from sac_edge.export.trt_generations import generation, refit_is_safe
 
         trt = import_tensorrt()
         self.trt, self.precision, self.bundle = trt, precision, bundle
         self.generation = generation(trt.__version__)
         self.refittable = options.refit
+        # swaps refit a REFIT plan where TensorRT builds one safely, else rebuild the engine from the graph
+        self.rebuild_swaps = options.refit and not refit_is_safe(trt.__version__)
         device = cuda_device()
         if device is None:  # before any CUDA or TensorRT object: each would fail with a less clear reason
             raise SacEdgeError(f"backend 'tensorrt': {cuda_problem()}; use --backend onnxruntime")
@@ -82,99 +84,104 @@ class TensorRTBackend(Backend):
         self.runtime = create(trt.Runtime, self.logger, logger=self.logger, what="create a runtime")
         self.cuda = open_cuda()
         self._batch_cuda = open_cuda()
-        self.onnx, self.calib = engine_inputs(bundle.path, precision, trt.__version__)
-        if not self.onnx.is_file():
-            raise SacEdgeError(
-                f"{bundle.path}: {self.onnx.name} is missing; TensorRT {self.generation.name} builds {precision} "
-                "from it (re-export the bundle with this sac-export)"
+        with self.cuda.current():  # every CUDA and TensorRT object of the backend is made on it
+            self.onnx, self.calib = engine_inputs(bundle.path, precision, trt.__version__)
+            if not self.onnx.is_file():
+                raise SacEdgeError(
+                    f"{bundle.path}: {self.onnx.name} is missing; TensorRT {self.generation.name} builds {precision} "
+                    "from it (re-export the bundle with this sac-export)"
+                )
+            # hashes of the verified bytes: the files are never reopened by path (build included)
+            calib_sha = sha256_bytes(bundle.read(self.calib)) if self.calib is not None else ""
+            key = PlanKey(
+                trt.__version__,
+                device.name,
+                device.compute_capability,
+                sha256_bytes(bundle.read(self.onnx)),
+                precision,
+                calib_sha,
+                options.refit and not self.rebuild_swaps,
+                PROFILES,
             )
-        calib_sha = sha256_file(self.calib) if self.calib is not None else ""
-        key = PlanKey(
-            trt.__version__,
-            device.name,
-            device.compute_capability,
-            sha256_file(self.onnx),
-            precision,
-            calib_sha,
-            options.refit,
-            PROFILES,
-        )
-        self.key, self.engine_dir = key, options.engine_dir or bundle.path / ENGINES_DIR
-        plan, self.skipped = find_plan(bundle, key, self.engine_dir)
-        self.device = f"{device.name} (sm {device.compute_capability})"
-        self.built = plan is None
-        self.plan = self._build(self.onnx, key) if plan is None else plan
-        self._plan_bytes = self.plan.read_bytes()
-        self._batch_lock = threading.Lock()
-        self._weights: dict[str, np.ndarray] = {}
-        self._runner = self._load(None)
-        self._retired: _Engine | None = None
-        dims = bundle.spec.obs_dim, bundle.spec.act_dim
-        self._in_dtype = numpy_type(self._runner.engine.get_tensor_dtype(INPUT))
-        self._out_dtype = numpy_type(self._runner.engine.get_tensor_dtype(OUTPUT))
-        self._host_in = self.cuda.pinned((1, dims[0]), self._in_dtype)
-        self._host_out = self.cuda.pinned((1, dims[1]), self._out_dtype)
-        self._dev_in = self.cuda.device_alloc(self._host_in.nbytes)
-        self._dev_out = self.cuda.device_alloc(self._host_out.nbytes)
-        self._batch_in = self._batch_cuda.device_alloc(self._host_in.nbytes * MAX_BATCH)
-        self._batch_out = self._batch_cuda.device_alloc(self._host_out.nbytes * MAX_BATCH)
-        self._action = np.zeros(dims[1], np.float32)
-        self._bind(self._runner)
-        self._gate("build" if self.built else "cached plan")
+            self.key, self.engine_dir = key, options.engine_dir or bundle.path / ENGINES_DIR
+            plan, self.skipped = find_plan(bundle, key, self.engine_dir)
+            self.device = f"{device.name} (sm {device.compute_capability})"
+            self.built = plan is None
+            self.plan = self._build(self.onnx, key) if plan is None else plan
+            self._plan_bytes = self.plan.read_bytes()
+            self._batch_lock = threading.Lock()
+            self._weights: dict[str, np.ndarray] = {}
+            self._runner = self._load(None)
+            self._retired: _Engine | None = None
+            dims = bundle.spec.obs_dim, bundle.spec.act_dim
+            self._in_dtype = numpy_type(self._runner.engine.get_tensor_dtype(INPUT))
+            self._out_dtype = numpy_type(self._runner.engine.get_tensor_dtype(OUTPUT))
+            self._host_in = self.cuda.pinned((1, dims[0]), self._in_dtype)
+            self._host_out = self.cuda.pinned((1, dims[1]), self._out_dtype)
+            self._dev_in = self.cuda.device_alloc(self._host_in.nbytes)
+            self._dev_out = self.cuda.device_alloc(self._host_out.nbytes)
+            self._batch_in = self._batch_cuda.device_alloc(self._host_in.nbytes * MAX_BATCH)
+            self._batch_out = self._batch_cuda.device_alloc(self._host_out.nbytes * MAX_BATCH)
+            # pinned, so the batch copies are asynchronous (from pageable memory they silently are not)
+            self._batch_host_in = self._batch_cuda.pinned((MAX_BATCH, dims[0]), self._in_dtype)
+            self._batch_host_out = self._batch_cuda.pinned((MAX_BATCH, dims[1]), self._out_dtype)
+            self._action = np.zeros(dims[1], np.float32)
+            self._bind(self._runner)
+            self.opened_as = "build" if self.built else "cached plan"  # the registry gates it before it serves
 
-    def _gate(self, when: str) -> None:
-        """The parity gate on the engine just loaded; a failing cached plan is deleted (sidecar kept)."""
-        parity = check_backend(self, self.bundle, when)
+    def parity_checked(self, passed: bool, figures: Mapping[str, Any]) -> str:
+        """The gate's figures go into a cached plan's sidecar; a failing cached plan is deleted (sidecar kept)."""
         cached = self.plan.parent == self.engine_dir
         if cached:
-            record_parity(self.plan, parity.to_dict(), delete_plan=not parity.passed)
-        if not parity.passed:
-            self.close()
-            raise ParityError(parity, "plan deleted, not served" if cached else "not served")
-        self.parity = parity.to_dict()
+            record_parity(self.plan, figures, delete_plan=not passed)
+        return "plan deleted, not served" if cached else "not served"
 
     def _build(self, onnx: Path, key: PlanKey) -> Path:
         """Build into the cache, then the sidecar."""
         plan, _ = cached_plan_paths(self.engine_dir, key)
         self.engine_dir.mkdir(parents=True, exist_ok=True)
-        info = self._build_plan(onnx, plan, key.refit)
+        info = self._build_plan(onnx, plan, key.refit, self.bundle.read(onnx))
         write_sidecar(plan, key, info.to_dict())
         return plan
 
-    def _build_plan(self, onnx: Path, plan: Path, refit: bool) -> Any:
-        """Export's builder on this thread's CUDA context: batch 1..MAX_BATCH, REFIT only if asked."""
+    def _build_plan(self, onnx: Path, plan: Path, refit: bool, source: bytes) -> Any:
+        """Export's builder on this thread's CUDA context from ``source`` (``onnx``'s verified bytes, or a
+        graph made in memory): batch 1..MAX_BATCH, REFIT only if asked."""
         from sac_edge.export.tensorrt import build_engine
 
-        self.cuda.ensure()
-        return build_engine(
-            onnx,
-            plan,
-            self.precision,
-            calib_cache=self.calib,
-            batch=(1, 1, MAX_BATCH),
-            timing_cache=self.engine_dir / "timing.cache",
-            refit=refit,
-        )
+        with self.cuda.current():
+            return build_engine(
+                onnx,
+                plan,
+                self.precision,
+                calib_cache=self.calib,
+                batch=(1, 1, MAX_BATCH),
+                timing_cache=self.engine_dir / "timing.cache",
+                refit=refit,
+                onnx_bytes=source,
+                calib_bytes=None if self.calib is None else self.bundle.read(self.calib),
+            )
 
     def _load(self, weights: Mapping[str, np.ndarray] | None) -> _Engine:
         """A fresh engine from the plan (refitted with ``weights``), its two contexts on their profiles."""
-        self.cuda.ensure()
-        engine = self.runtime.deserialize_cuda_engine(self._plan_bytes)
-        if engine is None:
-            raise SacEdgeError(f"{self.plan}: TensorRT could not deserialise the plan (delete it to rebuild)")
-        if engine.num_optimization_profiles < 2:
-            raise SacEdgeError(f"{self.plan}: the plan has one optimisation profile; delete it to rebuild")
-        if weights:
-            self._refit(engine, weights)
-        contexts = []
-        for profile, cuda in enumerate((self.cuda, self._batch_cuda)):
-            context = engine.create_execution_context()
-            if context is None:
-                raise SacEdgeError(f"{self.plan}: TensorRT could not create an execution context (out of memory?)")
-            _ok(context.set_optimization_profile_async(profile, cuda.stream), f"select optimisation profile {profile}")
-            cuda.sync()
-            contexts.append(context)
-        return _Engine(engine, contexts[0], contexts[1])
+        with self.cuda.current():
+            engine = self.runtime.deserialize_cuda_engine(self._plan_bytes)
+            if engine is None:
+                raise SacEdgeError(f"{self.plan}: TensorRT could not deserialise the plan (delete it to rebuild)")
+            if engine.num_optimization_profiles < 2:
+                raise SacEdgeError(f"{self.plan}: the plan has one optimisation profile; delete it to rebuild")
+            if weights:
+                self._refit(engine, weights)
+            contexts = []
+            for profile, cuda in enumerate((self.cuda, self._batch_cuda)):
+                context = engine.create_execution_context()
+                if context is None:
+                    raise SacEdgeError(f"{self.plan}: TensorRT could not create an execution context (out of memory?)")
+                selected = context.set_optimization_profile_async(profile, cuda.stream)
+                _ok(selected, f"select optimisation profile {profile}")
+                cuda.sync()
+                contexts.append(context)
+            return _Engine(engine, contexts[0], contexts[1])
 
     def _refit(self, engine: Any, weights: Mapping[str, np.ndarray]) -> None:
         refitter = self._refitter(engine)
@@ -192,22 +199,22 @@ class TensorRTBackend(Backend):
         return create(self.trt.Refitter, engine, self.logger, logger=self.logger, what="create a refitter")
 
     def _bind(self, runner: _Engine) -> None:
-        self.cuda.ensure()
-        _ok(runner.context.set_input_shape(INPUT, (1, self.spec.obs_dim)), "set the input shape")
-        _ok(runner.context.set_tensor_address(INPUT, self._dev_in), "bind the input")
-        _ok(runner.context.set_tensor_address(OUTPUT, self._dev_out), "bind the output")
+        with self.cuda.current():
+            _ok(runner.context.set_input_shape(INPUT, (1, self.spec.obs_dim)), "set the input shape")
+            _ok(runner.context.set_tensor_address(INPUT, self._dev_in), "bind the input")
+            _ok(runner.context.set_tensor_address(OUTPUT, self._dev_out), "bind the output")
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        self.cuda.ensure()
-        self._host_in[:] = obs  # (obs_dim,) or (1, obs_dim), cast to the engine's input type
-        runner = self._runner
-        self.cuda.htod(self._dev_in, self._host_in)
-        if not runner.context.execute_async_v3(self.cuda.stream):
-            raise SacEdgeError("TensorRT could not enqueue the engine (act); use --backend onnxruntime")
-        self.cuda.dtoh(self._host_out, self._dev_out)
-        self.cuda.sync()
-        np.copyto(self._action, self._host_out[0], casting="unsafe")
-        return self._action
+        with self.cuda.current():
+            self._host_in[:] = obs  # (obs_dim,) or (1, obs_dim), cast to the engine's input type
+            runner = self._runner
+            self.cuda.htod(self._dev_in, self._host_in)
+            if not runner.context.execute_async_v3(self.cuda.stream):
+                raise SacEdgeError("TensorRT could not enqueue the engine (act); use --backend onnxruntime")
+            self.cuda.dtoh(self._host_out, self._dev_out)
+            self.cuda.sync()
+            np.copyto(self._action, self._host_out[0], casting="unsafe")
+            return self._action
 
     def act_batch(self, obs: np.ndarray) -> np.ndarray:
         with self._batch_lock:
@@ -216,53 +223,58 @@ class TensorRTBackend(Backend):
     def _run_batch(self, runner: _Engine, obs: np.ndarray) -> np.ndarray:
         """``obs`` through ``runner``'s profile-1 context in chunks of MAX_BATCH (caller holds the lock)."""
         cuda, ctx, out = self._batch_cuda, runner.batch_context, []
-        cuda.ensure()
-        _ok(ctx.set_tensor_address(INPUT, self._batch_in), "bind the batch input")
-        _ok(ctx.set_tensor_address(OUTPUT, self._batch_out), "bind the batch output")
-        for start in range(0, len(obs), MAX_BATCH):  # the engine's profile stops at MAX_BATCH
-            chunk = np.ascontiguousarray(obs[start : start + MAX_BATCH], dtype=self._in_dtype)
-            result = np.empty((len(chunk), self.spec.act_dim), self._out_dtype)
-            _ok(ctx.set_input_shape(INPUT, chunk.shape), f"set the batch shape {chunk.shape}")
-            cuda.htod(self._batch_in, chunk)
-            _ok(ctx.execute_async_v3(cuda.stream), "enqueue the engine (act_batch)")
-            cuda.dtoh(result, self._batch_out)
-            cuda.sync()
-            out.append(result.astype(np.float32))
-        return np.concatenate(out) if out else np.empty((0, self.spec.act_dim), np.float32)
+        with cuda.current():
+            _ok(ctx.set_tensor_address(INPUT, self._batch_in), "bind the batch input")
+            _ok(ctx.set_tensor_address(OUTPUT, self._batch_out), "bind the batch output")
+            for start in range(0, len(obs), MAX_BATCH):  # the engine's profile stops at MAX_BATCH
+                rows = len(obs[start : start + MAX_BATCH])
+                host_in, host_out = self._batch_host_in[:rows], self._batch_host_out[:rows]
+                host_in[:] = obs[start : start + rows]  # cast to the engine's input type
+                _ok(ctx.set_input_shape(INPUT, host_in.shape), f"set the batch shape {host_in.shape}")
+                cuda.htod(self._batch_in, host_in)
+                _ok(ctx.execute_async_v3(cuda.stream), "enqueue the engine (act_batch)")
+                cuda.dtoh(host_out, self._batch_out)
+                cuda.sync()
+                out.append(host_out.astype(np.float32))
+            return np.concatenate(out) if out else np.empty((0, self.spec.act_dim), np.float32)
 
-    def swap_weights(self, weights: Mapping[str, np.ndarray]) -> SwapReport:
-        start = time.perf_counter()
+    def prepare_swap(self, weights: Mapping[str, np.ndarray]) -> PendingSwap:
         if not self.refittable:
             raise SacEdgeError(f"{self.plan.name}: engine was built without REFIT; swaps need sac-edge run --finetune")
-        self.cuda.ensure()
-        refitter = self._refitter(self._runner.engine)
-        known = set(refitter.get_all_weights())
-        dtypes = self._initializer_dtypes()
-        use = {k: np.asarray(v, dtype=dtypes.get(k, np.float32), order="C") for k, v in weights.items() if k in known}
-        ignored = tuple(sorted(set(weights) - known))
-        when = "refit"
-        if self.precision == "int8" and ignored:
-            runner, merged, when = self._rebuild(weights), {}, "rebuild"
-        else:
-            merged = {**self._weights, **use}
-            runner = self._load(merged)
-        self._bind_batch_checked(runner, weights, when)
-        self._bind(runner)
-        self._retired, self._runner, self._weights = self._runner, runner, merged
-        self.swaps += 1
-        return SwapReport(
-            len(use) if when == "refit" else len(weights),
-            () if when == "rebuild" else ignored,
-            time.perf_counter() - start,
-        )
+        merged: dict[str, np.ndarray] = {}
+        with self.cuda.current():
+            if self.rebuild_swaps:  # REFIT builds are not trusted on this TensorRT: rebuilt with the new weights
+                known = set(self._initializer_dtypes())
+                runner, when = self._rebuild(weights), "rebuild"
+                ignored = tuple(sorted(set(weights) - known))
+                applied = len(weights) - len(ignored)
+            else:
+                refitter = self._refitter(self._runner.engine)
+                known = set(refitter.get_all_weights())
+                dtypes = self._initializer_dtypes()
+                use = {
+                    k: np.asarray(v, dtype=dtypes.get(k, np.float32), order="C")
+                    for k, v in weights.items()
+                    if k in known
+                }
+                ignored = tuple(sorted(set(weights) - known))
+                when, applied = "refit", len(use)
+                if self.precision == "int8" and ignored:
+                    runner, when = self._rebuild(weights), "rebuild"
+                    applied, ignored = len(weights), ()
+                else:
+                    merged = {**self._weights, **use}
+                    runner = self._load(merged)
 
-    def _bind_batch_checked(self, runner: _Engine, weights: Mapping[str, np.ndarray], when: str) -> None:
-        """The parity gate on ``runner`` (its batch context) with the new weights, before it is published."""
-        with self._batch_lock:
-            parity = verify(
-                lambda obs: self._run_batch(runner, obs), None, self.bundle, self.name, self.precision, when, weights
-            )
-        self.parity = require(parity, "the swap was not applied").to_dict()
+        def run_batch(obs: np.ndarray) -> np.ndarray:
+            with self._batch_lock:  # the batch buffers are shared with act_batch
+                return self._run_batch(runner, obs)
+
+        def publish() -> None:
+            self._bind(runner)
+            self._retired, self._runner, self._weights = self._runner, runner, merged
+
+        return PendingSwap(run_batch, weights, when, applied, ignored, publish)
 
     def _rebuild(self, weights: Mapping[str, np.ndarray]) -> _Engine:
         """A new engine built from the source graph with ``weights`` as its initializers (INT8 swaps the
@@ -270,16 +282,15 @@ class TensorRTBackend(Backend):
         import onnx
         from onnx import numpy_helper
 
-        model = onnx.load(str(self.onnx))
+        model = onnx.load_from_string(self.bundle.read(self.onnx))
         for init in model.graph.initializer:
             if init.name in weights:
                 dtype = numpy_helper.to_array(init).dtype
                 init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype), init.name))
         work = self.engine_dir / "swap"
         work.mkdir(parents=True, exist_ok=True)
-        source, plan = work / self.onnx.name, work / f"policy.{self.precision}.plan"
-        source.write_bytes(model.SerializeToString())
-        self._build_plan(source, plan, refit=True)
+        plan = work / f"policy.{self.precision}.plan"
+        self._build_plan(self.onnx, plan, not self.rebuild_swaps, model.SerializeToString())
         self._plan_bytes = plan.read_bytes()
         return self._load(None)
 
@@ -289,7 +300,7 @@ class TensorRTBackend(Backend):
             import onnx
             from onnx import numpy_helper
 
-            graph = onnx.load(str(self.onnx), load_external_data=False).graph
+            graph = onnx.load_from_string(self.bundle.read(self.onnx)).graph
             self._dtypes = {i.name: numpy_helper.to_array(i).dtype for i in graph.initializer}
         return self._dtypes
 
@@ -302,11 +313,12 @@ class TensorRTBackend(Backend):
             "tensorrt": self.trt.__version__,
             "generation": self.generation.name,
             "refit": self.refittable,
+            "swaps": "rebuild" if self.rebuild_swaps else "refit",
             "device": self.device,
         }
 
     def close(self) -> None:
-        with self._batch_lock:
+        with self._batch_lock, self.cuda.current():
             self._runner = self._retired = None  # type: ignore[assignment]
             self._batch_cuda.close()
         self.cuda.close()

@@ -259,3 +259,39 @@ def test_runner_and_registry_without_a_cuda_device(monkeypatch: pytest.MonkeyPat
         TensorRTBackend(open_bundle(pendulum_bundle), "fp32", BackendOptions())
     with pytest.raises(SacEdgeError, match=re.escape(gone)):  # the registry refuses it before opening
         open_backend(open_bundle(pendulum_bundle), "tensorrt", "fp32")
+
+
+@pytest.mark.parametrize(("version", "refit_plan"), [("10.3.0", True), ("11.4.0.106", False)])
+def test_refit_only_where_tensorrt_builds_it_safely(
+    version: str, refit_plan: bool, pendulum_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From 11.3 (the known issue: a REFIT build can drop a matrix-multiply bias) --finetune's engine is built
+    without REFIT and a swap rebuilds it from the graph with the new weights; before, the plan is refitted."""
+    import onnx
+    from fake_pycuda import fake_runner
+    from onnx import numpy_helper
+
+    from sac_edge.export.trt_generations import refit_is_safe
+
+    assert [refit_is_safe(v) for v in ("8.5.2", "10.13.3.9", "11.2.0", "11.3.0", "11.4.0.106")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    runner, used, _ = fake_runner(version, monkeypatch)
+    backend = runner.TensorRTBackend(
+        open_bundle(pendulum_bundle), "fp32", BackendOptions(refit=True, engine_dir=tmp_path)
+    )
+    assert ("set_flag:BuilderFlag.REFIT" in used) == refit_plan and backend.key.refit == refit_plan
+    graph = onnx.load(str(pendulum_bundle / "policy.onnx")).graph
+    weights = {i.name: numpy_helper.to_array(i) + 1 for i in graph.initializer if i.name.endswith(".bias")}
+    used.clear()
+    report = backend.swap_weights(weights)
+    assert report.applied + len(report.ignored) == len(weights) and backend.swaps == 1
+    assert refit_plan or report.applied == len(weights)  # a rebuild installs every graph initializer named
+    assert ("Refitter" in used) == refit_plan  # no refitter at all where swaps rebuild
+    assert ("set_flag:BuilderFlag.REFIT" in used) is False  # a rebuild is never REFIT there either
+    assert backend.describe()["swaps"] == ("refit" if refit_plan else "rebuild")
+    backend.close()

@@ -167,3 +167,35 @@ def test_a_missing_optional_dependency_names_the_install(
         open_backend(bundle, "torch", "fp32")
     with pytest.raises(SacEdgeError, match=r"'tensorrt' is not installed \(TensorRT >= 8.5: sudo apt install"):
         open_backend(bundle, "tensorrt", "fp32")
+
+
+def test_the_tensorrt_provider_gets_fixed_profiles_and_larger_batches_run_in_chunks(pendulum_bundle: Path) -> None:
+    """The TensorRT provider's engine is built once for batch 1..64 (no rebuild when a new batch size
+    arrives); a larger act_batch runs in chunks of 64, which the CPU provider shows row for row."""
+    from sac_edge.edge_runtime.backends.onnxrt.loader import TRT_EP_MAX_BATCH, trt_ep_profile
+    from sac_edge.edge_runtime.backends.onnxrt.runner import OrtBackend
+
+    assert trt_ep_profile(3, "1.16.3") == {
+        "trt_profile_min_shapes": "obs:1x3",
+        "trt_profile_opt_shapes": "obs:1x3",
+        "trt_profile_max_shapes": "obs:64x3",
+    }
+    assert trt_ep_profile(3, "1.14.1") == {}  # an older onnxruntime: the options may not exist there
+    bundle = open_bundle(pendulum_bundle)
+    model = bundle.onnx("fp32")
+    assert model is not None
+    chunked = OrtBackend("onnxruntime", bundle, "fp32", model, ["CPUExecutionProvider"], BackendOptions(), 64)
+    seen: list[int] = []
+    session = chunked._runner.session
+
+    class Recording:
+        def run(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+            seen.append(len(feed["obs"]))
+            return session.run(names, feed)
+
+    chunked._runner = chunked._runner._replace(session=Recording())
+    obs = np.random.default_rng(0).normal(size=(150, 3)).astype(np.float32)
+    whole = open_backend(bundle, "onnxruntime", "fp32", BackendOptions()).act_batch(obs)
+    np.testing.assert_allclose(chunked.act_batch(obs), whole, rtol=1e-6, atol=1e-6)
+    assert seen == [TRT_EP_MAX_BATCH, TRT_EP_MAX_BATCH, 150 - 2 * TRT_EP_MAX_BATCH]
+    assert chunked.act_batch(obs[:0]).shape == (0, 1)

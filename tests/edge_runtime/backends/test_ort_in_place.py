@@ -11,7 +11,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.edge_runtime.backends.base import BackendOptions, SwapPath, open_bundle
 from sac_edge.edge_runtime.backends.onnxrt.runner import RELEASE_TIMEOUT_S, OrtBackend
 from sac_edge.edge_runtime.backends.registry import open_backend
 
@@ -71,10 +72,10 @@ def test_the_retired_generation_waits_for_the_act_that_may_hold_it(pendulum_bund
     backend = _in_place(pendulum_bundle)
     a, b = _actor_sets(pendulum_bundle, 2)
     obs = np.array([0.3, -0.2, 1.5], np.float32)
-    serving = backend._runner
+    serving = backend.serving
     backend.entered += 1  # the control thread is inside act on the serving generation...
     backend.swap_weights(a)  # ...when a swap retires it (the spare generation was free: it is refilled)
-    assert backend._retired is serving
+    assert backend.retired is serving
     before = {k: v.copy() for k, v in serving.arrays.items()}
     swap = threading.Thread(target=backend.swap_weights, args=(b,))
     swap.start()
@@ -84,7 +85,7 @@ def test_the_retired_generation_waits_for_the_act_that_may_hold_it(pendulum_bund
         np.testing.assert_array_equal(serving.arrays[name], value)
     backend.left += 1  # it returns
     swap.join()
-    assert backend._runner is serving  # refilled and serving again
+    assert backend.serving is serving  # refilled and serving again
     want = _fresh(backend.model, b).run(["action"], {"obs": obs[None]})[0][0]
     np.testing.assert_allclose(backend.act(obs), want, atol=1e-5)
 
@@ -93,12 +94,12 @@ def test_an_act_that_never_returns_gets_a_fresh_generation_instead(pendulum_bund
     backend = _in_place(pendulum_bundle)
     a, b = _actor_sets(pendulum_bundle, 2)
     obs = np.array([0.3, -0.2, 1.5], np.float32)
-    serving = backend._runner
+    serving = backend.serving
     backend.entered += 1  # an act on the serving generation that does not return
     backend.swap_weights(a)
     before = {k: v.copy() for k, v in serving.arrays.items()}
     report = backend.swap_weights(b)
-    assert report.seconds >= RELEASE_TIMEOUT_S and backend._runner is not serving
+    assert report.seconds >= RELEASE_TIMEOUT_S and backend.serving is not serving
     for name, value in before.items():  # never written
         np.testing.assert_array_equal(serving.arrays[name], value)
     want = _fresh(backend.model, b).run(["action"], {"obs": obs[None]})[0][0]
@@ -111,7 +112,7 @@ def test_swaps_into_the_test_int8_graph_from_the_pre_optimised_graph_match_the_f
     assert isinstance(backend, OrtBackend) and backend.describe()["swap"] == "rebuild (pre-optimised)"
     obs = np.random.default_rng(1).standard_normal((16, 3)).astype(np.float32) * 2
     before = backend.act_batch(obs)
-    layers = {k: v for k, v in backend._swappable().items() if k.startswith("actor.") and k.endswith("_quantized")}
+    layers = {k: v for k, v in backend.swappable().items() if k.startswith("actor.") and k.endswith("_quantized")}
     assert len(layers) == 6  # three weights, three biases
     rng = np.random.default_rng(2)
     for _ in range(2):  # new integer weights and biases under the same (symmetric) scales
@@ -128,7 +129,7 @@ def test_int8_swaps_from_the_pre_optimised_graph_answer_like_the_file(finetune_b
 
     bundle = open_bundle(finetune_bundle)
     backend = open_backend(bundle, "onnxruntime", "int8", FOR_SWAPS)
-    assert isinstance(backend, OrtBackend) and backend._pre is not None
+    assert isinstance(backend, OrtBackend) and backend.swap_strategy.path is SwapPath.PRE_OPTIMISED
     assert backend.model.name == "policy.int8-cpu.onnx"
     requantizer = Int8Requantizer(bundle)
     obs = np.random.default_rng(1).standard_normal((16, bundle.spec.obs_dim)).astype(np.float32)
@@ -157,5 +158,25 @@ def test_a_pre_optimised_graph_that_drops_a_swapped_tensor_is_not_used(
 
     monkeypatch.setattr(OrtBackend, "_save_optimised", drops_a_weight)
     backend = open_backend(open_bundle(finetune_bundle), "onnxruntime", "int8", FOR_SWAPS)
-    assert isinstance(backend, OrtBackend) and backend._pre is None
+    assert isinstance(backend, OrtBackend) and backend.swap_strategy.path is SwapPath.FROM_FILE
     assert backend.describe()["swap"] == "rebuild"
+    with pytest.raises(SacEdgeError, match=r"'rebuild \(pre-optimised\)' does not work .*start-up check failed"):
+        open_backend(
+            open_bundle(finetune_bundle), "onnxruntime", "int8", BackendOptions(swap=SwapPath.PRE_OPTIMISED)
+        )  # asked for by name, it is refused rather than replaced
+
+
+@pytest.mark.parametrize("path", [SwapPath.FROM_FILE, SwapPath.PRE_OPTIMISED, SwapPath.IN_PLACE])
+def test_a_swap_strategy_selected_by_name_is_the_one_used_and_answers_like_the_file(
+    pendulum_bundle: Path, path: SwapPath
+) -> None:
+    """What the benchmarks do to price one strategy against another: each, asked for without --finetune's
+    refit, is used and installs weights that act like a fresh session with them."""
+    backend = open_backend(open_bundle(pendulum_bundle), "onnxruntime", "fp32", BackendOptions(swap=path))
+    assert isinstance(backend, OrtBackend) and backend.swap_strategy.path is path
+    assert backend.describe()["swap"] == path.value and backend.in_place == (path is SwapPath.IN_PLACE)
+    obs = np.random.default_rng(1).standard_normal((8, 3)).astype(np.float32)
+    for weights in _actor_sets(pendulum_bundle, 2):
+        backend.swap_weights(weights)
+        want = _fresh(backend.model, weights).run(["action"], {"obs": obs})[0]
+        np.testing.assert_allclose(backend.act_batch(obs), want, atol=1e-5)

@@ -18,6 +18,7 @@ import pytest
 from finetune_bundles import make_tuner
 from sac_edge.edge_runtime.backends.base import open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
+from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.experience import StagingRing, ring_layout
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, read_learner_tensors
 from sac_edge.edge_runtime.finetune.learner_process import (
@@ -29,13 +30,14 @@ from sac_edge.edge_runtime.finetune.learner_process import (
     _send,
     weights_layout,
 )
+from sac_edge.edge_runtime.finetune.settings import FinetuneSettings
 from sac_edge.edge_runtime.finetune.shared import SharedArrays
 from sac_edge.edge_runtime.finetune.weight_swap import Int8Requantizer
 
 SETTINGS = {
     "finetune_buffer": 2000, "finetune_batch": 32, "learning_starts": 100, "mem_budget_mb": None,
     "finetune_lr": 3e-4, "seed": 0, "finetune_utd": 1.0, "rate_hz": 1000.0, "learner_cpu": 0.5,
-    "swap_every": 20, "shadow_max_diff": 0.05, "main_baseline_mb": 0.0, "int8": False,
+    "swap_every": 20, "shadow_max_diff": 0.05,
 }  # fmt: skip
 
 
@@ -47,7 +49,9 @@ def built_loop(bundle_dir: Path, **settings: Any) -> Iterator[tuple[LearnerLoop,
     spec = bundle.spec
     tensors = read_learner_tensors(bundle)
     where = {"bundle": str(bundle_dir), "manifest": bundle.manifest}
-    cfg = {**SETTINGS, **settings, **where, "tensor_names": list(tensors)}
+    int8_on = settings.pop("int8", False)
+    section = FinetuneSettings.of(RunConfig(bundle=str(bundle_dir), finetune=True, **{**SETTINGS, **settings}))
+    cfg = {"main_baseline_mb": 0.0, "int8": int8_on, **where, "tensor_names": list(tensors)}
     int8 = {}
     if cfg["int8"]:
         actor = {k: v for k, v in tensors.items() if k.startswith("actor.")}
@@ -63,7 +67,7 @@ def built_loop(bundle_dir: Path, **settings: Any) -> Iterator[tuple[LearnerLoop,
         control["knobs"][:] = (1.0, 32, 0)
         ring = StagingRing(ring_block.arrays, np.array(spec.action_low), np.array(spec.action_high))
         main_end, child_end = mp.Pipe()
-        built = LearnerLoop.build(spec, ring, weights, control, child_end, cfg)
+        built = LearnerLoop.build(spec, ring, weights, control, child_end, cfg, section)
         rng = np.random.default_rng(0)
         for _ in range(200):
             obs = rng.normal(0, 1, spec.obs_dim).astype(np.float32)
