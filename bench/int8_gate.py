@@ -118,15 +118,10 @@ def measure(bundle: Bundle) -> dict[str, Any]:
     int8 = bundle.onnx("int8")
     if int8 is None:
         raise SystemExit(f"{bundle.path}: no policy.int8.onnx; export it with sac-export --int8")
-    states, _ = gate_states(bundle)
+    states, source = gate_states(bundle)
     model = onnx.load_from_string(bundle.read(int8))
     fp32 = reference_actions(bundle, states)
     qdq = reference_actions(bundle, states, graph="int8")
-    span = np.asarray(bundle.spec.action_high, np.float64) - np.asarray(bundle.spec.action_low, np.float64)
-
-    def frac(a: np.ndarray, b: np.ndarray) -> float:
-        return float((np.abs(a.astype(np.float64) - b) / span).mean())
-
     kernels = {
         "onnxruntime, optimisations off": _run(_session(model, optimise=False), states),
         "onnx reference evaluator": _reference_evaluator(model, states),
@@ -135,26 +130,27 @@ def measure(bundle: Bundle) -> dict[str, Any]:
     }
     rows = []
     for name, actions in kernels.items():
-        new = judge(actions, fp32, bundle, "bench", "int8", "bench", "parity_states.npy", qdq)
-        old = judge(actions, fp32, bundle, "bench", "int8", "bench", "parity_states.npy")
+        new = judge(actions, fp32, bundle, "bench", "int8", "bench", source, qdq)
+        old = judge(actions, fp32, bundle, "bench", "int8", "bench", source)
         rows.append(
             {
                 "kernel": name,
-                "vs_qdq_mean_frac": frac(actions, qdq),
+                "vs_qdq_mean_frac": new.value,
                 "vs_qdq_max_abs": float(np.abs(actions - qdq).max()),
-                "vs_fp32_mean_frac": frac(actions, fp32),
+                "vs_fp32_mean_frac": new.fp32_value,
                 "new_rule_passed": new.passed,
                 "old_rule_passed": old.passed,
             }
         )
+    reference = judge(qdq, fp32, bundle, "bench", "int8", "bench", source, qdq)
     return {
         "bundle": str(bundle.path),
         "env": bundle.spec.env_id,
         "states": len(states),
-        "qdq_vs_fp32_mean_frac": frac(qdq, fp32),
+        "qdq_vs_fp32_mean_frac": reference.reference_fp32_value,
         "old_limit": MAX_MEAN_ERROR_FRAC,
         "kernel_limit": INT8_KERNEL_FRAC,
-        "fp32_limit": frac(qdq, fp32) + INT8_KERNEL_FRAC,
+        "fp32_limit": reference.fp32_limit,
         "kernels": rows,
     }
 

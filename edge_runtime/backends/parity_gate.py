@@ -135,11 +135,11 @@ def reference_actions(
     return np.asarray(session.run(None, {session.get_inputs()[0].name: states})[0], np.float32)
 
 
-def _mean_frac(err: np.ndarray, bundle: Bundle) -> float:
-    """Mean absolute action error as a fraction of each dimension's range (inf when any is non-finite)."""
+def _mean_frac(err: np.ndarray, span: np.ndarray) -> float:
+    """Mean absolute action error as a fraction of each dimension's range ``span`` (inf when any is
+    non-finite)."""
     if not np.all(np.isfinite(err)):
         return math.inf
-    span = np.asarray(bundle.spec.action_high, np.float64) - np.asarray(bundle.spec.action_low, np.float64)
     return float((err / span).mean())
 
 
@@ -164,14 +164,17 @@ def judge(
                 f"parity gate: {backend}/{precision} gave actions of shape {got.shape}, expected {expected.shape}"
             )
     wide: np.ndarray = got.astype(np.float64)
-    err = np.abs(wide - want.astype(np.float64))
+    exact: np.ndarray = want.astype(np.float64)
+    span = np.asarray(high, np.float64) - np.asarray(low, np.float64)
+    err = np.abs(wide - exact)
     finite = bool(np.all(np.isfinite(err)))
     max_abs = float(err.max()) if finite else math.inf
     mean_abs = float(err.mean()) if finite else math.inf
     if precision == "int8" and implements is not None:
-        value = _mean_frac(np.abs(wide - implements.astype(np.float64)), bundle)
-        reference = _mean_frac(np.abs(implements.astype(np.float64) - want.astype(np.float64)), bundle)
-        fp32_value, fp32_limit = _mean_frac(err, bundle), reference + INT8_KERNEL_FRAC
+        qdq: np.ndarray = implements.astype(np.float64)
+        value = _mean_frac(np.abs(wide - qdq), span)
+        reference = _mean_frac(np.abs(qdq - exact), span)
+        fp32_value, fp32_limit = _mean_frac(err, span), reference + INT8_KERNEL_FRAC
         passed = finite and value <= INT8_KERNEL_FRAC and fp32_value <= fp32_limit
         return EngineParity(
             backend, precision, when, len(got), source, max_abs, mean_abs,
@@ -179,7 +182,7 @@ def judge(
             fp32_value, reference, fp32_limit,
         )  # fmt: skip
     if precision == "int8":
-        value, rule, limit = _mean_frac(err, bundle), "mean action error / range", MAX_MEAN_ERROR_FRAC
+        value, rule, limit = _mean_frac(err, span), "mean action error / range", MAX_MEAN_ERROR_FRAC
     else:
         value, rule, limit = max_abs, "max abs action error", tolerance(precision, low, high)
     return EngineParity(
