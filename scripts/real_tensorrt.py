@@ -52,6 +52,16 @@ NEAREST_JETPACK6 = "10.3.0"
 CURRENT_11 = "11.4.0.106"
 # cuda-python 11.8 and 12.2 raise RuntimeError (not an error code) where libcuda.so.1 cannot be loaded.
 CUDA_PYTHON = "12.2.0"
+# The cuda-python releases whose API surfaces are recorded (scripts/cuda_surface.py), with the Python
+# each is read on: 11.8.2 is the newest 11.x with a Python 3.8 aarch64 wheel (JetPack 5), 12.2.1 is
+# JetPack 6.0's CUDA, 12.6.2.post1 JetPack 6.1/6.2's (the first with cuda.bindings), 12.9.10 what
+# `pip install 'cuda-python<13'` gets, 13.4.4 the CUDA 13 generation (no cuda.cudart).
+CUDA_PYTHON_RELEASES = {"11.8.2": "3.8", "12.2.1": "3.11", "12.6.2.post1": "3.11", "12.9.10": "3.11", "13.4.4": "3.11"}
+# Where cuda-python is a meta-package: the wheels that hold its modules, as pip resolves them.
+CUDA_PYTHON_WHEELS = {
+    "12.9.10": ("cuda-bindings==12.9.10", "cuda-pathfinder==1.9.1"),
+    "13.4.4": ("cuda-bindings==13.4.4", "cuda-pathfinder==1.9.1"),
+}
 
 
 class Unavailable(Exception):
@@ -67,33 +77,40 @@ def release(version: str, python: str | None = None) -> Release:
     return Release(version, "tensorrt-cu12-bindings", here, int(version.split(".")[0]))
 
 
-def _pip_download(requirement: str, python: str, dest: Path) -> Path:
-    """``requirement``'s wheel for CPython ``python`` in ``dest`` (downloaded once)."""
+def pip_download(requirement: str, python: str, dest: Path) -> Path:
+    """``requirement``'s wheel for CPython ``python`` (or a pure-Python wheel) in ``dest`` (downloaded once)."""
     dest.mkdir(parents=True, exist_ok=True)
     name, version = requirement.split("==")
     stem = name.replace("-", "_")
-    tag = "cp" + python.replace(".", "")
-    found = sorted(dest.glob(f"{stem}-{version}-{tag}-*.whl"))
+    tags = ("-cp" + python.replace(".", "") + "-", "-py3-none-any")
+
+    def wheels() -> list[Path]:
+        return sorted(w for w in dest.glob(f"{stem}-{version}-*.whl") if any(t in w.name for t in tags))
+
+    found = wheels()
     if found:
         return found[0]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
     cmd += ["--python-version", python, "--implementation", "cp", "-d", str(dest), requirement]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    found = sorted(dest.glob(f"{stem}-{version}-{tag}-*.whl"))
+    found = wheels()
     if result.returncode != 0 or not found:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise Unavailable(f"cannot download {requirement} for Python {python}: {last}")
     return found[0]
 
 
-def _unpacked(wheel: Path, into: Path) -> Path:
-    """``wheel`` unzipped into ``into`` (a finished unpack leaves a marker, so an interrupted one is redone)."""
+def unpacked(wheels: Path | list[Path], into: Path) -> Path:
+    """The wheel (or wheels, together, as pip installs them) unzipped into ``into``; a finished unpack
+    leaves a marker naming them, so an interrupted or different one is redone."""
+    wheels = [wheels] if isinstance(wheels, Path) else wheels
     done = into / ".unpacked"
-    if not done.is_file():
+    if not done.is_file() or done.read_text() != "\n".join(w.name for w in wheels):
         shutil.rmtree(into, ignore_errors=True)
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(into)
-        done.write_text(wheel.name)
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(into)
+        done.write_text("\n".join(w.name for w in wheels))
     return into
 
 
@@ -127,6 +144,18 @@ def compiler() -> str:
     raise Unavailable("no C compiler (cc, gcc or clang) to build the stub TensorRT libraries")
 
 
+def compile_library(source: Path, target: Path, flags: list[str]) -> Path:
+    """``source`` built into the shared library ``target`` (its file name is the SONAME); written whole or
+    not at all, so an interrupted build is not taken for a finished one."""
+    partial = target.with_name(f".{target.name}")
+    cmd = [compiler(), "-shared", "-fPIC", f"-Wl,-soname,{target.name}", *flags, "-o", str(partial), str(source)]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise Unavailable(f"the C compiler cannot build {target.name}: {result.stderr.strip()[:200]}")
+    partial.replace(target)
+    return target
+
+
 def stub_libraries(major: int, version: str) -> Path:
     """libnvinfer/libnvinfer_plugin/libnvonnxparser ``.so.<major>`` stubs in one folder (built once)."""
     out = CACHE / f"stubs-{version}"
@@ -141,13 +170,8 @@ def stub_libraries(major: int, version: str) -> Path:
     parts = [int(p) for p in version.split(".")[:3]]
     code = parts[0] * 10000 + parts[1] * 100 + parts[2]  # NV_TENSORRT_VERSION's layout from 10.0
     for name in names:
-        cmd = [compiler(), "-shared", "-fPIC", "-O1", f"-Wl,-soname,{name}", f"-DLIB_VERSION={code}"]
-        cmd += [f"-DLOG_SLOT={LOG_SLOT_11 if major >= 11 else 0}"]
-        cmd += [f'-DNO_DEVICE="{NO_DEVICE}"', "-o", str(out / f".{name}"), str(source)]
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise Unavailable(f"the C compiler cannot build {name}: {result.stderr.strip()[:200]}")
-        (out / f".{name}").replace(out / name)
+        flags = ["-O1", f"-DLIB_VERSION={code}", f"-DLOG_SLOT={LOG_SLOT_11 if major >= 11 else 0}"]
+        compile_library(source, out / name, [*flags, f'-DNO_DEVICE="{NO_DEVICE}"'])
     return out
 
 
@@ -161,8 +185,8 @@ def bindings(version: str, python: str | None = None, stubs: bool = True) -> tup
     """(the folder to put on PYTHONPATH, the stub-library folder or None where ``stubs`` is false) for a
     10.x/11.x bindings release."""
     rel = release(version, python)
-    wheel = _pip_download(f"{rel.package}=={rel.version}", rel.python, CACHE / "wheels")
-    site = _unpacked(wheel, CACHE / f"site-{rel.version}-py{rel.python}")
+    wheel = pip_download(f"{rel.package}=={rel.version}", rel.python, CACHE / "wheels")
+    site = unpacked(wheel, CACHE / f"site-{rel.version}-py{rel.python}")
     shim = site / "tensorrt" / "__init__.py"
     if not shim.is_file():
         shim.parent.mkdir(exist_ok=True)
@@ -189,8 +213,8 @@ def trt85() -> tuple[Path, Path]:
     """(PYTHONPATH folder, stub folder) for the real 8.5.3.1 wheel: its cuDNN/cuBLAS imports stubbed (each
     returns a failure status; nothing calls them without a GPU)."""
     rel = release(TRT85)
-    wheel = _pip_download(f"{rel.package}=={rel.version}", rel.python, CACHE / "wheels")
-    site = _unpacked(wheel, CACHE / f"site-{rel.version}-py{rel.python}")
+    wheel = pip_download(f"{rel.package}=={rel.version}", rel.python, CACHE / "wheels")
+    site = unpacked(wheel, CACHE / f"site-{rel.version}-py{rel.python}")
     out = CACHE / f"stubs-{rel.version}"
     missing = _missing_symbols(site / "tensorrt")
     if all((out / soname).is_file() for soname in missing):
@@ -199,20 +223,18 @@ def trt85() -> tuple[Path, Path]:
     for soname, names in missing.items():
         (out / "stub.c").write_text("".join(f"int {name}(void) {{ return 1; }}\n" for name in names))
         (out / "version.map").write_text(f"{soname} {{ global: *; }};\n")  # the symbols are versioned
-        cmd = [compiler(), "-shared", "-fPIC", f"-Wl,-soname,{soname}", f"-Wl,--version-script={out / 'version.map'}"]
-        cmd += ["-o", str(out / f".{soname}"), str(out / "stub.c")]
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise Unavailable(f"the C compiler cannot build {soname}: {result.stderr.strip()[:200]}")
-        (out / f".{soname}").replace(out / soname)
+        compile_library(out / "stub.c", out / soname, [f"-Wl,--version-script={out / 'version.map'}"])
     return site, out
 
 
-def cuda_python(python: str | None = None) -> Path:
-    """The real cuda-python ``CUDA_PYTHON`` wheel unpacked (a folder for PYTHONPATH)."""
+def cuda_python(python: str | None = None, version: str = CUDA_PYTHON) -> Path:
+    """The real cuda-python ``version`` unpacked (a folder for PYTHONPATH): from 11.8.6 and 12.8 the
+    ``cuda-python`` wheel is a meta-package and the modules are ``cuda-bindings``' (with, from 12.9,
+    ``cuda-pathfinder``), so those wheels are unpacked together."""
     here = python or f"{sys.version_info[0]}.{sys.version_info[1]}"
-    wheel = _pip_download(f"cuda-python=={CUDA_PYTHON}", here, CACHE / "wheels")
-    return _unpacked(wheel, CACHE / f"site-cuda-python-{CUDA_PYTHON}-py{here}")
+    requirements = CUDA_PYTHON_WHEELS.get(version, (f"cuda-python=={version}",))
+    wheels = [pip_download(requirement, here, CACHE / "wheels") for requirement in requirements]
+    return unpacked(wheels, CACHE / f"site-cuda-python-{version}-py{here}")
 
 
 def environment(

@@ -33,14 +33,36 @@ def _clean(text: str) -> str:
     return _PREFIX.sub("", " ".join(text.split()))
 
 
-def signatures(obj: Any, name: str) -> list[str]:
-    """pybind11's signature lines for ``name`` (one per overload), module prefixes removed."""
+def signatures(obj: Any, name: str, bound: bool = False) -> list[str]:
+    """pybind11's or Boost.Python's signature lines for ``name`` (one per overload), module prefixes removed;
+    Boost.Python's are rewritten in pybind11's form (its ``bound`` methods' first parameter named ``self``)."""
     doc = inspect.getdoc(obj) or getattr(obj, "__doc__", None) or ""
     lines = [line.strip() for line in doc.splitlines()]
     found = [re.sub(r"^\d+\.\s*", "", line) for line in lines if re.match(rf"^(\d+\.\s*)?{re.escape(name)}\(", line)]
     if "Overloaded function." in lines:  # its first line is a generic (*args, **kwargs): the overloads follow
         found = [line for line in found if not line.startswith(f"{name}(*args, **kwargs)")]
-    return [_clean(line) for line in found]
+    return [_clean(_from_boost(line, bound) if BOOST.match(line) else line) for line in found]
+
+
+# Boost.Python documents ``name( (T1)a1, (T2)a2 [, (T3)a3=d [, (T4)a4]]) -> R :``
+BOOST = re.compile(r"^[A-Za-z_][\w]*\( (\(|\[|\))|^[A-Za-z_][\w]*\(\) -> .* :$")
+_BOOST_PARAM = re.compile(r"\((?P<type>[^()]*)\)(?P<name>\w+)(?:=(?P<default>.*))?$")
+
+
+def _from_boost(line: str, bound: bool) -> str:
+    """A Boost.Python signature line as pybind11 writes one: ``name(a1: T1, a3: T3 = d, a4: T4 = ...) -> R``."""
+    name, rest = line.split("(", 1)
+    params_text, _, returns = rest.rpartition(") -> ")
+    params = []
+    for index, raw in enumerate(p.strip() for p in params_text.replace("[", ",").replace("]", "").split(",")):
+        match = _BOOST_PARAM.match(raw)
+        if not match:
+            continue
+        optional = params_text.index(raw) > params_text.find("[") >= 0
+        pname = "self" if bound and index == 0 else match["name"]
+        default = match["default"] if match["default"] is not None else ("..." if optional else None)
+        params.append(f"{pname}: {match['type']}" + (f" = {default}" if default is not None else ""))
+    return f"{name}({', '.join(params)}) -> {returns.rstrip(' :').strip()}"
 
 
 def _deprecated(doc: str | None) -> str | None:
@@ -71,10 +93,13 @@ def _property(prop: property) -> dict[str, Any]:
     return {"property": "rw" if prop.fset is not None else "ro", "type": returns}
 
 
-def describe_class(cls: type) -> dict[str, Any]:
-    out: dict[str, Any] = {"bases": [b.__name__ for b in cls.__mro__[1:] if b.__module__.startswith("tensorrt")]}
+def describe_class(cls: type, package: str = "tensorrt") -> dict[str, Any]:
+    """A class's bases within ``package``, enum values, members and deprecation notes."""
+    out: dict[str, Any] = {"bases": [b.__name__ for b in cls.__mro__[1:] if b.__module__.startswith(package)]}
     values = getattr(cls, "__members__", None)
-    if isinstance(values, dict) and all(hasattr(v, "__int__") for v in values.values()):
+    if not isinstance(values, dict):  # Boost.Python's enums: ``names`` maps each name to its value
+        values = vars(cls).get("names")
+    if isinstance(values, dict) and values and all(hasattr(v, "__int__") for v in values.values()):
         out["enum"] = {k: int(v) for k, v in values.items()}
     members: dict[str, Any] = {}
     deprecated: dict[str, str] = dict(_enum_notes(cls.__doc__)) if "enum" in out else {}
@@ -95,7 +120,10 @@ def describe_class(cls: type) -> dict[str, Any]:
             note = None
         elif callable(static) or isinstance(static, (staticmethod, classmethod)):
             func = getattr(cls, name)
-            members[name] = {"method": signatures(func, name)}
+            bound = not isinstance(static, (staticmethod, classmethod))
+            members[name] = {"method": signatures(func, name, bound)}
+            if not bound:
+                members[name]["static"] = True
             note = _deprecated(getattr(func, "__doc__", None))
         else:
             members[name] = {"value": type(static).__name__}
@@ -108,31 +136,37 @@ def describe_class(cls: type) -> dict[str, Any]:
     return out
 
 
+def module_surface(module: Any, package: str) -> dict[str, Any]:
+    """``{"classes": ..., "functions": ...}``: every public class (nested ones as ``Outer.Inner``) and
+    function of ``module`` defined in ``package``."""
+    classes: dict[str, Any] = {}
+    functions: dict[str, list[str]] = {}
+
+    def visit(prefix: str, cls: type) -> None:
+        classes[prefix] = describe_class(cls, package)
+        for name, value in sorted(vars(cls).items()):
+            if isinstance(value, type) and not name.startswith("_") and value.__module__.startswith(package):
+                visit(f"{prefix}.{name}", value)
+
+    for name in sorted(dir(module)):
+        value = getattr(module, name)
+        if name.startswith("_"):
+            continue
+        if isinstance(value, type) and getattr(value, "__module__", "").startswith(package):
+            visit(name, value)
+        elif callable(value) and (getattr(value, "__module__", None) or "").startswith(package):
+            if inspect.isfunction(value):  # pure Python (nptype, volume): its own signature
+                functions[name] = [f"{name}{inspect.signature(value)}"]
+            else:
+                functions[name] = signatures(value, name) or [f"{name}(...)"]
+    return {"classes": classes, "functions": functions}
+
+
 def dump() -> dict[str, Any]:
     """The surface of the ``tensorrt`` this interpreter imports."""
     import numpy as np
     import tensorrt as trt
 
-    classes: dict[str, Any] = {}
-    functions: dict[str, list[str]] = {}
-
-    def visit(prefix: str, cls: type) -> None:
-        classes[prefix] = describe_class(cls)
-        for name, value in sorted(vars(cls).items()):
-            if isinstance(value, type) and not name.startswith("_") and value.__module__.startswith("tensorrt"):
-                visit(f"{prefix}.{name}", value)
-
-    for name in sorted(dir(trt)):
-        value = getattr(trt, name)
-        if name.startswith("_"):
-            continue
-        if isinstance(value, type) and getattr(value, "__module__", "").startswith("tensorrt"):
-            visit(name, value)
-        elif callable(value) and getattr(value, "__module__", "").startswith("tensorrt"):
-            if inspect.isfunction(value):  # pure Python (nptype, volume): its own signature
-                functions[name] = [f"{name}{inspect.signature(value)}"]
-            else:
-                functions[name] = signatures(value, name) or [f"{name}(...)"]
     nptype: dict[str, str] = {}
     for member in trt.DataType.__members__:
         try:
@@ -142,8 +176,7 @@ def dump() -> dict[str, Any]:
     return {
         "version": str(trt.__version__),
         "numpy": np.__version__,
-        "classes": classes,
-        "functions": functions,
+        **module_surface(trt, "tensorrt"),
         "probes": {"nptype": nptype},
     }
 

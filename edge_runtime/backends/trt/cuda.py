@@ -51,7 +51,10 @@ def _runtime_module() -> Any | None:
 
 
 def check_cuda_python(installed: str | None, driver_cuda: int) -> str | None:
-    """Why cuda-python ``installed`` cannot drive a CUDA ``driver_cuda`` driver (e.g. 12060), else None."""
+    """Why cuda-python ``installed`` cannot drive a CUDA ``driver_cuda`` driver (e.g. 12060), else None;
+    from 12.9 cuda-python reports version 0 where no driver is installed."""
+    if driver_cuda <= 0:
+        return "cuda-python finds no CUDA driver (version 0); check the NVIDIA driver with nvidia-smi or tegrastats"
     if installed is None:
         return None
     major, driver_major = parse_version(installed, "cuda-python")[0], driver_cuda // 1000
@@ -69,11 +72,13 @@ class CudaPython:
     def __init__(self, rt: Any, device: int = 0) -> None:
         self.rt, self.device = rt, device
         self._local = threading.local()
-        self._select()
+        # The driver's version before any device call: a runtime newer than the driver fails cudaSetDevice
+        # with cudaErrorInsufficientDriver, which would hide the advice on which cuda-python to install.
         driver = int(self._check(rt.cudaDriverGetVersion(), "get the driver version"))
         reason = check_cuda_python(installed_version("cuda-bindings", "cuda-python"), driver)
         if reason is not None:
             raise SacEdgeError(reason)
+        self._select()
         self._stream = self._check(rt.cudaStreamCreate(), "create a stream")
         self.stream = _handle(self._stream)
         self._owned: list[tuple[str, int]] = []
