@@ -178,7 +178,8 @@ def dump_pycuda() -> dict[str, Any]:
     import pycuda.driver as cuda
 
     probes = [["init()", _outcome(cuda.init)], ["Context.pop()", _outcome(cuda.Context.pop)]]
-    return {"version": pycuda.VERSION_TEXT, **module_surface(cuda, "pycuda"), "probes": probes}
+    surface = module_surface(cuda, "pycuda", frozenset({"__init__", "__int__"}))  # int(allocation) is its address
+    return {"version": pycuda.VERSION_TEXT, **surface, "probes": probes}
 
 
 def _release_python(version: str) -> str:

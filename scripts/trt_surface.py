@@ -26,7 +26,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 OUT = HERE.parent / "tests" / "trt_surfaces"
 _PREFIX = re.compile(r"\btensorrt(?:_bindings)?\.tensorrt\.|\btensorrt(?:_bindings)?\.")
-_KEPT_DUNDERS = {"__init__"}
+_KEPT_DUNDERS = frozenset({"__init__"})
 
 
 def _clean(text: str) -> str:
@@ -93,8 +93,9 @@ def _property(prop: property) -> dict[str, Any]:
     return {"property": "rw" if prop.fset is not None else "ro", "type": returns}
 
 
-def describe_class(cls: type, package: str = "tensorrt") -> dict[str, Any]:
-    """A class's bases within ``package``, enum values, members and deprecation notes."""
+def describe_class(cls: type, package: str = "tensorrt", dunders: frozenset[str] = _KEPT_DUNDERS) -> dict[str, Any]:
+    """A class's bases within ``package``, enum values, members (of the dunders, only ``dunders``) and
+    deprecation notes."""
     out: dict[str, Any] = {"bases": [b.__name__ for b in cls.__mro__[1:] if b.__module__.startswith(package)]}
     values = getattr(cls, "__members__", None)
     if not isinstance(values, dict):  # Boost.Python's enums: ``names`` maps each name to its value
@@ -104,7 +105,7 @@ def describe_class(cls: type, package: str = "tensorrt") -> dict[str, Any]:
     members: dict[str, Any] = {}
     deprecated: dict[str, str] = dict(_enum_notes(cls.__doc__)) if "enum" in out else {}
     for name in sorted(dir(cls)):
-        if name.startswith("_") and name not in _KEPT_DUNDERS:
+        if name.startswith("_") and name not in dunders:
             continue
         if "enum" in out and name in out["enum"]:
             continue
@@ -136,14 +137,14 @@ def describe_class(cls: type, package: str = "tensorrt") -> dict[str, Any]:
     return out
 
 
-def module_surface(module: Any, package: str) -> dict[str, Any]:
+def module_surface(module: Any, package: str, dunders: frozenset[str] = _KEPT_DUNDERS) -> dict[str, Any]:
     """``{"classes": ..., "functions": ...}``: every public class (nested ones as ``Outer.Inner``) and
     function of ``module`` defined in ``package``."""
     classes: dict[str, Any] = {}
     functions: dict[str, list[str]] = {}
 
     def visit(prefix: str, cls: type) -> None:
-        classes[prefix] = describe_class(cls, package)
+        classes[prefix] = describe_class(cls, package, dunders)
         for name, value in sorted(vars(cls).items()):
             if isinstance(value, type) and not name.startswith("_") and value.__module__.startswith(package):
                 visit(f"{prefix}.{name}", value)

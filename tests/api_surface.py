@@ -1,7 +1,9 @@
 """The committed Python API surfaces of real TensorRT releases (``tests/trt_surfaces/``, written by
 ``scripts/trt_surface.py`` from NVIDIA's modules), read for the checks: which classes, members and enum
 values a release has, whether a member is a method or a property, and how many arguments each method's
-overloads accept (from pybind11's signatures).
+overloads accept (from pybind11's signatures). The same folder holds the CUDA bindings' surfaces
+(``scripts/cuda_surface.py``): pycuda's in the same form (``load_pycuda``), and each cuda-python release's
+module layout, runtime functions, enums and behaviour without a driver (``CudaPythonSurface``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from typing import Any, NamedTuple
 
 FOLDER = Path(__file__).resolve().parent / "trt_surfaces"
 VERSIONS = ("8.5.3.1", "10.3.0", "10.13.3.9", "11.4.0.106")  # one per generation path, 10.x twice
+# JetPack 5's (Python 3.8), JetPack 6.0's, 6.1/6.2's (the first with cuda.bindings), the newest 12.x, CUDA 13's
+CUDA_PYTHON_VERSIONS = ("11.8.2", "12.2.1", "12.6.2.post1", "12.9.10", "13.4.4")
+PYCUDA_VERSION = "2026.1"
 
 
 class Arity(NamedTuple):
@@ -109,3 +114,36 @@ def accepts(arities: list[Arity], args: tuple[Any, ...], kwargs: dict[str, Any])
         any(a.least <= count <= a.most and all(k in a.names[len(args) :] for k in kwargs) for a in arities)
         or not arities
     )
+
+
+@lru_cache(maxsize=None)
+def load_pycuda() -> Surface:
+    """pycuda's ``pycuda.driver`` (Boost.Python signatures in pybind11's form; ``static`` marks static methods)."""
+    return Surface(json.loads((FOLDER / f"pycuda-{PYCUDA_VERSION}.json").read_text()))
+
+
+class CudaPythonSurface:
+    """One cuda-python release: which modules import (and which warn), each runtime module's functions
+    (signature, the values returned), enums and classes, and what the first calls did without a driver."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.distributions: dict[str, str] = data["distributions"]
+        self.version: str = self.distributions.get("cuda-bindings") or self.distributions["cuda-python"]
+        self.modules: dict[str, Any] = data["modules"]
+        self.probes: list[tuple[str, dict[str, Any]]] = [(call, outcome) for call, outcome in data["probes"]]
+
+    def imports(self, module: str) -> bool:
+        return "error" not in self.modules.get(module, {"error": "not recorded"})
+
+    def runtime(self, module: str) -> dict[str, Any]:
+        """The runtime table of ``module`` (followed where it re-exports another's)."""
+        table: dict[str, Any] = self.modules[module]["runtime"]
+        return self.runtime(table["same_as"]) if "same_as" in table else table
+
+    def utils(self) -> dict[str, str]:
+        return dict(self.modules.get("cuda.bindings.utils", {}).get("functions", {}))
+
+
+@lru_cache(maxsize=None)
+def load_cuda_python(version: str) -> CudaPythonSurface:
+    return CudaPythonSurface(json.loads((FOLDER / f"cuda-python-{version}.json").read_text()))

@@ -1,4 +1,6 @@
-"""A model of ``pycuda.driver`` for the runner's pycuda path (JetPack 5's), since pycuda cannot be built here.
+"""A model of ``pycuda.driver`` for the runner's pycuda path (JetPack 5's): the real pycuda builds here
+(``scripts/cuda_surface.py``) but cannot run without a GPU, so its behaviour is modelled and its names are
+checked against the real module's surface (``tests/trt_surfaces/pycuda-*.json``; ``test_cuda_surfaces.py``).
 
 What is modelled is what the product depends on, as pycuda's own source has it (``src/cpp/cuda.hpp``,
 ``pycuda/driver.py``): ``init``, ``Device(n).retain_primary_context()``, ``Context.push`` and the static
@@ -7,7 +9,8 @@ exits (pycuda's ``context_stack`` destructor prints "The context stack was not e
 and aborts the process; here the thread is recorded in ``fake.aborts``). Streams, allocations, copies and
 frees need a current context (pycuda raises ``LogicError``). Copies move real bytes between host arrays
 and device buffers kept here; an async copy from or to memory that ``pagelocked_empty`` did not allocate
-is recorded in ``fake.pageable_copies`` (CUDA runs it synchronously).
+is recorded in ``fake.pageable_copies`` (CUDA runs it synchronously). ``FakePyCuda(no_device=message)``
+is a driver that sees no GPU: ``init()`` raises pycuda's ``RuntimeError`` with the real one's message.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import pytest
 class FakePyCuda:
     """One fake ``pycuda``: module objects to install and the state a test asserts on."""
 
-    def __init__(self) -> None:
+    def __init__(self, no_device: str | None = None) -> None:
+        self.no_device = no_device  # pycuda's init() message where the driver sees no GPU, else a device
         self.aborts: list[str] = []  # threads that ended with a context still pushed
         self.pageable_copies: list[str] = []
         self.device: dict[int, bytearray] = {}  # live device allocations by address
@@ -69,6 +73,9 @@ class FakePyCuda:
         class LogicError(Error):
             pass
 
+        class RuntimeError(Error):
+            pass
+
         class Context:
             def push(self) -> None:
                 fake.stack().append(self)
@@ -91,7 +98,11 @@ class FakePyCuda:
         class Stream:
             def __init__(self) -> None:
                 fake._require_context("cuStreamCreate")
-                self.handle = next(fake._addresses)
+                self._handle = next(fake._addresses)
+
+            @property
+            def handle(self) -> int:
+                return self._handle
 
             def synchronize(self) -> None:
                 fake._require_context("cuStreamSynchronize")
@@ -110,6 +121,8 @@ class FakePyCuda:
                 del fake.device[self.address]
 
         def init() -> None:
+            if fake.no_device is not None:
+                raise RuntimeError(fake.no_device)
             fake.initialised = True  # type: ignore[attr-defined]
 
         def pagelocked_empty(shape: Any, dtype: Any) -> np.ndarray:

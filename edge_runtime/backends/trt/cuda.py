@@ -38,10 +38,13 @@ from sac_edge.common.versions import installed_version, parse_version
 
 from ..base import missing_package
 
+# cuda-python's runtime module, newest layout first: cuda.cudart is deprecated from 12.6 and gone in 13.
+RUNTIME_MODULES = ("cuda.bindings.runtime", "cuda.cudart")
+
 
 def _runtime_module() -> Any | None:
     """cuda-python's runtime bindings (new layout first), or None when cuda-python is not installed."""
-    for name in ("cuda.bindings.runtime", "cuda.cudart"):
+    for name in RUNTIME_MODULES:
         try:
             if importlib.util.find_spec(name) is not None:
                 return importlib.import_module(name)
