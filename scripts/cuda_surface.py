@@ -51,7 +51,7 @@ from real_tensorrt import (  # noqa: E402
     cuda_python,
     unpacked,
 )
-from trt_surface import OUT, module_surface, python_version, write  # noqa: E402
+from trt_surface import OUT, module_surface, python_version, rebuild_each, write  # noqa: E402
 
 PYCUDA = "2026.1"  # the newest pycuda; it still installs on Python 3.8 (JetPack 5)
 RUNTIME_MODULES = ("cuda.bindings.runtime", "cuda.cudart")
@@ -269,14 +269,10 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--dump"]:
         write(dump_pycuda() if argv[1] == "pycuda" else dump_cuda_python(), Path(argv[2]))
         return 0
-    for target in argv or list(CUDA_PYTHON_RELEASES):
-        try:
-            out = rebuild_pycuda() if target == "pycuda" else rebuild_cuda_python(target)
-        except (Unavailable, subprocess.CalledProcessError) as err:
-            print(f"cuda_surface: {target}: {err}", file=sys.stderr)
-            return 2
-        print(f"{out.relative_to(HERE.parent)}: {out.stat().st_size // 1024} KiB")
-    return 0
+    targets = argv or list(CUDA_PYTHON_RELEASES)
+    return rebuild_each(
+        "cuda_surface", targets, lambda t: rebuild_pycuda() if t == "pycuda" else rebuild_cuda_python(t)
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE.parent / "tests" / "trt_surfaces"
@@ -45,7 +45,7 @@ def signatures(obj: Any, name: str, bound: bool = False) -> list[str]:
 
 
 # Boost.Python documents ``name( (T1)a1, (T2)a2 [, (T3)a3=d [, (T4)a4]]) -> R :``
-BOOST = re.compile(r"^[A-Za-z_][\w]*\( (\(|\[|\))|^[A-Za-z_][\w]*\(\) -> .* :$")
+BOOST = re.compile(r"^\w+\(.*\) -> .+ :$")
 _BOOST_PARAM = re.compile(r"\((?P<type>[^()]*)\)(?P<name>\w+)(?:=(?P<default>.*))?$")
 
 
@@ -210,17 +210,25 @@ def main(argv: list[str]) -> int:
         write(dump(), Path(argv[1]))
         return 0
     sys.path.insert(0, str(HERE))
-    from real_tensorrt import BINDINGS, Unavailable
+    from real_tensorrt import BINDINGS
 
     python = sys.executable
     if "--python" in argv:
         at = argv.index("--python")
         python, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
-    for version in argv or list(BINDINGS):
+    return rebuild_each("trt_surface", argv or list(BINDINGS), lambda version: rebuild(version, python))
+
+
+def rebuild_each(tool: str, targets: list[str], rebuild_one: Callable[[str], Path]) -> int:
+    """Rebuild each target's surface, printing its file and size; 2, with the reason, at the first that
+    cannot be had here."""
+    from real_tensorrt import Unavailable
+
+    for target in targets:
         try:
-            out = rebuild(version, python)
-        except Unavailable as err:
-            print(f"trt_surface: {version}: {err}", file=sys.stderr)
+            out = rebuild_one(target)
+        except (Unavailable, subprocess.CalledProcessError) as err:
+            print(f"{tool}: {target}: {err}", file=sys.stderr)
             return 2
         print(f"{out.relative_to(HERE.parent)}: {out.stat().st_size // 1024} KiB")
     return 0

@@ -15,6 +15,7 @@ is a driver that sees no GPU: ``init()`` raises pycuda's ``RuntimeError`` with t
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import sys
 import threading
@@ -108,17 +109,23 @@ class FakePyCuda:
                 fake._require_context("cuStreamSynchronize")
 
         class DeviceAllocation:
-            def __init__(self, nbytes: int) -> None:
+            def __init__(self, *args: Any) -> None:  # pycuda's has no constructor: mem_alloc makes them
+                raise builtins.RuntimeError("This class cannot be instantiated from Python")
+
+            @classmethod
+            def _allocate(cls, nbytes: int) -> DeviceAllocation:
                 fake._require_context("cuMemAlloc")
-                self.address = next(fake._addresses)
-                fake.device[self.address] = bytearray(nbytes)
+                self = object.__new__(cls)
+                self._address = next(fake._addresses)
+                fake.device[self._address] = bytearray(nbytes)
+                return self
 
             def __int__(self) -> int:
-                return self.address
+                return self._address
 
             def free(self) -> None:
                 fake._require_context("cuMemFree")
-                del fake.device[self.address]
+                del fake.device[self._address]
 
         def init() -> None:
             if fake.no_device is not None:
@@ -144,10 +151,10 @@ class FakePyCuda:
             dst.view(np.uint8).reshape(-1)[:] = np.frombuffer(bytes(fake.device[int(src)][: dst.nbytes]), np.uint8)
 
         def mem_alloc(nbytes: int) -> DeviceAllocation:
-            return DeviceAllocation(nbytes)
+            return DeviceAllocation._allocate(nbytes)
 
         for name, value in dict(locals()).items():
-            if name not in ("fake", "driver"):
+            if name not in ("self", "fake", "driver"):
                 setattr(driver, name, value)
         return driver
 
