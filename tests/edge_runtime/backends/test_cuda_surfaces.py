@@ -161,8 +161,9 @@ def test_a_release_newer_than_the_driver_names_which_to_install(version: str, mo
     assert f"pip install 'cuda-python<{older + 1}'" in str(err.value)
 
 
-def static_uses() -> set[str]:
-    """``X`` / ``X.Y`` for every ``rt.X.Y`` or ``self.rt.X.Y`` the CUDA layer writes."""
+def static_uses(module: str) -> set[str]:
+    """``X`` / ``X.Y`` for every ``module.X.Y`` or ``self.module.X.Y`` the CUDA layer writes (``rt`` is
+    cuda-python's runtime module, ``cuda`` is ``pycuda.driver``)."""
     found = set()
     for node in ast.walk(ast.parse(SOURCE.read_text())):
         if not isinstance(node, ast.Attribute):
@@ -171,9 +172,9 @@ def static_uses() -> set[str]:
         while isinstance(base, ast.Attribute):
             chain.insert(0, base.attr)
             base = base.value
-        if isinstance(base, ast.Name) and base.id == "self" and chain[0] == "rt":
+        if isinstance(base, ast.Name) and base.id == "self" and chain[0] == module:
             chain = chain[1:]
-        elif not (isinstance(base, ast.Name) and base.id == "rt"):
+        elif not (isinstance(base, ast.Name) and base.id == module):
             continue
         if chain:
             found.add(".".join(chain[:2]))
@@ -181,7 +182,7 @@ def static_uses() -> set[str]:
 
 
 def test_every_runtime_name_the_layer_writes_is_on_every_releases_path(uses: dict[str, list[str]]) -> None:
-    names = static_uses()
+    names = static_uses("rt")
     assert len(names) >= 12, names
     for version in CUDA_PYTHON_VERSIONS:
         surface = load_cuda_python(version)
@@ -284,6 +285,9 @@ def test_the_pycuda_path_runs_on_the_real_surface(checked_pycuda: tuple[FakePyCu
     expected |= {"Stream.handle", "Stream.synchronize", "mem_alloc", "DeviceAllocation.free", "pagelocked_empty"}
     expected |= {"memcpy_htod_async", "memcpy_dtoh_async"}
     assert expected <= set(used), expected - set(used)
+    written = static_uses("cuda")  # every pycuda.driver name the layer writes was checked by this run,
+    unreached = written - set(used)  # but for the exception classes its except clauses name
+    assert len(written) >= 9 and all(n.endswith("Error") and n in load_pycuda().classes for n in unreached), unreached
 
 
 def test_pycuda_without_a_device_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
