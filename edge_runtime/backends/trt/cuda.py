@@ -57,7 +57,10 @@ def check_cuda_python(installed: str | None, driver_cuda: int) -> str | None:
     """Why cuda-python ``installed`` cannot drive a CUDA ``driver_cuda`` driver (e.g. 12060), else None;
     from 12.9 cuda-python reports version 0 where no driver is installed."""
     if driver_cuda <= 0:
-        return "cuda-python finds no CUDA driver (version 0); check the NVIDIA driver with nvidia-smi or tegrastats"
+        return (
+            "cuda-python finds no CUDA driver (version 0); check the NVIDIA driver with nvidia-smi or tegrastats, "
+            "or use --backend onnxruntime"
+        )
     if installed is None:
         return None
     major, driver_major = parse_version(installed, "cuda-python")[0], driver_cuda // 1000
