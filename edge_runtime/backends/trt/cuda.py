@@ -4,7 +4,8 @@ One context strategy for both: the device's *primary* context, made current on w
 CUDA or TensorRT (the control thread's ``act``, the learner thread's weight swap, a benchmark thread).
 Every such entry point runs inside ``with cuda.current():``:
 
-- cuda-python (``cuda.bindings.runtime``; ``cuda.cudart`` before 12.6.1, removed in 13): the runtime API
+- cuda-python (``cuda.bindings.runtime`` from 11.8.6 and 12.6; before them only ``cuda.cudart``, which
+  they deprecate and 13 removes): the runtime API
   binds the primary context of the current device on first use in a thread; ``current`` makes that
   explicit with a checked ``cudaSetDevice`` (once per thread; nothing to undo).
 - pycuda (JetPack 5's samples): ``pycuda.autoinit`` is *not* used, since it makes a non-primary context
@@ -16,8 +17,9 @@ Every such entry point runs inside ``with cuda.current():``:
 
 Versions (edge-facts.md; cuda-python's release notes): cuda-python's major version follows the CUDA
 toolkit's, so a CUDA 12 driver (JetPack 6) needs cuda-python < 13; ``open_cuda`` checks the installed
-major against the driver's and says which to install. Stream handles are read with
-``cuda.bindings.utils.get_cuda_native_handle`` where it exists (``int(cudaStream_t)`` is deprecated in 13).
+major against the driver's, before any device call (which a runtime newer than the driver refuses), and
+says which to install. Stream handles are read with ``cuda.bindings.utils.get_cuda_native_handle`` where
+it exists (12.9.1 and 13 deprecate ``int(cudaStream_t)``).
 Every call's status is checked and a failure is one ``SacEdgeError`` line.
 """
 
