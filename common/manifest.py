@@ -18,14 +18,11 @@ from typing import Any
 
 from .atomic import atomic_write_json
 from .bounded import MAX_MEMBER_BYTES, read_capped
+from .bundle_format import FORMAT_VERSION, MANIFEST
 from .errors import SacEdgeError
 from .jsonfile import parse_json_object
 from .versions import installed_version
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-ENGINES_DIR = "engines"  # BUNDLE/engines: engines and provider caches built on this device
-FINETUNE_DIR = "finetune"  # BUNDLE/finetune: the last good fine-tuned weights (sac-edge run --finetune)
 MAX_MANIFEST_BYTES = 4 << 20
 MAX_FILES = 256
 MAX_NAME_CHARS = 255

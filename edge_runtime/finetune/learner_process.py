@@ -52,10 +52,10 @@ from typing import Any
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import read_manifest, verify_files
 from sac_edge.common.spec import PolicySpec
-from sac_edge.edge_runtime.backends.base import Bundle
 from sac_edge.edge_runtime.budget.memory import read_process_memory
 
 from .experience import StagingRing, ring_layout

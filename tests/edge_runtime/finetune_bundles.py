@@ -21,8 +21,9 @@ from sac_edge.calibration.calibrators import compute_amax
 from sac_edge.calibration.integer import integer_graph
 from sac_edge.calibration.qdq import quantizable_tensors, quantize_model
 from sac_edge.calibration.session import collect_activations
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.manifest import file_entry, write_manifest
-from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, open_bundle
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.config import RunConfig

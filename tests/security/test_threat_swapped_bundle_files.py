@@ -14,9 +14,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.manifest import file_entry
 from sac_edge.edge_runtime import cli as edge_cli
-from sac_edge.edge_runtime.backends.base import open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 
 
