@@ -95,6 +95,17 @@ def open_bundle(path: str | Path, trusted_keys: str | Path | None = None, *, all
     return Bundle(root, manifest, spec, types.MappingProxyType(verified))
 
 
+def reopen_bundle(path: str | Path, manifest: Mapping[str, Any], spec: PolicySpec) -> Bundle:
+    """The bundle ``open_bundle`` opened, read again in another process (the fine-tuner's learner): its
+    manifest must still be ``manifest``, the one that was opened (and, with trusted keys, whose signature was
+    checked), and its files are verified again, so the bytes served there are verified there too."""
+    root = Path(path)
+    read = read_manifest(root, verify=False)
+    if read != manifest:
+        raise SacEdgeError(f"{root}: the bundle's manifest changed since the run started; start the run again")
+    return Bundle(root, read, spec, types.MappingProxyType(verify_files(root, read)))
+
+
 def check_graph(path: Path, data: bytes, spec: PolicySpec) -> Any:
     """The ONNX graph ``data``, parsed; one SacEdgeError line when it keeps any tensor outside itself
     (external data: onnxruntime would read it from a file beside the graph, which the manifest neither lists
