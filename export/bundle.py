@@ -20,7 +20,6 @@ from sac_edge.common.atomic import atomic_dir, atomic_write_json, check_output_p
 from sac_edge.common.bundle_format import (
     ENVELOPE,
     EXPORT_CONFIG,
-    FILE_KINDS,
     FINETUNE_DIR,
     FP16,
     FP16_ONNX,
@@ -35,7 +34,7 @@ from sac_edge.common.bundle_format import (
 from sac_edge.common.config import save_config
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.jsonfile import read_json
-from sac_edge.common.manifest import MAX_MANIFEST_BYTES, file_entry, is_sac_edge_manifest, write_manifest
+from sac_edge.common.manifest import MAX_MANIFEST_BYTES, files_table, is_sac_edge_manifest, write_manifest
 from sac_edge.common.releases import RELEASE, new_release
 from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
 from sac_edge.common.tolerance import tolerance
@@ -245,11 +244,6 @@ def _manifest(
     int8: dict[str, Any] | None,
     engines: dict[str, Any],
 ) -> dict[str, Any]:
-    files = {}
-    for child in sorted(stage.iterdir()):
-        if child.is_file() and child.name in FILE_KINDS:
-            kind, precision = FILE_KINDS[child.name]
-            files[child.name] = file_entry(stage, child.name, kind=kind, precision=precision)
     spec = source.spec
     return {
         "spec": spec.to_dict(),
@@ -268,7 +262,7 @@ def _manifest(
             "checkpoint_sha256": source.sha256,
             **source.provenance,
         },
-        "files": files,
+        "files": files_table(stage),
         "parity": parity.to_dict(),
         "calibration": int8.get("calibration") if int8 else None,
         "gate": int8.get("gate") if int8 else None,
