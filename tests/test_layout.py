@@ -332,11 +332,20 @@ def test_the_format_check_finds_each_kind_of_literal() -> None:
 
 
 def test_bundle_and_open_bundle_are_defined_once() -> None:
-    """``Bundle`` and ``open_bundle`` live in ``common/bundle.py``; a second definition would be a copy."""
-    where = sorted(
-        str(path.relative_to(ROOT))
-        for path in source_files()
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in ("Bundle", "open_bundle")
-    )
-    assert where == ["common/bundle.py", "common/bundle.py"]
+    """``Bundle`` and ``open_bundle`` live in ``common/bundle.py`` and are imported from there; a second
+    definition would be a copy, and an import through another module (``backends.base`` imports ``Bundle``
+    for its own signatures) would hide where they live."""
+    names, home = ("Bundle", "open_bundle"), (("sac_edge.common.bundle", 0), ("bundle", 1))
+    defined, elsewhere = [], []
+    for path in [*source_files(), *sorted(ROOT.glob("bench/*.py")), *sorted(ROOT.glob("tests/**/*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in names:
+                defined.append(str(path.relative_to(ROOT)))
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and any(a.name in names for a in node.names)
+                and (node.module, node.level) not in home
+            ):
+                elsewhere.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert defined == ["common/bundle.py", "common/bundle.py"]
+    assert elsewhere == [], "import Bundle/open_bundle from sac_edge.common.bundle: " + ", ".join(elsewhere)
