@@ -48,6 +48,8 @@ GRAPH_KINDS = (ONNX_KIND, ONNX_CPU_KIND)
 
 # Folders the device writes inside a bundle, never beside the exported files.
 ENGINES_DIR = "engines"  # engines and provider caches built on this device
+ORT_TRT_CACHE = "ort-trt"  # ENGINES_DIR's folder for onnxruntime's TensorRT provider engine cache
+SWAP_BUILDS = "swap"  # ENGINES_DIR's folder for engines rebuilt with swapped-in weights
 FINETUNE_DIR = "finetune"  # the last good fine-tuned weights (``sac-edge run --finetune``)
 LAST_GOOD = "last_good.safetensors"  # FINETUNE_DIR's files from here on
 LAST_GOOD_INFO = "last_good.json"

@@ -271,13 +271,17 @@ def _format_words() -> tuple[set[str], set[str]]:
 
 def format_literals(source: str, strict: set[str], plain: set[str]) -> Iterator[tuple[int, str]]:
     """(line, literal) of every bundle word spelled out in ``source``: a strict word anywhere but a docstring;
-    a plain one as a path part (``bundle / "engines"``) or as what ``Bundle.files``/``onnx``/``cpu_onnx`` or
-    a kind or precision comparison is given."""
+    a plan name put together in an f-string; a plain one as a path part (``bundle / "engines"``) or as what
+    ``Bundle.files``/``onnx``/``cpu_onnx`` or a kind or precision comparison is given."""
     tree = ast.parse(source)
     docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and node.value in strict and id(node) not in docstrings:
             yield node.lineno, str(node.value)
+        if isinstance(node, ast.JoinedStr):  # a plan's name built by hand: f"policy.{precision}.plan"
+            template = "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            if re.fullmatch(r"policy\.\{\}(\.\{\})?\.plan", template):
+                yield node.lineno, template
         named = []
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             named = [node.right]
@@ -321,6 +325,7 @@ def test_the_format_check_finds_each_kind_of_literal() -> None:
         'D = bundle.files("learner")\n'
         'E = entry.get("kind") == "onnx"\n'
         'F = {"engines": 1, "onnx": 2}  # plain words as keys are not the format\n'
+        'G = work / f"policy.{precision}.plan"\n'
     )
     assert sorted(format_literals(planted, strict, plain)) == [
         (2, "parity_states.npy"),
@@ -328,6 +333,7 @@ def test_the_format_check_finds_each_kind_of_literal() -> None:
         (4, "engines"),
         (5, "learner"),
         (6, "onnx"),
+        (8, "policy.{}.plan"),
     ]
 
 

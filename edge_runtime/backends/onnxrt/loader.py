@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sac_edge.common.bundle import Bundle
-from sac_edge.common.bundle_format import ENGINES_DIR, FP16, FP32, INT8, PRECISIONS
+from sac_edge.common.bundle_format import ENGINES_DIR, FP16, FP32, INT8, ORT_TRT_CACHE, PRECISIONS
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.versions import parse_version
 
@@ -95,7 +95,7 @@ def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
     profile = trt_ep_profile(bundle.spec.obs_dim, import_ort().__version__)
     trt_options = {
         "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(cache / "ort-trt"),
+        "trt_engine_cache_path": str(cache / ORT_TRT_CACHE),
         "trt_fp16_enable": precision != FP32,
         "trt_int8_enable": precision == INT8,
         **profile,

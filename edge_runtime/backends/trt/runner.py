@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sac_edge.common.bundle import Bundle
-from sac_edge.common.bundle_format import ENGINES_DIR, INT8, TIMING_CACHE
+from sac_edge.common.bundle_format import ENGINES_DIR, INT8, SWAP_BUILDS, TIMING_CACHE, plan_name
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import sha256_bytes
 
@@ -289,9 +289,9 @@ class TensorRTBackend(Backend):
             if init.name in weights:
                 dtype = numpy_helper.to_array(init).dtype
                 init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype), init.name))
-        work = self.engine_dir / "swap"
+        work = self.engine_dir / SWAP_BUILDS
         work.mkdir(parents=True, exist_ok=True)
-        plan = work / f"policy.{self.precision}.plan"
+        plan = work / plan_name(self.precision)
         self._build_plan(self.onnx, plan, not self.rebuild_swaps, model.SerializeToString())
         self._plan_bytes = plan.read_bytes()
         return self._load(None)
