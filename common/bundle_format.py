@@ -2,10 +2,10 @@
 writes (docs/CONTRACTS.md, "Bundle").
 
 ``sac-export`` and the INT8 pipeline write these names, the edge runtime reads them; nothing else spells
-them out (``tests/test_layout.py`` fails on a bundle file name or precision literal anywhere else in the
-stage packages). The manifest's schema and checksums are ``manifest.py``; opening a bundle (verified bytes
-only) is ``bundle.py``, which reads through ``manifest.py`` and ``signing.py``, both of which need these
-names: so this module imports nothing and everything else imports it.
+them out (``tests/test_layout.py`` fails on one of these literals anywhere else in the stage packages).
+The manifest's schema and checksums are ``manifest.py``; opening a bundle (verified bytes only) is
+``bundle.py``, which reads through ``manifest.py`` and ``signing.py``, both of which need these names: so
+this module imports nothing and everything else imports it.
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ GRAPH_KINDS = (ONNX_KIND, ONNX_CPU_KIND)
 ENGINES_DIR = "engines"  # engines and provider caches built on this device
 ORT_TRT_CACHE = "ort-trt"  # ENGINES_DIR's folder for onnxruntime's TensorRT provider engine cache
 SWAP_BUILDS = "swap"  # ENGINES_DIR's folder for engines rebuilt with swapped-in weights
-FINETUNE_DIR = "finetune"  # the last good fine-tuned weights (``sac-edge run --finetune``)
-LAST_GOOD = "last_good.safetensors"  # FINETUNE_DIR's files from here on
-LAST_GOOD_INFO = "last_good.json"
-PREVIOUS = "previous.safetensors"
+FINETUNE_DIR = "finetune"  # the last good fine-tuned weights (``sac-edge run --finetune``), in these files:
+LAST_GOOD = "last_good.safetensors"  # the promoted weights
+LAST_GOOD_INFO = "last_good.json"  # their record
+PREVIOUS = "previous.safetensors"  # the set they replaced, named when the last good set is damaged
 PREVIOUS_INFO = "previous.json"
-LOCK = "lock"
+LOCK = "lock"  # one fine-tuner per bundle
 
 
 def plan_name(precision: str, tag: str | None = None) -> str:
