@@ -50,11 +50,12 @@ import numpy as np
 import torch
 
 from sac_edge.common.atomic import atomic_write_json
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.envs import make_env
 from sac_edge.common.latency import interleaved
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.backends.base import Backend, open_bundle
+from sac_edge.edge_runtime.backends.base import Backend
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.control.step_stats import MISS_CAUSES
 from sac_edge.edge_runtime.runtime import RunConfig, Runtime

@@ -29,8 +29,9 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from sac_edge.common.bundle_format import INT8_ONNX, POLICY_ONNX
 from sac_edge.common.config import parse_config
-from sac_edge.export.bundle import INT8_ONNX, POLICY_ONNX, write_bundle
+from sac_edge.export.bundle import write_bundle
 from sac_edge.export.config import ExportConfig
 from sac_edge.export.source import load_source
 

@@ -34,9 +34,9 @@ import onnx
 import onnxruntime as ort
 
 from sac_edge.calibration.gate import MAX_MEAN_ERROR_FRAC
+from sac_edge.common.bundle import Bundle, open_bundle
 from sac_edge.common.config import parse_config
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.backends.base import Bundle, open_bundle
 from sac_edge.edge_runtime.backends.parity_gate import INT8_KERNEL_FRAC, gate_states, judge, reference_actions
 
 

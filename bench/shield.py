@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 
 from sac_edge.common.atomic import atomic_write_json
+from sac_edge.common.bundle import open_bundle
+from sac_edge.common.bundle_format import PARITY_STATES
 from sac_edge.common.envelope import Envelope, parse_envelope
 from sac_edge.common.latency import interleaved
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.backends.base import open_bundle
 from sac_edge.edge_runtime.control.safety import ActionGuard
 from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
 
@@ -50,7 +51,7 @@ def load(bundle_dir: Path) -> tuple[Envelope, np.ndarray, tuple[np.ndarray, np.n
     if not names:
         raise SystemExit(f"shield: {bundle_dir} has no envelope.json; export it with sac-export (not --no-envelope)")
     envelope = parse_envelope(bundle.read(bundle.path / names[0]), bundle.path / names[0], spec.obs_dim, spec.act_dim)
-    states = np.load(io.BytesIO(bundle.read(bundle.path / "parity_states.npy")), allow_pickle=False)
+    states = np.load(io.BytesIO(bundle.read(bundle.path / PARITY_STATES)), allow_pickle=False)
     return envelope, states, (np.array(spec.action_low), np.array(spec.action_high)), spec.env_id
 
 

@@ -38,8 +38,10 @@ import onnxruntime as ort
 from edge_loop import ENVS, export, interleaved, write_run_dir
 from onnx import numpy_helper
 
+from sac_edge.common.bundle import Bundle, open_bundle
+from sac_edge.common.bundle_format import INT8_CPU_ONNX, POLICY_ONNX
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, Bundle, SwapPath, open_bundle
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, SwapPath
 from sac_edge.edge_runtime.backends.onnxrt.runner import NO_PREPACKING
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.finetune.finetuner import GIL_SWITCH_S, read_learner_tensors
@@ -83,7 +85,7 @@ def _bound(session: Any, obs: np.ndarray, act_dim: int) -> tuple[Any, list[Any]]
 def prepack_rows(bundle: Bundle) -> list[dict[str, Any]]:
     rows = []
     rng = np.random.default_rng(0)
-    for name in ("policy.onnx", "policy.int8-cpu.onnx"):
+    for name in (POLICY_ONNX, INT8_CPU_ONNX):
         sessions = {p: _session(bundle.path / name, p) for p in (True, False)}
         for batch in (1, 8, 64):
             obs = rng.standard_normal((batch, bundle.spec.obs_dim)).astype(np.float32)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from sac_edge.common.bundle_format import FP32, INT8
 from sac_edge.common.envs import make_env
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.spec import PolicySpec
@@ -95,7 +96,7 @@ class GateReport:
 
     @property
     def float_layers(self) -> tuple[str, ...]:
-        return tuple(layer.name for layer in self.layers if layer.precision != "int8")
+        return tuple(layer.name for layer in self.layers if layer.precision != INT8)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (non-finite figures become None)."""
@@ -238,7 +239,7 @@ def run_gate(
         worst_return_source=worst_source,
         return_drop=fp32_mean - _mean(int8_returns),
         allowed_return_drop=allowed,
-        layers=tuple(LayerReport(n, "fp32" if n in final_float else "int8", sensitivity.get(n)) for n in layers),
+        layers=tuple(LayerReport(n, FP32 if n in final_float else INT8, sensitivity.get(n)) for n in layers),
         attempts=tuple(attempts),
     )
     return report, chosen

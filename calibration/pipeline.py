@@ -11,6 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from sac_edge.common.atomic import atomic_write_bytes
+from sac_edge.common.bundle_format import CALIB_CACHE, INT8_CPU_ONNX, INT8_ONNX
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.spec import PolicySpec
 
@@ -23,10 +24,6 @@ from .integer import integer_graph
 from .qdq import quantizable_tensors, quantize_model
 from .session import OnnxPolicy, collect_activations
 from .states import StateSets, build_state_sets, validate_states
-
-INT8_ONNX = "policy.int8.onnx"
-INT8_CPU_ONNX = "policy.int8-cpu.onnx"
-CALIB_CACHE = "calib.cache"
 
 
 class Int8Result(NamedTuple):

@@ -27,7 +27,6 @@ import numpy as np
 from .errors import SacEdgeError
 from .jsonfile import parse_json_object
 
-ENVELOPE = "envelope.json"
 FORMAT = "sac-edge envelope/1"
 FIX = "re-export the bundle with sac-export"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from .bundle_format import FP32
 from .errors import SacEdgeError
 
 # Ops a policy graph (fp32 or Q/DQ) may contain: each is "Y" in onnx-tensorrt release/8.5-GA
@@ -60,7 +61,7 @@ def check_graph_ops(model: Any, name: str, precision: str, listed: object) -> No
             f"{name}: the graph uses ops outside the TensorRT 8.5 set sac-export allows ({', '.join(outside)}); {fix}"
         )
     if isinstance(listed, list):
-        allowed = set(map(str, listed)) | (PRECISION_OPS if precision != "fp32" else set())
+        allowed = set(map(str, listed)) | (PRECISION_OPS if precision != FP32 else set())
         unlisted = sorted(ops - allowed)
         if unlisted:
             raise SacEdgeError(

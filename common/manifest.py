@@ -18,14 +18,11 @@ from typing import Any
 
 from .atomic import atomic_write_json
 from .bounded import MAX_MEMBER_BYTES, read_capped
+from .bundle_format import FILE_KINDS, FORMAT_VERSION, MANIFEST
 from .errors import SacEdgeError
 from .jsonfile import parse_json_object
 from .versions import installed_version
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-ENGINES_DIR = "engines"  # BUNDLE/engines: engines and provider caches built on this device
-FINETUNE_DIR = "finetune"  # BUNDLE/finetune: the last good fine-tuned weights (sac-edge run --finetune)
 MAX_MANIFEST_BYTES = 4 << 20
 MAX_FILES = 256
 MAX_NAME_CHARS = 255
@@ -56,6 +53,17 @@ def file_entry(bundle: Path, name: str, *, kind: str, precision: str | None = No
         "kind": kind,
         "precision": precision,
     }
+
+
+def files_table(bundle: Path) -> dict[str, dict[str, Any]]:
+    """The manifest's ``files`` for a bundle being written: an entry for every file of the format
+    (``bundle_format.FILE_KINDS``, with its kind and precision) present in ``bundle``."""
+    files = {}
+    for child in sorted(bundle.iterdir()):
+        if child.is_file() and child.name in FILE_KINDS:
+            kind, precision = FILE_KINDS[child.name]
+            files[child.name] = file_entry(bundle, child.name, kind=kind, precision=precision)
+    return files
 
 
 def write_manifest(bundle: Path, manifest: dict[str, Any]) -> None:

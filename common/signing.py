@@ -28,11 +28,11 @@ with warnings.catch_warnings():
 
 from .atomic import atomic_write_json
 from .bounded import read_capped
+from .bundle_format import MANIFEST, SIGNATURE
 from .errors import SacEdgeError
 from .jsonfile import read_json
-from .manifest import MANIFEST, MAX_MANIFEST_BYTES, manifest_bytes
+from .manifest import MAX_MANIFEST_BYTES, manifest_bytes
 
-SIGNATURE = "manifest.sig"
 PUBLIC_SUFFIX = ".pub"
 ALGORITHM = "ed25519"
 MAX_KEY_BYTES = 64 << 10

@@ -7,10 +7,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .bundle_format import FP16, FP32
+
 # Max abs action error as a fraction of the widest action range: an fp32 engine may use TF32 tensor cores
 # on Ampere and later (TensorRT's default) and reorders sums; fp16 keeps ~3 decimal digits through three
 # layers and a tanh. INT8 is judged by the accuracy gate's mean action-error rule instead.
-TOLERANCE_FRAC = {"fp32": 1e-3, "fp16": 1e-2}
+TOLERANCE_FRAC = {FP32: 1e-3, FP16: 1e-2}
 
 
 def tolerance(precision: str, low: Sequence[float], high: Sequence[float]) -> float:

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.config import config_dict
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.latency import latency_us, time_calls
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.autoselect import probe_observations
-from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, open_bundle
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions
 from sac_edge.edge_runtime.backends.registry import candidates, check_precision, kind, open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.budget.sensors import EnergyMeter, detect_power_sensor

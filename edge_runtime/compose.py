@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from sac_edge.common.atomic import check_output_path
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import ENVELOPE_KIND, FP32, PRECISIONS
 from sac_edge.common.envelope import parse_envelope
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.lockfile import pid_lock
 from sac_edge.edge_runtime.backends.autoselect import Measurement, autoselect
-from sac_edge.edge_runtime.backends.base import PRECISION_ORDER, Backend, BackendOptions, Bundle
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions
 from sac_edge.edge_runtime.backends.registry import open_backend, refusal
 from sac_edge.edge_runtime.budget.governor import Governor, GovernorConfig, build_ladder
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
@@ -167,10 +169,10 @@ def open_backends(cfg: RunConfig, bundle: Bundle, log: Log) -> tuple[dict[str, B
         precisions = [cfg.precision] if cfg.precision else None
         backend, figures = autoselect(bundle, options, precisions, calls=cfg.auto_calls, log=log)
     else:
-        backend = open_backend(bundle, cfg.backend, cfg.precision or "fp32", options)
+        backend = open_backend(bundle, cfg.backend, cfg.precision or FP32, options)
     backends = {backend.precision: backend}
     if has_budgets(cfg):
-        cheaper = PRECISION_ORDER[PRECISION_ORDER.index(backend.precision) + 1 :]
+        cheaper = PRECISIONS[PRECISIONS.index(backend.precision) + 1 :]
         for precision in cheaper:
             if refusal(bundle, backend.name, precision) is None:
                 backends[precision] = open_backend(bundle, backend.name, precision, options)
@@ -214,7 +216,7 @@ def make_shield(cfg: RunConfig, bundle: Bundle, emit: Emit) -> Shield | None:
     problem = settings.problem(spec.act_dim)
     if problem is not None:
         raise SacEdgeError(problem)
-    names = bundle.files("envelope")
+    names = bundle.files(ENVELOPE_KIND)
     envelope = None
     if names:
         path = bundle.path / names[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sac_edge.edge_runtime.backends.base import PRECISIONS
+from sac_edge.common.bundle_format import PRECISIONS
 from sac_edge.edge_runtime.backends.registry import BACKEND_CHOICES, KINDS
 from sac_edge.edge_runtime.control.safety import OBS_FAULT_POLICIES
 from sac_edge.edge_runtime.control.shield import FALLBACKS, SHIELD_MODES

@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sac_edge.common.bundle import Bundle, open_bundle
+from sac_edge.common.bundle_format import ENGINES_DIR, INT8, PRECISIONS
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import ENGINES_DIR
 from sac_edge.common.signing import SIGNED, TRUSTED, UNSIGNED, signature_state
 from sac_edge.common.table import format_table
 from sac_edge.common.versions import installed_version
-from sac_edge.edge_runtime.backends.base import PRECISIONS, Bundle, open_bundle
 from sac_edge.edge_runtime.backends.registry import KINDS, candidates
 from sac_edge.edge_runtime.backends.trt.plans import parity_records
 from sac_edge.edge_runtime.budget.memory import read_nvmap, read_system_memory
@@ -288,7 +288,7 @@ def bundle_rows(ctx: Context) -> Iterable[Row]:
         "graphs",
         f"{ctx.bundle.path}: {', '.join(graphs)} (format_version {ctx.bundle.manifest.get('format_version')})",
         OK,
-        "" if "int8" in graphs else "sac-export RUN --out BUNDLE --force --int8",
+        "" if INT8 in graphs else "sac-export RUN --out BUNDLE --force --int8",
     )
     sig = signature_state(ctx.bundle.path, ctx.trusted_keys)
     yield Row(

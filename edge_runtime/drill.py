@@ -33,13 +33,13 @@ import gymnasium as gym
 import numpy as np
 
 from sac_edge.common.atomic import atomic_write_json, check_output_path
+from sac_edge.common.bundle import Bundle, open_bundle
+from sac_edge.common.bundle_format import ENVELOPE_KIND, FP32, MANIFEST
 from sac_edge.common.config import config_dict
 from sac_edge.common.envelope import parse_envelope
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import MANIFEST
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.backends.base import Bundle, open_bundle
 from sac_edge.edge_runtime.control.shield import ShieldSettings
 
 from .config import DrillConfig, RunConfig
@@ -187,7 +187,7 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
         probe.close()
     if cfg.fault_dim >= spec.obs_dim:
         raise SacEdgeError(f"--fault-dim must be below the bundle's obs_dim {spec.obs_dim}, got {cfg.fault_dim}")
-    names = bundle.files("envelope")
+    names = bundle.files(ENVELOPE_KIND)
     envelope = (
         parse_envelope(bundle.read(bundle.path / names[0]), bundle.path / names[0], spec.obs_dim, spec.act_dim)
         if names
@@ -204,7 +204,7 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
             bundle=cfg.bundle,
             env=env_name,
             backend=cfg.backend,
-            precision="fp32",
+            precision=FP32,
             rate_hz=DRILL_RATE_HZ,
             shield=mode,
             shield_window=cfg.shield_window,
@@ -241,7 +241,7 @@ def _actor_sets(bundle: Bundle, seed: int) -> tuple[dict[str, np.ndarray], dict[
     import onnx
     from onnx import numpy_helper
 
-    path = bundle.onnx("fp32")
+    path = bundle.onnx(FP32)
     if path is None:
         raise SacEdgeError(f"{bundle.path}: --faults swap needs the fp32 graph policy.onnx")
     rng = np.random.default_rng(seed)

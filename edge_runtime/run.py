@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle, open_bundle
+from sac_edge.common.bundle_format import MANIFEST
 from sac_edge.common.config import config_dict
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
-from sac_edge.common.manifest import MANIFEST
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.backends.base import Bundle, open_bundle
 from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings, describe_error
 from sac_edge.edge_runtime.control.realtime import enter_realtime, hold_idle_latency
 from sac_edge.edge_runtime.control.shield import Shield

@@ -45,9 +45,10 @@ from typing import Any
 
 import numpy as np
 
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.config import config_dict
 from sac_edge.common.errors import InternalError, SacEdgeError
-from sac_edge.edge_runtime.backends.base import Backend, open_bundle
+from sac_edge.edge_runtime.backends.base import Backend
 from sac_edge.edge_runtime.control.loop import describe_error, finite_reward
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard, plain_array
 from sac_edge.edge_runtime.control.shield import Shield, ShieldSummary, guards_summary

@@ -17,18 +17,24 @@ import numpy as np
 import onnx
 
 from sac_edge.common.atomic import atomic_dir, atomic_write_json, check_output_path
+from sac_edge.common.bundle_format import (
+    ENVELOPE,
+    EXPORT_CONFIG,
+    FINETUNE_DIR,
+    FP16,
+    FP16_ONNX,
+    INT8,
+    LEARNER,
+    MANIFEST,
+    PARITY_STATES,
+    POLICY_ONNX,
+    TIMING_CACHE,
+    plan_name,
+)
 from sac_edge.common.config import save_config
-from sac_edge.common.envelope import ENVELOPE
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.jsonfile import read_json
-from sac_edge.common.manifest import (
-    FINETUNE_DIR,
-    MANIFEST,
-    MAX_MANIFEST_BYTES,
-    file_entry,
-    is_sac_edge_manifest,
-    write_manifest,
-)
+from sac_edge.common.manifest import MAX_MANIFEST_BYTES, files_table, is_sac_edge_manifest, write_manifest
 from sac_edge.common.releases import RELEASE, new_release
 from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
 from sac_edge.common.tolerance import tolerance
@@ -48,31 +54,8 @@ from .parity import (
     require_parity,
 )
 from .source import PolicySource
-from .tensorrt import TIMING_CACHE, build_engine, engine_inputs, plan_name, tensorrt_unavailable, tensorrt_version
+from .tensorrt import build_engine, engine_inputs, tensorrt_unavailable, tensorrt_version
 
-POLICY_ONNX = "policy.onnx"
-INT8_ONNX = "policy.int8.onnx"
-INT8_CPU_ONNX = "policy.int8-cpu.onnx"  # calibration.pipeline writes these three
-FP16_ONNX = "policy.fp16.onnx"
-PARITY_STATES = "parity_states.npy"  # held-out states the edge runtime's engine parity gate runs
-CALIB_CACHE = "calib.cache"
-LEARNER = "learner.safetensors"
-EXPORT_CONFIG = "export_config.json"
-
-# name -> (kind, precision) for the manifest's files table
-FILE_KINDS: dict[str, tuple[str, str | None]] = {
-    POLICY_ONNX: ("onnx", "fp32"),
-    INT8_ONNX: ("onnx", "int8"),
-    INT8_CPU_ONNX: ("onnx-cpu", "int8"),
-    FP16_ONNX: ("onnx", "fp16"),
-    PARITY_STATES: ("parity-states", None),
-    CALIB_CACHE: ("calibration-cache", "int8"),
-    LEARNER: ("learner", "fp32"),
-    EXPORT_CONFIG: ("config", None),
-    ENVELOPE: ("envelope", None),
-    TIMING_CACHE: ("tensorrt-timing-cache", None),
-    **{plan_name(p): ("tensorrt-engine", p) for p in ("fp32", "fp16", "int8")},
-}
 DEFERRED = "built on the device by sac-edge on first run"
 
 
@@ -178,7 +161,7 @@ def _fp16(stage: Path, source: PolicySource, states: np.ndarray, origin: str) ->
         POLICY_ONNX,
         states,
         origin,
-        tolerance("fp16", source.spec.action_low, source.spec.action_high),
+        tolerance(FP16, source.spec.action_low, source.spec.action_high),
     )
     require_parity(parity)
     return parity
@@ -221,14 +204,14 @@ def _int8_accepted(int8: dict[str, Any] | None) -> bool:
 
 def _engines(cfg: ExportConfig, stage: Path, int8: dict[str, Any] | None) -> dict[str, Any]:
     """Build the engines asked for when TensorRT and a GPU are here; otherwise record them as deferred."""
-    wanted = (["fp16"] if cfg.fp16 else []) + (["int8"] if cfg.int8 else [])
+    wanted = ([FP16] if cfg.fp16 else []) + ([INT8] if cfg.int8 else [])
     if not wanted:
         return {}
     reason = None if cfg.engine != "never" else "--engine never"
     reason = reason or tensorrt_unavailable()
     engines: dict[str, Any] = {}
     for precision in wanted:
-        if precision == "int8" and not _int8_accepted(int8):
+        if precision == INT8 and not _int8_accepted(int8):
             engines[precision] = {"status": "skipped", "reason": "INT8 rejected by the accuracy gate"}
         elif reason is not None:
             engines[precision] = {"status": "deferred", "reason": reason, "build": DEFERRED}
@@ -261,11 +244,6 @@ def _manifest(
     int8: dict[str, Any] | None,
     engines: dict[str, Any],
 ) -> dict[str, Any]:
-    files = {}
-    for child in sorted(stage.iterdir()):
-        if child.is_file() and child.name in FILE_KINDS:
-            kind, precision = FILE_KINDS[child.name]
-            files[child.name] = file_entry(stage, child.name, kind=kind, precision=precision)
     spec = source.spec
     return {
         "spec": spec.to_dict(),
@@ -284,7 +262,7 @@ def _manifest(
             "checkpoint_sha256": source.sha256,
             **source.provenance,
         },
-        "files": files,
+        "files": files_table(stage),
         "parity": parity.to_dict(),
         "calibration": int8.get("calibration") if int8 else None,
         "gate": int8.get("gate") if int8 else None,

@@ -25,22 +25,16 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from sac_edge.common.atomic import atomic_write_bytes
+from sac_edge.common.bundle_format import CALIB_CACHE, FP16, FP32, INT8, INT8_ONNX, PRECISIONS, TIMING_CACHE
 from sac_edge.common.errors import InternalError, SacEdgeError
 
 from .trt_api import create, import_problem, make_logger, reason
 from .trt_generations import Generation, generation
 
-PRECISIONS = ("fp32", "fp16", "int8")
-TIMING_CACHE = "timing.cache"
 DEFAULT_WORKSPACE = 512 << 20
 PROFILES = 2  # profile 0: act's context, profile 1: act_batch's context
 # cuda.h CUdevice_attribute values (stable driver ABI)
 _CC_MAJOR, _CC_MINOR = 75, 76
-
-
-def plan_name(precision: str) -> str:
-    """``policy.<precision>.plan``, the engine's file name in a bundle (docs/CONTRACTS.md)."""
-    return f"policy.{precision}.plan"
 
 
 class CudaDevice(NamedTuple):
@@ -128,7 +122,7 @@ def tensorrt_version() -> str:
 def engine_inputs(bundle: Path, precision: str, version: str) -> tuple[Path, Path | None]:
     """The ONNX (and calibration cache) an engine of ``precision`` is built from, for TensorRT ``version``."""
     gen = generation(version)
-    cache = bundle / "calib.cache"
+    cache = bundle / CALIB_CACHE
     has_cache = cache.is_file()
     onnx = bundle / gen.onnx_name(precision, has_cache)
     return onnx, cache if gen.uses_calib_cache(precision, has_cache) else None
@@ -193,7 +187,7 @@ def build_engine(
         config.set_flag(trt.BuilderFlag.REFIT)
         used.append("REFIT")
     calibrator, header = None, None  # the calibrator must outlive the build
-    if calib_cache is not None and precision == "int8":
+    if calib_cache is not None and precision == INT8:
         from sac_edge.calibration.cache import for_tensorrt
 
         data = for_tensorrt(calib_cache, trt.__version__, calib_bytes)
@@ -201,7 +195,7 @@ def build_engine(
         calibrator = _cache_calibrator(trt, data)
         config.int8_calibrator = calibrator
         _check(config.set_calibration_profile(profile), logger, "set the calibration profile")
-    int8_source = None if precision != "int8" else ("calib.cache" if calibrator is not None else "explicit Q/DQ")
+    int8_source = None if precision != INT8 else (CALIB_CACHE if calibrator is not None else "explicit Q/DQ")
     cache_path = timing_cache or plan_path.with_name(TIMING_CACHE)
     cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
     if cache is None or not config.set_timing_cache(cache, False):
@@ -262,11 +256,11 @@ def _add_profiles(
 
 def _set_precision(trt: Any, gen: Generation, config: Any, network: Any, precision: str, onnx_path: Path) -> list[str]:
     """The builder flags ``precision`` needs on ``gen`` (none where strongly typed: the graph's types decide)."""
-    if precision == "int8" and not gen.implicit_int8 and not _has_qdq(trt, network):
-        raise SacEdgeError(f"{onnx_path.name} has no Q/DQ nodes; TensorRT {gen.name} builds INT8 from policy.int8.onnx")
-    if precision == "fp32" or not gen.precision_flags:
+    if precision == INT8 and not gen.implicit_int8 and not _has_qdq(trt, network):
+        raise SacEdgeError(f"{onnx_path.name} has no Q/DQ nodes; TensorRT {gen.name} builds INT8 from {INT8_ONNX}")
+    if precision == FP32 or not gen.precision_flags:
         return []
-    flag = "FP16" if precision == "fp16" else "INT8"
+    flag = "FP16" if precision == FP16 else "INT8"
     config.set_flag(getattr(trt.BuilderFlag, flag))
     return [flag]
 

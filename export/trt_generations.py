@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from sac_edge.common.bundle_format import FP16, FP16_ONNX, INT8, INT8_ONNX, POLICY_ONNX
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.versions import parse_version
 
@@ -48,14 +49,14 @@ class Generation(NamedTuple):
 
     def onnx_name(self, precision: str, has_calib_cache: bool) -> str:
         """The bundle file an engine of ``precision`` is built from on this generation."""
-        if precision == "fp16" and self.fp16_onnx:
-            return "policy.fp16.onnx"
-        if precision == "int8" and not (self.implicit_int8 and has_calib_cache):
-            return "policy.int8.onnx"
-        return "policy.onnx"
+        if precision == FP16 and self.fp16_onnx:
+            return FP16_ONNX
+        if precision == INT8 and not (self.implicit_int8 and has_calib_cache):
+            return INT8_ONNX
+        return POLICY_ONNX
 
     def uses_calib_cache(self, precision: str, has_calib_cache: bool) -> bool:
-        return precision == "int8" and self.implicit_int8 and has_calib_cache
+        return precision == INT8 and self.implicit_int8 and has_calib_cache
 
 
 TRT8 = Generation("8.5/8.6", True, True, True, False)

@@ -14,7 +14,8 @@ import onnxruntime as ort
 import pytest
 from docs_tables import documented
 
-from sac_edge.common.manifest import ENGINES_DIR, FINETUNE_DIR, MANIFEST, read_manifest
+from sac_edge.common.bundle_format import ENGINES_DIR, FINETUNE_DIR, MANIFEST
+from sac_edge.common.manifest import read_manifest
 from sac_edge.sweep.cli import JSON_KEYS
 
 BIN = Path(sys.executable).parent

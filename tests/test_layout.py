@@ -9,6 +9,8 @@
 - No module imports itself back through others (no import circles), counting imports inside functions
   and under ``TYPE_CHECKING``.
 - Every package says in its ``__init__.py`` docstring what lives there and what it may import.
+- The bundle's vocabulary (file names, kinds, precisions, folders) is spelled out only in
+  ``common/bundle_format.py``; every other module names it through that module's constants.
 """
 
 from __future__ import annotations
@@ -237,3 +239,119 @@ def test_architecture_file_map_is_complete() -> None:
     mapped = _file_map()
     assert sorted((packages | modules | tools) - mapped) == [], "missing from the file map"
     assert sorted(mapped - (packages | modules | tools)) == [], "in the file map, but no such file"
+
+
+FORMAT_MODULE = ROOT / "common" / "bundle_format.py"
+#: Literals equal to a bundle word that mean something else there: (file, literal) -> what it is.
+NOT_THE_FORMAT = {
+    ("train/config.py", "fp16"): "an --amp mode (mixed-precision training), not a bundle precision",
+    ("train/sac.py", "fp16"): "an --amp mode (mixed-precision training), not a bundle precision",
+    ("export/cli.py", "int8"): "the --json summary's key for the INT8 gate figures (docs/CONTRACTS.md)",
+    ("export/tensorrt.py", "int8"): "a word searched for in TensorRT's engine-inspector JSON",
+    ("edge_runtime/finetune/finetuner.py", "int8"): "a key of the learner process's JSON messages",
+    ("edge_runtime/finetune/learner_process.py", "int8"): "a key of the learner process's JSON messages",
+}
+
+
+def _format_words() -> tuple[set[str], set[str]]:
+    """Every string the format module defines (and each plan's name), split into words that are the format
+    wherever they appear (a dot, a dash or a digit: ``policy.onnx``, ``fp16``, ``onnx-cpu``) and plain words
+    (``engines``, ``onnx``, ``learner``) that are the format only where they name a bundle path or kind."""
+    tree = ast.parse(FORMAT_MODULE.read_text())
+    words = {
+        n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+    }
+    precisions = {w for w in words if re.fullmatch(r"(fp|int)\d+", w)}
+    words |= {f"policy.{p}.plan" for p in precisions}
+    plain = {w for w in words if w.isalpha()}
+    return words - plain, plain
+
+
+def format_literals(source: str, strict: set[str], plain: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, literal) of every bundle word spelled out in ``source``: a strict word anywhere but a docstring;
+    a plan name put together in an f-string; a plain one as a path part (``bundle / "engines"``) or as what
+    ``Bundle.files``/``onnx``/``cpu_onnx`` or a kind or precision comparison is given."""
+    tree = ast.parse(source)
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in strict and id(node) not in docstrings:
+            yield node.lineno, str(node.value)
+        if isinstance(node, ast.JoinedStr):  # a plan's name built by hand: f"policy.{precision}.plan"
+            template = "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            if re.fullmatch(r"policy\.\{\}(\.\{\})?\.plan", template):
+                yield node.lineno, template
+        named = []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            named = [node.right]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("files", "onnx", "cpu_onnx"):
+                named = node.args[:2]
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):
+            named = node.comparators
+        for arg in named:
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value in plain:
+                yield arg.lineno, arg.value
+
+
+def test_the_bundle_format_is_spelled_out_in_one_module() -> None:
+    """A bundle file name, kind, precision or folder written as a literal outside ``common/bundle_format.py``
+    drifts on its own the day the format changes: use that module's constant."""
+    strict, plain = _format_words()
+    assert {"policy.onnx", "manifest.json", "fp16", "int8", "policy.int8.plan"} <= strict
+    assert {"engines", "finetune"} <= plain
+    found, allowed = [], set()
+    for path in source_files():
+        rel = str(path.relative_to(ROOT))
+        if path == FORMAT_MODULE:
+            continue
+        for line, word in format_literals(path.read_text(), strict, plain):
+            if (rel, word) in NOT_THE_FORMAT:
+                allowed.add((rel, word))
+            else:
+                found.append(f"{rel}:{line}: {word!r}")
+    assert found == [], "spell these with sac_edge.common.bundle_format's names: " + ", ".join(found)
+    assert allowed == set(NOT_THE_FORMAT), f"stale NOT_THE_FORMAT entries: {sorted(set(NOT_THE_FORMAT) - allowed)}"
+
+
+def test_the_format_check_finds_each_kind_of_literal() -> None:
+    strict, plain = _format_words()
+    planted = (
+        '"""A docstring may say policy.onnx."""\n'
+        'A = bundle / "parity_states.npy"\n'
+        'B = precision == "int8"\n'
+        'C = bundle.path / "engines"\n'
+        'D = bundle.files("learner")\n'
+        'E = entry.get("kind") == "onnx"\n'
+        'F = {"engines": 1, "onnx": 2}  # plain words as keys are not the format\n'
+        'G = work / f"policy.{precision}.plan"\n'
+    )
+    assert sorted(format_literals(planted, strict, plain)) == [
+        (2, "parity_states.npy"),
+        (3, "int8"),
+        (4, "engines"),
+        (5, "learner"),
+        (6, "onnx"),
+        (8, "policy.{}.plan"),
+    ]
+
+
+def test_bundle_and_open_bundle_are_defined_once() -> None:
+    """``Bundle`` and ``open_bundle`` live in ``common/bundle.py`` and are imported from there; a second
+    definition would be a copy, and an import through another module (``backends.base`` imports ``Bundle``
+    for its own signatures) would hide where they live."""
+    names, home = ("Bundle", "open_bundle"), (("sac_edge.common.bundle", 0), ("bundle", 1))
+    defined, elsewhere = [], []
+    for path in [*source_files(), *sorted(ROOT.glob("bench/*.py")), *sorted(ROOT.glob("tests/**/*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in names:
+                defined.append(str(path.relative_to(ROOT)))
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and any(a.name in names for a in node.names)
+                and (node.module, node.level) not in home
+            ):
+                elsewhere.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert defined == ["common/bundle.py", "common/bundle.py"]
+    assert elsewhere == [], "import Bundle/open_bundle from sac_edge.common.bundle: " + ", ".join(elsewhere)

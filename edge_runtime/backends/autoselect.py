@@ -12,10 +12,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.latency import latency_us, time_calls
 
-from .base import Backend, BackendOptions, Bundle
+from .base import Backend, BackendOptions
 from .registry import KINDS, candidates, open_backend
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import abc
 import enum
 import time
-import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,140 +30,10 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import FP16, FP32, INT8
 from sac_edge.common.errors import InternalError, SacEdgeError
-from sac_edge.common.graph_ops import check_graph_ops
-from sac_edge.common.manifest import manifest_bytes, read_manifest, verify_files
-from sac_edge.common.releases import check_release
-from sac_edge.common.signing import require_trusted
 from sac_edge.common.spec import PolicySpec
-
-PRECISIONS = ("fp32", "fp16", "int8")
-#: Cheapest last: the order the governor degrades through (its "cheaper precision" step).
-PRECISION_ORDER = PRECISIONS
-
-
-GRAPH_KINDS = ("onnx", "onnx-cpu")
-
-
-class Bundle(NamedTuple):
-    """A verified bundle: its directory, manifest, policy spec and the bytes of every listed file whose
-    sha256 was checked (what backends load: a file swapped on disk after the check is never read)."""
-
-    path: Path
-    manifest: dict[str, Any]
-    spec: PolicySpec
-    verified: Mapping[str, bytes] = types.MappingProxyType({})
-
-    def read(self, path: Path) -> bytes:
-        """The verified bytes of the bundle file at ``path`` (one of ``files``); a file that was not
-        verified is one SacEdgeError line, never read from disk."""
-        try:
-            data = self.verified.get(path.relative_to(self.path).as_posix())
-        except ValueError:
-            data = None
-        if data is None:
-            raise SacEdgeError(
-                f"{path}: not a bundle file whose checksum was verified; open the bundle with open_bundle"
-            )
-        return data
-
-    def files(self, kind: str, precision: str | None = None) -> list[str]:
-        """Names of the manifest files of ``kind`` (and ``precision`` when given), sorted."""
-        out = []
-        for name, entry in sorted(self.manifest.get("files", {}).items()):
-            if entry.get("kind") != kind:
-                continue
-            if precision is not None and (entry.get("precision") or "fp32") != precision:
-                continue
-            out.append(name)
-        return out
-
-    def onnx(self, precision: str) -> Path | None:
-        """The ONNX graph stored for ``precision``, if the bundle has one."""
-        names = self.files("onnx", precision)
-        return self.path / names[0] if names else None
-
-    def cpu_onnx(self, precision: str) -> Path | None:
-        """The graph onnxruntime's CPU provider should run for ``precision``: the integer-storage INT8 graph
-        where the bundle has one (``calibration/integer.py``), else ``onnx(precision)``."""
-        names = self.files("onnx-cpu", precision)
-        return self.path / names[0] if names else self.onnx(precision)
-
-
-def open_bundle(path: str | Path, trusted_keys: str | Path | None = None, *, allow_downgrade: bool = False) -> Bundle:
-    """Read a bundle, verifying format_version, the manifest's schema and names, and every file's sha256
-    (one-line error on a mismatch), keeping the verified bytes. With ``trusted_keys`` (a directory of
-    public keys) the manifest must first carry a signature by one of them (``common.signing``), and its
-    release must not be older than the newest accepted from that key unless ``allow_downgrade``
-    (``common.releases``). The manifest is read once: the bytes whose signature is checked are the bytes
-    parsed. A graph with external data is refused (its weights would come from a file nothing vouches for)."""
-    root = Path(path)
-    data = manifest_bytes(root)
-    state = require_trusted(root, trusted_keys, data) if trusted_keys is not None else None
-    manifest = read_manifest(root, verify=False, data=data)
-    verified = verify_files(root, manifest)
-    spec = PolicySpec.from_dict(manifest.get("spec", {}), source=str(root / "manifest.json"))
-    onnx_section = manifest.get("onnx")
-    listed = onnx_section.get("ops") if isinstance(onnx_section, dict) else None
-    for name in sorted(verified):
-        entry = manifest["files"][name]
-        if entry.get("kind") in GRAPH_KINDS:
-            # The op allow-list and the manifest's op list, on the verified bytes, before any runtime opens
-            # the graph: a graph that would never return is refused here.
-            model = check_graph(root / name, verified[name], spec)
-            check_graph_ops(model, str(root / name), entry.get("precision") or "fp32", listed)
-    if state is not None and state.key_id is not None:
-        check_release(root, manifest, state.key_id, allow_downgrade=allow_downgrade)
-    return Bundle(root, manifest, spec, types.MappingProxyType(verified))
-
-
-def check_graph(path: Path, data: bytes, spec: PolicySpec) -> Any:
-    """The ONNX graph ``data``, parsed; one SacEdgeError line when it keeps any tensor outside itself
-    (external data: onnxruntime would read it from a file beside the graph, which the manifest neither lists
-    nor hashes), or when its input and output widths are not the spec's (buffers are sized from the spec)."""
-    import onnx
-
-    try:
-        model = onnx.load_from_string(data)
-    except Exception as err:  # protobuf's DecodeError and friends
-        raise SacEdgeError(f"{path}: not an ONNX graph ({str(err)[:120]}); re-export the bundle") from None
-    for what, values, want in (
-        ("input", model.graph.input, spec.obs_dim),
-        ("output", model.graph.output, spec.act_dim),
-    ):
-        dims = [list(v.type.tensor_type.shape.dim) for v in values[:1]]
-        width = dims[0][-1].dim_value if dims and dims[0] else None
-        if width != want:
-            raise SacEdgeError(
-                f"{path}: the graph's {what} width is {width or 'not fixed'}, the manifest says {want}; "
-                "re-export the bundle"
-            )
-    for tensor in _tensors(model.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.external_data:
-            location = next((e.value for e in tensor.external_data if e.key == "location"), "?")
-            raise SacEdgeError(
-                f"{path}: tensor {tensor.name[:60]!r} is external data ({location[:60]!r}), which the manifest "
-                "does not vouch for; re-export the bundle with sac-export (it keeps every weight in the graph)"
-            )
-    return model
-
-
-def _tensors(graph: Any) -> Any:
-    """Every TensorProto of ``graph``: initializers, sparse initializers and node attributes, subgraphs too."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _tensors(attr.g)
-            for sub in attr.graphs:
-                yield from _tensors(sub)
-
 
 ACCEPTED = ("accepted", "accepted-mixed")
 
@@ -176,7 +45,7 @@ def gate_entry(bundle: Bundle, precision: str) -> dict[str, Any] | None:
     if not isinstance(gate, dict):
         return None
     if "verdict" in gate:
-        return gate if precision == "int8" else None
+        return gate if precision == INT8 else None
     entry = gate.get(precision)
     return entry if isinstance(entry, dict) else None
 
@@ -188,11 +57,11 @@ def gate_refusal(bundle: Bundle, precision: str) -> str | None:
     graph is refused: nothing showed its actions are close to fp32's). fp16 is not gated by sac-export
     (TensorRT fp16 of an MLP stays within ~1e-3 of fp32), so it is refused only if a gate rejected it.
     """
-    if precision == "fp32":
+    if precision == FP32:
         return None
     entry = gate_entry(bundle, precision)
     verdict = entry.get("verdict") if entry else None
-    if verdict in ACCEPTED or (verdict is None and precision == "fp16"):
+    if verdict in ACCEPTED or (verdict is None and precision == FP16):
         return None
     if verdict is None:
         return f"{precision} has no accuracy-gate verdict in the bundle (re-export it with --int8)"

@@ -38,12 +38,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import FP32, INT8, PARITY_STATES_KIND
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.tolerance import tolerance
 
-from .base import Backend, Bundle, PendingSwap
+from .base import Backend, PendingSwap
 
-STATES_KIND = "parity-states"  # export/bundle.py FILE_KINDS
 ACT_ROWS = 32  # rows also sent one at a time through act (the serving context)
 # Room for int8 kernels that implement the same Q/DQ model differently, as a mean fraction of the action
 # range; BENCHMARKS.md ("INT8 engine gate") has the kernel differences it was set against.
@@ -99,7 +100,7 @@ class ParityError(InternalError):
 def gate_states(bundle: Bundle) -> tuple[np.ndarray, str]:
     """The bundle's held-out states, or (a bundle exported before they were kept) seeded standard-normal
     observations, labelled as such."""
-    names = bundle.files(STATES_KIND)
+    names = bundle.files(PARITY_STATES_KIND)
     if names:
         states = np.load(io.BytesIO(bundle.read(bundle.path / names[0])), allow_pickle=False)
         if states.ndim == 2 and states.shape[1] == bundle.spec.obs_dim and len(states):
@@ -110,7 +111,7 @@ def gate_states(bundle: Bundle) -> tuple[np.ndarray, str]:
 
 
 def reference_actions(
-    bundle: Bundle, states: np.ndarray, weights: Mapping[str, np.ndarray] | None = None, graph: str = "fp32"
+    bundle: Bundle, states: np.ndarray, weights: Mapping[str, np.ndarray] | None = None, graph: str = FP32
 ) -> np.ndarray:
     """The actions of the bundle's ``graph`` ("fp32": ``policy.onnx``; "int8": the Q/DQ ``policy.int8.onnx``)
     on ``states`` through onnxruntime's CPU provider, with the float initializers of ``weights`` that the
@@ -170,7 +171,7 @@ def judge(
     finite = bool(np.all(np.isfinite(err)))
     max_abs = float(err.max()) if finite else math.inf
     mean_abs = float(err.mean()) if finite else math.inf
-    if precision == "int8" and implements is not None:
+    if precision == INT8 and implements is not None:
         qdq: np.ndarray = implements.astype(np.float64)
         value = _mean_frac(np.abs(wide - qdq), span)
         reference = _mean_frac(np.abs(qdq - exact), span)
@@ -181,7 +182,7 @@ def judge(
             "mean action error / range against the Q/DQ graph", INT8_KERNEL_FRAC, value, passed,
             fp32_value, reference, fp32_limit,
         )  # fmt: skip
-    if precision == "int8":
+    if precision == INT8:
         value, rule, limit = _mean_frac(err, span), "mean action error / range", MAX_MEAN_ERROR_FRAC
     else:
         value, rule, limit = max_abs, "max abs action error", tolerance(precision, low, high)
@@ -205,8 +206,8 @@ def verify(
     states, source = gate_states(bundle)
     want = reference_actions(bundle, states, weights)
     implements = None
-    if precision == "int8" and bundle.onnx("int8") is not None:
-        implements = reference_actions(bundle, states, weights, "int8")
+    if precision == INT8 and bundle.onnx(INT8) is not None:
+        implements = reference_actions(bundle, states, weights, INT8)
     got = [np.asarray(run_batch(states), np.float32)]
     if run_one is not None:
         rows = min(ACT_ROWS, len(states))

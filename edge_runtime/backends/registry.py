@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import PRECISIONS
 from sac_edge.common.errors import SacEdgeError
 
-from .base import PRECISIONS, Backend, BackendKind, BackendOptions, Bundle, gate_refusal
+from .base import Backend, BackendKind, BackendOptions, gate_refusal
 from .onnxrt import loader as onnxrt
 from .parity_gate import SwapGate, gate_open
 from .pyt import loader as pyt

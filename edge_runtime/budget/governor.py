@@ -37,11 +37,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, NamedTuple
 
+from sac_edge.common.bundle_format import FP32, PRECISIONS
 from sac_edge.common.errors import SacEdgeError
 
 from .sensors.base import PowerReading
 
-PRECISION_ORDER = ("fp32", "fp16", "int8")  # most to least expensive
 EventKind = Literal["degrade", "recover", "unmeetable"]
 
 
@@ -73,7 +73,7 @@ class Level:
 
 def build_ladder(
     rate_hz: float,
-    precision: str = "fp32",
+    precision: str = FP32,
     precisions: Sequence[str] | None = None,
     *,
     min_rate_hz: float | None = None,
@@ -91,8 +91,8 @@ def build_ladder(
         raise SacEdgeError(f"rate must be positive, got {rate_hz} Hz")
     accepted = tuple(precisions) if precisions is not None else (precision,)
     for name in (precision, *accepted):
-        if name not in PRECISION_ORDER:
-            raise SacEdgeError(f"unknown precision {name!r}; expected one of {', '.join(PRECISION_ORDER)}")
+        if name not in PRECISIONS:
+            raise SacEdgeError(f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}")
     if precision not in accepted:
         raise SacEdgeError(f"precision {precision} is not among those the gate accepted ({', '.join(accepted)})")
     floor = rate_hz / 4 if min_rate_hz is None else min_rate_hz
@@ -122,7 +122,7 @@ def build_ladder(
             batch //= 2
             add("finetune_batch", "finetune_batch", batch)
         add("finetune_pause", "finetune_paused", True)
-    for name in PRECISION_ORDER[PRECISION_ORDER.index(precision) + 1 :]:
+    for name in PRECISIONS[PRECISIONS.index(precision) + 1 :]:
         if name in accepted:
             add("precision", "precision", name)
     rate = float(rate_hz)

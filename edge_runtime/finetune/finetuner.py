@@ -39,10 +39,11 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import FINETUNE_DIR, LEARNER_KIND
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import FINETUNE_DIR
 from sac_edge.common.spec import PolicySpec
-from sac_edge.edge_runtime.backends.base import Backend, Bundle
+from sac_edge.edge_runtime.backends.base import Backend
 from sac_edge.edge_runtime.budget.governor import Governor
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 
@@ -389,7 +390,7 @@ def read_learner_tensors(bundle: Bundle) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
-    names = bundle.files("learner")
+    names = bundle.files(LEARNER_KIND)
     if not names:
         raise SacEdgeError(f"{bundle.path}: --finetune needs learner.safetensors, which the bundle lacks")
     path = bundle.path / names[0]

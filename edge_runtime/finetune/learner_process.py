@@ -47,15 +47,13 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sac_edge.common.bundle import reopen_bundle
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import read_manifest, verify_files
 from sac_edge.common.spec import PolicySpec
-from sac_edge.edge_runtime.backends.base import Bundle
 from sac_edge.edge_runtime.budget.memory import read_process_memory
 
 from .experience import StagingRing, ring_layout
@@ -337,7 +335,7 @@ class LearnerLoop:
         tensors = {k: torch.from_numpy(weights[k].copy()) for k in cfg["tensor_names"]}
         requantizer = None
         if cfg["int8"]:  # one re-check whose verdict is not used: its sessions' memory counts from here on
-            requantizer = Int8Requantizer(run_bundle(spec, cfg))
+            requantizer = Int8Requantizer(reopen_bundle(cfg["bundle"], cfg["manifest"], spec))
             actor = {k: v.numpy() for k, v in tensors.items() if k.startswith("actor.")}
             requantizer.requantize(actor, np.zeros((SHADOW_STATES, spec.obs_dim), np.float32))
         baseline = float(cfg["main_baseline_mb"]) + read_process_memory().rss_mb
@@ -472,16 +470,6 @@ class LearnerLoop:
         self.weights[N_STATES][...] = len(states)
         self.awaiting = True
         _send(self.conn, {"kind": "candidate", "shadow": shadow._asdict(), "int8": sets.int8_facts, **facts})
-
-
-def run_bundle(spec: PolicySpec, cfg: Mapping[str, Any]) -> Bundle:
-    """The run's bundle for the int8 re-check, its files verified again and its manifest the one the main
-    process opened (and, with ``--trusted-keys``, checked the signature of)."""
-    root = Path(cfg["bundle"])
-    manifest = read_manifest(root, verify=False)
-    if manifest != cfg["manifest"]:
-        raise SacEdgeError(f"{root}: the bundle's manifest changed since the run started; start the run again")
-    return Bundle(root, manifest, spec, verify_files(root, manifest))
 
 
 def _numpy(tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:

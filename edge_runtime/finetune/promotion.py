@@ -42,14 +42,10 @@ import numpy as np
 
 from sac_edge.common.atomic import atomic_path, atomic_write_json
 from sac_edge.common.bounded import read_capped
+from sac_edge.common.bundle_format import LAST_GOOD, LAST_GOOD_INFO, LOCK, PREVIOUS, PREVIOUS_INFO
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.jsonfile import read_json_or_none
 
-LAST_GOOD = "last_good.safetensors"
-LAST_GOOD_INFO = "last_good.json"
-PREVIOUS = "previous.safetensors"
-PREVIOUS_INFO = "previous.json"
-LOCK = "lock"
 STATES_KEY = "shadow_states"
 INFO_KEY = "sac_edge_last_good"
 CHECKSUM_KEY = "sac_edge_tensors_sha256"

@@ -32,8 +32,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import FP32, INT8, ONNX_CPU_KIND
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.edge_runtime.backends.base import Backend, Bundle
+from sac_edge.edge_runtime.backends.base import Backend
 
 
 class Requantized(NamedTuple):
@@ -61,7 +63,7 @@ class Int8Requantizer:
 
         from sac_edge.calibration.qdq import float_layers_of
 
-        fp32, int8 = bundle.onnx("fp32"), bundle.onnx("int8")
+        fp32, int8 = bundle.onnx(FP32), bundle.onnx(INT8)
         amax = (bundle.manifest.get("calibration") or {}).get("amax")
         if fp32 is None or int8 is None or not isinstance(amax, dict):
             raise SacEdgeError(
@@ -73,7 +75,7 @@ class Int8Requantizer:
         self.float_layers = frozenset(float_layers_of(int8_model) or ())
         self.amax = {str(k): float(v) for k, v in amax.items()}
         self.spec = bundle.spec
-        self.integer = bool(bundle.files("onnx-cpu", "int8"))
+        self.integer = bool(bundle.files(ONNX_CPU_KIND, INT8))
 
     def requantize(self, weights: Mapping[str, np.ndarray], states: np.ndarray | None) -> Requantized:
         """Q/DQ initializers for ``weights``; checked on ``states`` (None: not checked, reported as passed)."""
@@ -126,7 +128,7 @@ class WeightSets(NamedTuple):
         return self.int8_facts is None or bool(self.int8_facts["passed"])
 
     def for_precision(self, precision: str) -> dict[str, np.ndarray]:
-        return self.int8 if precision == "int8" else self.actor
+        return self.int8 if precision == INT8 else self.actor
 
 
 def weight_sets(
@@ -157,7 +159,7 @@ class WeightSwapper:
 
     def __init__(self, backends: Mapping[str, Backend], bundle: Bundle) -> None:
         self.backends = backends
-        self.requantizer = Int8Requantizer(bundle) if "int8" in backends else None
+        self.requantizer = Int8Requantizer(bundle) if INT8 in backends else None
         self.expected: dict[str, int] = {}
         self.listeners: list[Callable[[], None]] = []
         """Called (on the installing thread) after each install that went live everywhere: the shield's

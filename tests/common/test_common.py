@@ -86,8 +86,9 @@ def test_common_never_imports_torch():
     import sys
 
     code = (
-        "import sys, sac_edge.common.atomic, sac_edge.common.config, sac_edge.common.envs, sac_edge.common.errors,"
-        " sac_edge.common.jsonfile, sac_edge.common.manifest, sac_edge.common.spec, sac_edge.common.summary;"
+        "import sys, sac_edge.common.atomic, sac_edge.common.bundle, sac_edge.common.config, sac_edge.common.envs,"
+        " sac_edge.common.errors, sac_edge.common.jsonfile, sac_edge.common.manifest, sac_edge.common.spec,"
+        " sac_edge.common.summary;"
         " print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

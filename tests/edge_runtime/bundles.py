@@ -14,7 +14,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from sac_edge.common.manifest import file_entry, write_manifest
+from sac_edge.common.bundle_format import ENVELOPE, INT8_ONNX, LEARNER, POLICY_ONNX
+from sac_edge.common.manifest import files_table, write_manifest
 from sac_edge.common.spec import PolicySpec
 from sac_edge.train.checkpoint import inference_policy, save_tensors
 from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
@@ -103,26 +104,20 @@ def make_bundle(
     out.mkdir(parents=True, exist_ok=True)
     spec = spec_for(env_id, hidden)
     tensors = learner_tensors(spec, seed)
-    export_onnx(spec, tensors, out / "policy.onnx")
-    save_tensors(out / "learner.safetensors", tensors)
-    files = {
-        "policy.onnx": file_entry(out, "policy.onnx", kind="onnx", precision="fp32"),
-        "learner.safetensors": file_entry(out, "learner.safetensors", kind="learner"),
-    }
+    export_onnx(spec, tensors, out / POLICY_ONNX)
+    save_tensors(out / LEARNER, tensors)
     if envelope:
         from sac_edge.common.atomic import atomic_write_json
         from sac_edge.export.envelope import envelope_for
 
-        fitted = envelope_for(None, "", out / "policy.onnx", spec, margin=0.1, fpr=0.001, episodes=4, seed=seed)
+        fitted = envelope_for(None, "", out / POLICY_ONNX, spec, margin=0.1, fpr=0.001, episodes=4, seed=seed)
         assert fitted is not None
-        atomic_write_json(out / "envelope.json", fitted.to_dict())
-        files["envelope.json"] = file_entry(out, "envelope.json", kind="envelope")
+        atomic_write_json(out / ENVELOPE, fitted.to_dict())
     gate: dict[str, object] | None = None
     if int8 is not None:
-        quantize_int8(out / "policy.onnx", out / "policy.int8.onnx", spec.obs_dim)
-        files["policy.int8.onnx"] = file_entry(out, "policy.int8.onnx", kind="onnx", precision="int8")
+        quantize_int8(out / POLICY_ONNX, out / INT8_ONNX, spec.obs_dim)
         gate = {"verdict": int8, "max_action_error": 0.01 if int8 == "accepted" else 0.5}
-    write_manifest(out, {"spec": spec.to_dict(), "files": files, "gate": gate, "source": {"kind": "test"}})
+    write_manifest(out, {"spec": spec.to_dict(), "files": files_table(out), "gate": gate, "source": {"kind": "test"}})
     return out
 
 

@@ -21,8 +21,10 @@ from sac_edge.calibration.calibrators import compute_amax
 from sac_edge.calibration.integer import integer_graph
 from sac_edge.calibration.qdq import quantizable_tensors, quantize_model
 from sac_edge.calibration.session import collect_activations
-from sac_edge.common.manifest import file_entry, write_manifest
-from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, open_bundle
+from sac_edge.common.bundle import open_bundle
+from sac_edge.common.bundle_format import INT8_CPU_ONNX, INT8_ONNX, LEARNER, POLICY_ONNX
+from sac_edge.common.manifest import files_table, write_manifest
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.config import RunConfig
@@ -50,23 +52,17 @@ def make_finetune_bundle(out: Path, env_id: str = "Pendulum-v1", hidden: tuple[i
     out.mkdir(parents=True, exist_ok=True)
     spec = spec_for(env_id, hidden)
     tensors = learner_tensors(spec)
-    export_onnx(spec, tensors, out / "policy.onnx")
-    save_tensors(out / "learner.safetensors", tensors)
-    model = onnx.load(str(out / "policy.onnx"))
+    export_onnx(spec, tensors, out / POLICY_ONNX)
+    save_tensors(out / LEARNER, tensors)
+    model = onnx.load(str(out / POLICY_ONNX))
     names = list(quantizable_tensors(model))
     amax = compute_amax(collect_activations(model, env_states(env_id, 512), names), "minmax")
     qdq = quantize_model(model, amax)
-    onnx.save(qdq, str(out / "policy.int8.onnx"))
-    onnx.save(integer_graph(qdq), str(out / "policy.int8-cpu.onnx"))
-    files = {
-        "policy.onnx": file_entry(out, "policy.onnx", kind="onnx", precision="fp32"),
-        "policy.int8.onnx": file_entry(out, "policy.int8.onnx", kind="onnx", precision="int8"),
-        "policy.int8-cpu.onnx": file_entry(out, "policy.int8-cpu.onnx", kind="onnx-cpu", precision="int8"),
-        "learner.safetensors": file_entry(out, "learner.safetensors", kind="learner"),
-    }
+    onnx.save(qdq, str(out / INT8_ONNX))
+    onnx.save(integer_graph(qdq), str(out / INT8_CPU_ONNX))
     manifest = {
         "spec": spec.to_dict(),
-        "files": files,
+        "files": files_table(out),
         "gate": {"verdict": "accepted", "float_layers": []},
         "calibration": {"method": "minmax", "amax": amax},
     }

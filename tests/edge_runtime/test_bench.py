@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from sac_edge.common.bundle import open_bundle
 from sac_edge.edge_runtime.backends.autoselect import autoselect
-from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
+from sac_edge.edge_runtime.backends.base import BackendOptions
 from sac_edge.edge_runtime.cli import main
 
 

@@ -8,20 +8,13 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from sac_edge.common.bundle_format import TIMING_CACHE, plan_name
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.tolerance import tolerance
 from sac_edge.export.fp16_onnx import write_fp16
 from sac_edge.export.onnx_export import export_policy
 from sac_edge.export.source import load_source
-from sac_edge.export.tensorrt import (
-    TIMING_CACHE,
-    build_engine,
-    cuda_device,
-    engine_inputs,
-    plan_name,
-    tensorrt_unavailable,
-    tensorrt_version,
-)
+from sac_edge.export.tensorrt import build_engine, cuda_device, engine_inputs, tensorrt_unavailable, tensorrt_version
 from sac_edge.export.trt_generations import generation
 
 # Pendulum's action range [-2, 2]: the product's own engine tolerances (an fp32 engine may use TF32, on by

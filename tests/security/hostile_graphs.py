@@ -11,7 +11,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from sac_edge.common.manifest import MANIFEST, file_entry, write_manifest
+from sac_edge.common.bundle_format import MANIFEST
+from sac_edge.common.manifest import file_entry, write_manifest
 
 OBS, ACT = 3, 1
 

@@ -6,6 +6,7 @@ external-data file beside it (not listed, so neither hashed nor signed) is refus
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,9 +15,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from sac_edge.common.bundle import open_bundle, reopen_bundle
+from sac_edge.common.bundle_format import POLICY_ONNX
+from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import file_entry
 from sac_edge.edge_runtime import cli as edge_cli
-from sac_edge.edge_runtime.backends.base import open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 
 
@@ -54,6 +57,21 @@ def test_external_data_beside_the_graph_is_refused(bundle: Path, refused: Callab
     (bundle / "manifest.json").write_text(json.dumps(manifest))  # the graph's checksum is right again
     err = refused(edge_cli.main, ["run", str(bundle), "--duration", "0.05", "--backend", "onnxruntime"])
     assert "external data" in err and "weights.bin" in err
+
+
+def test_a_bundle_reopened_in_the_learner_process_is_verified_again(bundle: Path) -> None:
+    """The learner process reads the bundle again (its int8 re-check): it takes only the manifest the run
+    opened, and only files whose sha256 still matches it."""
+    opened = open_bundle(bundle)
+    again = reopen_bundle(bundle, opened.manifest, opened.spec)
+    assert again.read(bundle / POLICY_ONNX) == opened.read(bundle / POLICY_ONNX)
+    graph = bundle / POLICY_ONNX
+    graph.write_bytes(_saturating(onnx.load(str(graph))).SerializeToString())
+    with pytest.raises(SacEdgeError, match=f"checksum mismatch for {re.escape(POLICY_ONNX)}"):
+        reopen_bundle(bundle, opened.manifest, opened.spec)
+    changed = {**opened.manifest, "created": "later"}
+    with pytest.raises(SacEdgeError, match="manifest changed since the run started"):
+        reopen_bundle(bundle, changed, opened.spec)
 
 
 @pytest.mark.parametrize("name", ["manifest.json", "manifest.sig"])

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sac_edge.common.bundle_format import LAST_GOOD_INFO
 from sac_edge.edge_runtime import cli as edge_cli
-from sac_edge.edge_runtime.finetune.promotion import LAST_GOOD_INFO, LastGoodStore
+from sac_edge.edge_runtime.finetune.promotion import LastGoodStore
 
 PRECIOUS = "someone's file, not sac-edge's\n"
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import ENGINES_DIR, FP16, FP32, INT8, ORT_TRT_CACHE, PRECISIONS
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import ENGINES_DIR
 from sac_edge.common.versions import parse_version
 
-from ..base import PRECISIONS, Backend, BackendKind, BackendOptions, Bundle
+from ..base import Backend, BackendKind, BackendOptions
 from .runner import INPUT, OrtBackend, import_ort
 
 
@@ -24,26 +25,26 @@ def _unavailable(provider: str) -> str | None:
 
 
 def _onnx_precisions(bundle: Bundle) -> tuple[str, ...]:
-    return tuple(p for p in ("fp32", "fp16", "int8") if bundle.onnx(p) is not None)
+    return tuple(p for p in PRECISIONS if bundle.onnx(p) is not None)
 
 
 def _cpu_precisions(bundle: Bundle) -> tuple[str, ...]:
     """No fp16 on the CPU provider: it computes an fp16 graph no faster than fp32 here (bench: 10.5 vs
     10.0 us at batch 1, 96 vs 95 us at 64), so the governor's cheaper-precision step would buy nothing."""
-    return tuple(p for p in _onnx_precisions(bundle) if p != "fp16")
+    return tuple(p for p in _onnx_precisions(bundle) if p != FP16)
 
 
 def _trt_ep_precisions(bundle: Bundle) -> tuple[str, ...]:
     """TensorRT builds fp16 from the fp32 graph; int8 from the explicit Q/DQ graph."""
     have = _onnx_precisions(bundle)
-    return tuple(p for p in ("fp32", "fp16", "int8") if p in have or (p == "fp16" and "fp32" in have))
+    return tuple(p for p in PRECISIONS if p in have or (p == FP16 and FP32 in have))
 
 
 def _model(bundle: Bundle, precision: str, backend: str) -> Path:
     if backend == "onnxruntime":
         path = bundle.cpu_onnx(precision)
     else:
-        path = bundle.onnx(precision) or (bundle.onnx("fp32") if backend == "onnxruntime-tensorrt" else None)
+        path = bundle.onnx(precision) or (bundle.onnx(FP32) if backend == "onnxruntime-tensorrt" else None)
     if path is None:
         raise SacEdgeError(f"{bundle.path}: no {precision} ONNX graph in the bundle for backend {backend!r}")
     return path
@@ -94,9 +95,9 @@ def _open_trt(bundle: Bundle, precision: str, options: BackendOptions) -> Backen
     profile = trt_ep_profile(bundle.spec.obs_dim, import_ort().__version__)
     trt_options = {
         "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(cache / "ort-trt"),
-        "trt_fp16_enable": precision != "fp32",
-        "trt_int8_enable": precision == "int8",
+        "trt_engine_cache_path": str(cache / ORT_TRT_CACHE),
+        "trt_fp16_enable": precision != FP32,
+        "trt_int8_enable": precision == INT8,
         **profile,
     }
     return OrtBackend(

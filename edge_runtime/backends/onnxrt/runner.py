@@ -51,13 +51,15 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import FP32
 from sac_edge.common.errors import SacEdgeError
 
-from ..base import Backend, BackendOptions, Bundle, PendingSwap, SwapPath, check_weights
+from ..base import Backend, BackendOptions, PendingSwap, SwapPath, check_weights
 
 INPUT, OUTPUT = "obs", "action"
 #: Precisions whose CPU session is refilled in place when built for swaps (see the module docstring).
-IN_PLACE_PRECISIONS = ("fp32",)
+IN_PLACE_PRECISIONS = (FP32,)
 RELEASE_TIMEOUT_S = 0.05
 FATAL = 4  # onnxruntime's log severity levels: 0 verbose .. 3 error, 4 fatal
 RELEASE_POLL_S = 1e-4

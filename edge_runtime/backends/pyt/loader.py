@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import FP32, LEARNER_KIND
 from sac_edge.common.errors import SacEdgeError
 
-from ..base import Backend, BackendKind, BackendOptions, Bundle
-from .runner import LEARNER_KIND, TorchBackend
+from ..base import Backend, BackendKind, BackendOptions
+from .runner import TorchBackend
 
 
 def _unavailable() -> str | None:
@@ -17,11 +19,11 @@ def _unavailable() -> str | None:
 
 
 def _precisions(bundle: Bundle) -> tuple[str, ...]:
-    return ("fp32",) if bundle.files(LEARNER_KIND) else ()
+    return (FP32,) if bundle.files(LEARNER_KIND) else ()
 
 
 def _open(bundle: Bundle, precision: str, options: BackendOptions) -> Backend:
-    if precision != "fp32":
+    if precision != FP32:
         raise SacEdgeError(f"backend 'torch' runs fp32 only (asked for {precision})")
     return TorchBackend(bundle, precision, options)
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import LEARNER_KIND
 from sac_edge.common.errors import SacEdgeError
 
-from ..base import Backend, BackendOptions, Bundle, PendingSwap, check_weights, missing_package
-
-LEARNER_KIND = "learner"
+from ..base import Backend, BackendOptions, PendingSwap, check_weights, missing_package
 
 
 class TorchBackend(Backend):

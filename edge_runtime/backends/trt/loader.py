@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..base import PRECISIONS, BackendKind, Bundle
-from .plans import CALIB_KIND, PLAN_KIND
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import CALIB_KIND, FP16, FP32, INT8, PLAN_KIND, PRECISIONS
+
+from ..base import BackendKind
 from .runner import TensorRTBackend
 
 
@@ -24,14 +26,14 @@ def _unavailable() -> str | None:
 
 
 def _precisions(bundle: Bundle) -> tuple[str, ...]:
-    have = {p for p in ("fp32", "int8") if bundle.onnx(p) is not None} | set(
+    have = {p for p in (FP32, INT8) if bundle.onnx(p) is not None} | set(
         bundle.manifest["files"][n].get("precision") for n in bundle.files(PLAN_KIND)
     )
     out = []
-    if "fp32" in have:
-        out += ["fp32", "fp16"]
-    if "int8" in have or ("fp32" in have and bundle.files(CALIB_KIND)):
-        out.append("int8")
+    if FP32 in have:
+        out += [FP32, FP16]
+    if INT8 in have or (FP32 in have and bundle.files(CALIB_KIND)):
+        out.append(INT8)
     return tuple(out)
 
 

@@ -14,13 +14,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from sac_edge.common.atomic import atomic_write_json
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import PLAN_KIND, plan_name
 from sac_edge.common.jsonfile import read_json_or_none
 from sac_edge.common.manifest import sha256_file
-
-from ..base import Bundle
-
-PLAN_KIND = "tensorrt-engine"  # export/bundle.py FILE_KINDS
-CALIB_KIND = "calibration-cache"
 
 
 class PlanKey(NamedTuple):
@@ -66,7 +63,7 @@ def plan_mismatch(recorded: Mapping[str, Any], key: PlanKey) -> str | None:
 
 def cached_plan_paths(engine_dir: Path, key: PlanKey) -> tuple[Path, Path]:
     """The cache's plan file and its sidecar for ``key``."""
-    plan = engine_dir / f"policy.{key.precision}.{key.tag()}.plan"
+    plan = engine_dir / plan_name(key.precision, key.tag())
     return plan, plan.with_suffix(".json")
 
 

@@ -35,10 +35,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle_format import ENGINES_DIR, INT8, SWAP_BUILDS, TIMING_CACHE, plan_name
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.manifest import ENGINES_DIR, sha256_bytes
+from sac_edge.common.manifest import sha256_bytes
 
-from ..base import Backend, BackendOptions, Bundle, PendingSwap
+from ..base import Backend, BackendOptions, PendingSwap
 from .cuda import open_cuda
 from .plans import PlanKey, cached_plan_paths, find_plan, record_parity, write_sidecar
 
@@ -156,7 +158,7 @@ class TensorRTBackend(Backend):
                 self.precision,
                 calib_cache=self.calib,
                 batch=(1, 1, MAX_BATCH),
-                timing_cache=self.engine_dir / "timing.cache",
+                timing_cache=self.engine_dir / TIMING_CACHE,
                 refit=refit,
                 onnx_bytes=source,
                 calib_bytes=None if self.calib is None else self.bundle.read(self.calib),
@@ -259,7 +261,7 @@ class TensorRTBackend(Backend):
                 }
                 ignored = tuple(sorted(set(weights) - known))
                 when, applied = "refit", len(use)
-                if self.precision == "int8" and ignored:
+                if self.precision == INT8 and ignored:
                     runner, when = self._rebuild(weights), "rebuild"
                     applied, ignored = len(weights), ()
                 else:
@@ -287,9 +289,9 @@ class TensorRTBackend(Backend):
             if init.name in weights:
                 dtype = numpy_helper.to_array(init).dtype
                 init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype), init.name))
-        work = self.engine_dir / "swap"
+        work = self.engine_dir / SWAP_BUILDS
         work.mkdir(parents=True, exist_ok=True)
-        plan = work / f"policy.{self.precision}.plan"
+        plan = work / plan_name(self.precision)
         self._build_plan(self.onnx, plan, not self.rebuild_swaps, model.SerializeToString())
         self._plan_bytes = plan.read_bytes()
         return self._load(None)

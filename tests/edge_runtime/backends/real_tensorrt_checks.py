@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
+from sac_edge.edge_runtime.backends.base import BackendOptions
 from sac_edge.edge_runtime.config import DoctorConfig
 from sac_edge.edge_runtime.doctor import doctor_command
 from sac_edge.export import tensorrt as builder

@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
-from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
+from sac_edge.edge_runtime.backends.base import BackendOptions
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.backends.trt.plans import (
     PlanKey,

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, check_weights, open_bundle
+from sac_edge.edge_runtime.backends.base import Backend, BackendOptions, check_weights
 from sac_edge.edge_runtime.backends.registry import candidates, open_backend, refusal
 
 # "for swaps": opened as --finetune opens it (onnxruntime's CPU fp32 session then swaps in place)

@@ -11,8 +11,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.edge_runtime.backends.base import BackendOptions, SwapPath, open_bundle
+from sac_edge.edge_runtime.backends.base import BackendOptions, SwapPath
 from sac_edge.edge_runtime.backends.onnxrt.runner import RELEASE_TIMEOUT_S, OrtBackend
 from sac_edge.edge_runtime.backends.registry import open_backend
 

@@ -15,9 +15,11 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from sac_edge.common.bundle import Bundle, open_bundle
+from sac_edge.common.bundle_format import PRECISIONS
 from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
 from sac_edge.edge_runtime.backends.autoselect import autoselect
-from sac_edge.edge_runtime.backends.base import PRECISIONS, BackendKind, BackendOptions, Bundle, open_bundle
+from sac_edge.edge_runtime.backends.base import BackendKind, BackendOptions
 from sac_edge.edge_runtime.backends.onnxrt.runner import OrtBackend, swap_providers
 from sac_edge.edge_runtime.backends.parity_gate import (
     INT8_KERNEL_FRAC,

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from fake_pycuda import FakePyCuda, fake_runner
 
-from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
+from sac_edge.common.bundle import open_bundle
+from sac_edge.edge_runtime.backends.base import BackendOptions
 from sac_edge.edge_runtime.backends.trt.cuda import PyCuda
 
 

@@ -21,7 +21,8 @@ from api_surface import VERSIONS, load
 from fake_pycuda import fake_runner
 from fake_tensorrt import fake_tensorrt
 
-from sac_edge.edge_runtime.backends.base import BackendOptions, open_bundle
+from sac_edge.common.bundle import open_bundle
+from sac_edge.edge_runtime.backends.base import BackendOptions
 from sac_edge.export.trt_generations import refit_is_safe
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -232,7 +232,7 @@ class _ActionLog(gym.Wrapper):
 
 @pytest.mark.parametrize("warm", [True, False])
 def test_warm_cache_rehearses_each_step_and_serves_the_same_actions(pendulum_bundle: Path, warm: bool) -> None:
-    from sac_edge.edge_runtime.backends.base import open_bundle
+    from sac_edge.common.bundle import open_bundle
     from sac_edge.edge_runtime.backends.registry import open_backend
     from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
 
@@ -269,7 +269,7 @@ class _SlowStep(gym.Wrapper):
 
 
 def test_misses_from_a_slow_env_are_blamed_on_the_env(pendulum_bundle: Path) -> None:
-    from sac_edge.edge_runtime.backends.base import open_bundle
+    from sac_edge.common.bundle import open_bundle
     from sac_edge.edge_runtime.backends.registry import open_backend
     from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from sac_edge.edge_runtime.backends.base import open_bundle
+from sac_edge.common.bundle import open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.finetune.weight_swap import Int8Requantizer, WeightSwapper
 

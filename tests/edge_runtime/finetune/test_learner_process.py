@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from finetune_bundles import make_tuner
-from sac_edge.edge_runtime.backends.base import open_bundle
+from sac_edge.common.bundle import open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.experience import StagingRing, ring_layout
