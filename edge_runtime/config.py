@@ -307,7 +307,7 @@ class RunConfig:
         for section in (self.backend, self.loop, self.shield, self.realtime, self.budget, self.finetune):
             section.check()
         if self.shift:  # gymnasium is only imported to read a --shift
-            from .finetune.shift import parse_shift
+            from sac_edge.edge_runtime.finetune.shift import parse_shift
 
             parse_shift(self.shift)
         if self.telemetry is not None:

@@ -57,10 +57,10 @@ from sac_edge.edge_runtime.control.shield import Shield, ShieldSummary, guards_s
 from sac_edge.edge_runtime.control.step_stats import StepStats
 from sac_edge.edge_runtime.control.telemetry import TelemetryWriter
 from sac_edge.edge_runtime.finetune.finetuner import FinetuneSummary
+from sac_edge.edge_runtime.finetune.settings import FinetuneSection
 
 from .compose import Composition, Log, attach_shield, compose, last_good_weights, locked, make_shield, validate
 from .config import BackendSection, BudgetSection, LoopSection, RealtimeSection, RunConfig, ShieldSection
-from .finetune.settings import FinetuneSection
 
 __all__ = [
     "BackendSection",
