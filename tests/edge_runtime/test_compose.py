@@ -116,11 +116,18 @@ BAD: dict[str, list[tuple[str, str]]] = {
     "--explore-std": [("{bundle} --finetune --explore-std=-1", "--explore-std must be non-negative")],
 }
 
+#: Flags whose bad value can only be seen in the bundle (or the env it names), so after it is opened.
+NEED_THE_BUNDLE = {"--bundle", "--env", "--trusted-keys"}
+
 # In one child process: each case through the real CLI, then whether onnxruntime (which every backend
 # here imports when it opens) was imported by then. The last case is a valid run, which must import it.
+# A case that is not refused runs; the alarm ends one that would run on (a duration or rate out of range).
 CHILD = """
-import contextlib, io, json, sys
+import contextlib, io, json, signal, sys
 from sac_edge.edge_runtime.cli import main
+def ran_on(*_):
+    raise TimeoutError("not refused: the run went on")
+signal.signal(signal.SIGALRM, ran_on)
 cases = json.loads(sys.argv[1])
 out = []
 for case in cases:
@@ -129,7 +136,9 @@ for case in cases:
     argv = ["run", "--backend", "auto", "--duration", "0.05", *case.replace("(no torch)", "").split()]
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
+        signal.alarm(30)
         rc = main(argv)
+        signal.alarm(0)
     out.append({"rc": rc, "err": err.getvalue(), "onnxruntime": "onnxruntime" in sys.modules})
 print(json.dumps(out))
 """
@@ -143,9 +152,17 @@ def test_every_flag_has_bad_values_here() -> None:
 
 
 def test_every_bad_flag_is_refused_before_any_backend_opens(pendulum_bundle: Path, tmp_path: Path) -> None:
+    """Each bad value with a good bundle: refused, and no backend opened. Each again with no bundle at all
+    (but for the flags about the bundle and its env): the same refusal, so it came before the bundle."""
     (tmp_path / "file").write_text("a file")
     where = {"bundle": str(pendulum_bundle), "absent": str(tmp_path / "absent"), "file": str(tmp_path / "file")}
     cases = [(case.format(**where), message.format(**where)) for bad in BAD.values() for case, message in bad]
+    cases += [
+        (case.format(**{**where, "bundle": where["absent"]}), message.format(**where))
+        for flag, bad in BAD.items()
+        if flag not in NEED_THE_BUNDLE
+        for case, message in bad
+    ]
     argv_cases = [case for case, _ in cases] + [str(pendulum_bundle)]  # the valid run, last, needs no torch
     argv_cases.sort(key=lambda case: (case == str(pendulum_bundle), "(no torch)" in case))
     argv = [sys.executable, "-c", CHILD, json.dumps(argv_cases)]
