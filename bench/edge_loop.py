@@ -138,7 +138,7 @@ def hot_path(bundle: Path) -> dict[str, float]:
     )
     p50["ort_act_over_bare"] = round(p50["ort_act"] / p50["ort_bare"], 3)
     p50["torch_act_over_bare"] = round(p50["torch_act"] / p50["torch_bare"], 3)
-    with Runtime(RunConfig(bundle=str(bundle), backend="onnxruntime", precision="fp32")) as runtime:
+    with Runtime(RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32")) as runtime:
         backend = runtime.backend  # its own session: the ratio is against the backend it calls
         lib = interleaved(
             {"runtime_act": lambda: runtime.act(obs), "runtime_backend_act": lambda: backend.act(obs)},

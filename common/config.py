@@ -5,6 +5,12 @@ A field's help text is ``field(metadata={"help": ...})``; ``choices`` may be giv
 ``--no-`` form. Booleans become ``--flag/--no-flag``; a field named in ``positional`` becomes a positional
 argument; a tuple field with ``metadata={"repeat": True}`` takes one or more values per flag and may be
 repeated.
+
+A field whose type is itself a frozen dataclass is a *section*: its fields are flags of the command like
+any other (``--help`` groups them under the section's name and first docstring line) and the saved config
+nests them under the section's name. A flag is ``--`` plus the field's name with dashes, unless the field
+says ``metadata={"flag": "--other"}`` (a section's field named after the section's subject: ``--backend``
+is ``backend.kind``). Flags are unique across a command's sections.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .atomic import atomic_write_json
-from .errors import SacEdgeError
+from .errors import InternalError, SacEdgeError
 
 C = TypeVar("C")
 _TUPLE_OF = re.compile(r"^tuple\[\s*(\w+)\s*,\s*\.\.\.\s*\]$")
@@ -79,8 +85,59 @@ def _tuple_parser(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]
 
 
 def flag_of(name: str) -> str:
-    """The command-line flag of the config field ``name``."""
+    """The command-line flag of the config field ``name`` (without a ``flag`` of its own)."""
     return "--" + name.replace("_", "-")
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+class Option(typing.NamedTuple):
+    """One setting of a command's config: a field of the config class or of one of its sections."""
+
+    path: tuple[str, ...]
+    """Field names from the config down: ``("loop", "rate_hz")``, or ``("seed",)`` outside sections."""
+    field: dataclasses.Field
+    owner: type[Any]
+    """The dataclass that declares the field (its module resolves the annotation)."""
+
+    @property
+    def flag(self) -> str:
+        return str(self.field.metadata.get("flag", flag_of(self.field.name)))
+
+    @property
+    def dest(self) -> str:
+        """The flag as a Python name: argparse's destination and ``config_from_flags``' keyword."""
+        return self.flag[2:].replace("-", "_")
+
+    @property
+    def type(self) -> Any:
+        return _field_type(self.owner, self.field.type)
+
+
+def options(cls: type[Any]) -> list[Option]:
+    """Every setting of the config class ``cls`` in declaration order, a section's fields in its place."""
+    out: list[Option] = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = _field_type(cls, f.type)
+        if _is_section(tp):
+            out += [o._replace(path=(f.name, *o.path)) for o in options(tp)]
+        else:
+            out.append(Option((f.name,), f, cls))
+    seen: dict[str, Option] = {}
+    for o in out:
+        if o.dest in seen:
+            raise InternalError(f"{cls.__name__}: {'.'.join(o.path)} and {'.'.join(seen[o.dest].path)} share {o.flag}")
+        seen[o.dest] = o
+    return out
+
+
+def sections(cls: type[Any]) -> list[tuple[str, type[Any]]]:
+    """The config class ``cls``'s sections: (field name, section class), in declaration order."""
+    return [(f.name, tp) for f in dataclasses.fields(cls) if f.init and _is_section(tp := _field_type(cls, f.type))]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,6 +154,8 @@ def _fix(message: str) -> str:
         return "pass one of the choices"
     if message.startswith("unrecognized arguments"):
         return "remove them or check their spelling"
+    if "ignored explicit argument" in message:
+        return "a true/false flag takes no value: give it alone, or its --no- form"
     if "required" in message:
         return "give it"
     if "expected" in message and "argument" in message:
@@ -108,92 +167,103 @@ def _fix(message: str) -> str:
     return "correct the flag"
 
 
+def _section_doc(cls: type[Any]) -> str:
+    """A section's docstring's first paragraph: its group's description in ``--help`` and docs/CLI.md."""
+    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+
+
 def build_parser(
     cls: type[Any], prog: str, description: str, positional: Sequence[str] = ()
 ) -> argparse.ArgumentParser:
-    """An argparse parser whose options are the fields of the dataclass ``cls``; its errors are one-line
-    ``SacEdgeError``s."""
+    """An argparse parser whose options are the settings of the dataclass ``cls`` (a section's under its
+    own heading); its errors are one-line ``SacEdgeError``s."""
     parser = _Parser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        tp = _field_type(cls, f.type)
-        help_text = f.metadata.get("help", "")
-        kwargs: dict[str, Any] = {"help": help_text}
-        if "choices" in f.metadata:
-            kwargs["choices"] = f.metadata["choices"]
-        if "const" in f.metadata:  # the value of the bare flag (``--compile`` = ``--compile on``)
-            kwargs.update(nargs="?", const=f.metadata["const"])
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.name in positional:
-            if f.default is not dataclasses.MISSING:  # an optional positional
-                kwargs.update(nargs="?", default=default)
-            parser.add_argument(f.name, type=tp if tp is not bool else _parse_bool, **kwargs)
-            continue
-        flag = flag_of(f.name)
-        if tp is bool:
-            parser.add_argument(flag, action=_BoolFlag, default=default, **kwargs)
-        elif typing.get_origin(tp) is tuple and f.metadata.get("repeat"):
-            parser.add_argument(flag, action="extend", nargs="+", default=list(default or ()), **kwargs)
-        elif typing.get_origin(tp) is tuple:
-            parser.add_argument(
-                flag,
-                type=_tuple_parser(typing.get_args(tp)[0]),
-                default=default,
-                metavar="A,B,...",
-                **kwargs,
-            )
-        else:
-            parser.add_argument(flag, type=tp, default=default, **kwargs)
-        if "no_const" in f.metadata:  # ``--no-compile`` = ``--compile off``
-            parser.add_argument(
-                "--no-" + flag[2:],
-                dest=f.name,
-                action="store_const",
-                const=f.metadata["no_const"],
-                help=argparse.SUPPRESS,
-            )
+    groups = {name: parser.add_argument_group(name, _section_doc(tp)) for name, tp in sections(cls)}
+    for opt in options(cls):
+        target = groups[opt.path[0]] if len(opt.path) > 1 else parser
+        _add_option(target, opt, positional)
     return parser
 
 
+def _add_option(parser: Any, opt: Option, positional: Sequence[str]) -> None:
+    """``opt`` as an argument of ``parser`` (the parser or one of its groups)."""
+    f, tp, flag = opt.field, opt.type, opt.flag
+    kwargs: dict[str, Any] = {"help": f.metadata.get("help", "")}
+    if "choices" in f.metadata:
+        kwargs["choices"] = f.metadata["choices"]
+    if "const" in f.metadata:  # the value of the bare flag (``--compile`` = ``--compile on``)
+        kwargs.update(nargs="?", const=f.metadata["const"])
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if opt.path == (f.name,) and f.name in positional:
+        if f.default is not dataclasses.MISSING:  # an optional positional
+            kwargs.update(nargs="?", default=default)
+        parser.add_argument(f.name, type=tp if tp is not bool else _parse_bool, **kwargs)
+        return
+    kwargs["dest"] = opt.dest
+    if tp is bool:
+        parser.add_argument(flag, action=_BoolFlag, default=default, **kwargs)
+    elif typing.get_origin(tp) is tuple and f.metadata.get("repeat"):
+        parser.add_argument(flag, action="extend", nargs="+", default=list(default or ()), **kwargs)
+    elif typing.get_origin(tp) is tuple:
+        parser.add_argument(
+            flag, type=_tuple_parser(typing.get_args(tp)[0]), default=default, metavar="A,B,...", **kwargs
+        )
+    else:
+        parser.add_argument(flag, type=tp, default=default, **kwargs)
+    if "no_const" in f.metadata:  # ``--no-compile`` = ``--compile off``
+        parser.add_argument(
+            "--no-" + flag[2:],
+            dest=opt.dest,
+            action="store_const",
+            const=f.metadata["no_const"],
+            help=argparse.SUPPRESS,
+        )
+
+
 def reference_markdown(cls: type[Any], positional: Sequence[str] = ()) -> str:
-    """A Markdown table of the command line ``build_parser(cls, ...)`` makes: argument, default, help."""
-    lines = ["| argument | default | meaning |", "|---|---|---|"]
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        tp = _field_type(cls, f.type)
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.name in positional:
-            arg = f.name.upper() if f.default is dataclasses.MISSING else f"[{f.name.upper()}]"
-        elif tp is bool:
-            arg = f"{flag_of(f.name)}, --no-{flag_of(f.name)[2:]}"
-        elif "const" in f.metadata:
-            arg = f"{flag_of(f.name)} [VALUE]"
-        elif typing.get_origin(tp) is tuple:
-            arg = f"{flag_of(f.name)} {'VALUE [VALUE ...]' if f.metadata.get('repeat') else 'A,B,...'}"
-        else:
-            arg = f"{flag_of(f.name)} {getattr(tp, '__name__', 'VALUE').upper()}"
-        if isinstance(default, tuple):
-            shown = ",".join(map(str, default)) if default else "(none)"
-        else:
-            shown = "(required)" if f.default is dataclasses.MISSING else str(default)
-        meaning = f.metadata.get("help", "")
-        if "choices" in f.metadata:
-            meaning += f" (one of: {', '.join(map(str, f.metadata['choices']))})"
-        meaning = meaning.replace("|", "\\|")
-        lines.append(f"| `{arg}` | `{shown}` | {meaning} |")
-    return "\n".join(lines) + "\n"
+    """Markdown tables of the command line ``build_parser(cls, ...)`` makes (argument, default, help): the
+    settings outside sections, then one table per section under its name and description."""
+    headings = {"": "", **{name: f"**{name}**: {_section_doc(tp)}\n\n" for name, tp in sections(cls)}}
+    rows: dict[str, list[str]] = {name: [] for name in headings}
+    for opt in options(cls):
+        rows[opt.path[0] if len(opt.path) > 1 else ""].append(_reference_row(opt, positional))
+    header = "| argument | default | meaning |\n|---|---|---|\n"
+    return "\n".join(headings[name] + header + "".join(row + "\n" for row in rows[name]) for name in rows if rows[name])
+
+
+def _reference_row(opt: Option, positional: Sequence[str]) -> str:
+    f, tp, flag = opt.field, opt.type, opt.flag
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if opt.path == (f.name,) and f.name in positional:
+        arg = f.name.upper() if f.default is dataclasses.MISSING else f"[{f.name.upper()}]"
+    elif tp is bool:
+        arg = f"{flag}, --no-{flag[2:]}"
+    elif "const" in f.metadata:
+        arg = f"{flag} [VALUE]"
+    elif typing.get_origin(tp) is tuple:
+        arg = f"{flag} {'VALUE [VALUE ...]' if f.metadata.get('repeat') else 'A,B,...'}"
+    else:
+        arg = f"{flag} {getattr(tp, '__name__', 'VALUE').upper()}"
+    if isinstance(default, tuple):
+        shown = ",".join(map(str, default)) if default else "(none)"
+    else:
+        shown = "(required)" if f.default is dataclasses.MISSING else str(default)
+    meaning = f.metadata.get("help", "")
+    if "choices" in f.metadata:
+        meaning += f" (one of: {', '.join(map(str, f.metadata['choices']))})"
+    meaning = meaning.replace("|", "\\|")
+    return f"| `{arg}` | `{shown}` | {meaning} |"
 
 
 def parse_value(cls: type[Any], name: str, text: str) -> Any:
-    """``text`` parsed as the command line would parse ``--name`` of the dataclass ``cls``.
+    """``text`` parsed as the command line would parse the setting ``name`` (its flag without ``--``, as a
+    Python name) of the dataclass ``cls``.
 
-    Raises ``KeyError`` for a field ``cls`` does not have and ``ValueError`` (naming the expected type or
+    Raises ``KeyError`` for a setting ``cls`` does not have and ``ValueError`` (naming the expected type or
     choices) for a value that does not parse.
     """
-    fld = {f.name: f for f in dataclasses.fields(cls) if f.init}[name]
-    tp = _field_type(cls, fld.type)
+    opt = {o.dest: o for o in options(cls)}[name]
+    tp = opt.type
     if tp is bool:
         parse: Callable[[str], Any] = _parse_bool
     elif typing.get_origin(tp) is tuple:
@@ -207,7 +277,7 @@ def parse_value(cls: type[Any], name: str, text: str) -> Any:
         raise ValueError(f"expected {kind}, got {text!r}") from None
     if not _finite(value):
         raise ValueError(f"expected a finite number, got {text!r}")
-    choices = fld.metadata.get("choices")
+    choices = opt.field.metadata.get("choices")
     if choices is not None and value not in choices:
         raise ValueError(f"expected one of {', '.join(map(str, choices))}, got {text!r}")
     return value
@@ -218,24 +288,52 @@ def parse_config(
 ) -> C:
     """Parse ``argv`` into a frozen ``cls`` instance (a bad flag is one ``SacEdgeError`` line, exit 2)."""
     ns = build_parser(cls, prog, description, positional).parse_args(argv)
-    return config_from_dict(cls, vars(ns), prog)
+    return config_from_flags(cls, vars(ns), prog)
+
+
+def config_from_flags(cls: type[C], flags: Mapping[str, Any], source: str) -> C:
+    """A ``cls`` instance from settings named as their flags (``rate_hz=100`` for ``--rate-hz 100``), each
+    put in its section; a name that is no flag of ``cls`` is a one-line error naming ``source``."""
+    by_dest = {o.dest: o for o in options(cls)}
+    unknown = sorted(set(flags) - set(by_dest))
+    if unknown:
+        raise SacEdgeError(
+            f"{source}: {', '.join(unknown)} is no setting of {cls.__name__}; check the spelling against the "
+            "command's --help (its flags' names, dashes as underscores)"
+        )
+    nested: dict[str, Any] = {}
+    for dest, value in flags.items():
+        *outer, name = by_dest[dest].path
+        target = nested
+        for part in outer:
+            target = target.setdefault(part, {})
+        target[name] = value
+    return config_from_dict(cls, nested, source)
 
 
 def config_from_dict(cls: type[C], values: Mapping[str, Any], source: str) -> C:
-    """A ``cls`` instance from parsed flags or a saved config (JSON lists become tuples); a name ``cls``
-    has no field for is a one-line error naming ``source``, and so is a NaN or infinite number: no setting
-    takes one (a NaN compares false with every bound, so range checks after this one would let it through)."""
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-    unknown = sorted(set(values) - fields)
+    """A ``cls`` instance from a saved config (a section as a nested object; JSON lists become tuples); a
+    name ``cls`` has no field for is a one-line error naming ``source``, and so is a NaN or infinite
+    number: no setting takes one (a NaN compares false with every bound, so range checks after this one
+    would let it through)."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(fields))
     if unknown:
         raise SacEdgeError(
             f"{source}: unknown setting(s) {', '.join(unknown)} (written by another sac-edge version?); "
             "remove them or rerun without the saved settings"
         )
+    out: dict[str, Any] = {}
     for name, value in values.items():
+        tp = _field_type(cls, fields[name].type)
+        if _is_section(tp) and isinstance(value, Mapping):
+            out[name] = config_from_dict(tp, value, source)
+            continue
         if not _finite(value):
-            raise SacEdgeError(f"--{name.replace('_', '-')} must be a finite number, got {value}; pass a finite value")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+            flag = fields[name].metadata.get("flag", flag_of(name))
+            raise SacEdgeError(f"{flag} must be a finite number, got {value}; pass a finite value")
+        out[name] = tuple(value) if isinstance(value, list) else value
+    return cls(**out)
 
 
 def _finite(value: Any) -> bool:
@@ -245,8 +343,50 @@ def _finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
 
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _accepts(tp: Any, value: Any) -> bool:
+    """Whether ``value`` is of the setting type ``tp`` as the command line would make it (an int is a float)."""
+    if typing.get_origin(tp) is tuple:
+        return isinstance(value, tuple) and all(_accepts(typing.get_args(tp)[0], v) for v in value)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+
+
+def check_fields(config: Any) -> None:
+    """The type, finiteness and choices of each of ``config``'s own settings (a section's are its own
+    ``check``'s): what the command line's parser checks, for a config built in Python. A bad one is a
+    one-line ``SacEdgeError`` naming its flag."""
+    cls = type(config)
+    for f in dataclasses.fields(config):
+        if not f.init:
+            continue
+        tp, value = _field_type(cls, f.type), getattr(config, f.name)
+        if _is_section(tp):
+            if not isinstance(value, tp):
+                name = tp.__name__
+                raise SacEdgeError(f"{cls.__name__}.{f.name} must be a {name}, got {value!r}; pass {name}(...)")
+            continue
+        flag = f.metadata.get("flag", flag_of(f.name))
+        if value is None and isinstance(f.type, str) and "None" in (p.strip() for p in f.type.split("|")):
+            continue
+        if not _accepts(tp, value):
+            item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
+            kind = f"a tuple of {item.__name__} values" if item is not None else _KINDS.get(tp, str(tp))
+            raise SacEdgeError(f"{flag} must be {kind}, got {value!r}; pass {kind}")
+        if not _finite(value):
+            raise SacEdgeError(f"{flag} must be a finite number, got {value}; pass a finite value")
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise SacEdgeError(f"{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
 def config_dict(cfg: Any) -> dict[str, Any]:
-    """The resolved config as plain JSON-able values."""
+    """The resolved config as plain JSON-able values (a section as a nested object)."""
     out = dataclasses.asdict(cfg)
     return json.loads(json.dumps(out, default=str))
 

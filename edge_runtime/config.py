@@ -1,14 +1,30 @@
-"""The resolved configuration of ``sac-edge run`` and ``sac-edge bench`` (field help becomes ``--help``)."""
+"""The resolved configuration of ``sac-edge run`` (and the ``Runtime`` library), ``bench``, ``drill`` and
+``doctor`` (field help becomes ``--help``).
+
+``RunConfig`` is made of sections, one frozen dataclass each (backend, loop, shield, realtime, budget,
+fine-tuning), whose fields are the flags of ``sac-edge run`` under their usual names; each section's
+``check`` is the one place its flags are validated, and ``RunConfig.check`` runs them all before a bundle
+is opened. A new flag is one field and one check. The saved config (telemetry's ``config`` record) nests each
+section under its name.
+"""
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from sac_edge.common.atomic import check_output_path
 from sac_edge.common.bundle_format import PRECISIONS
+from sac_edge.common.config import check_fields, config_from_flags
+from sac_edge.common.errors import SacEdgeError
 from sac_edge.edge_runtime.backends.registry import BACKEND_CHOICES, KINDS
+from sac_edge.edge_runtime.control.realtime import check_idle_latency
 from sac_edge.edge_runtime.control.safety import OBS_FAULT_POLICIES
-from sac_edge.edge_runtime.control.shield import FALLBACKS, SHIELD_MODES
+from sac_edge.edge_runtime.control.shield import FALLBACKS, SHIELD_MODES, ShieldSettings
+from sac_edge.edge_runtime.finetune.finetuner import finetune_dir
+from sac_edge.edge_runtime.finetune.settings import FinetuneSection
 
 TRUSTED_KEYS_HELP = "directory of *.pub keys: refuse a bundle not signed by one of them (sac-export --sign-key)"
 ALLOW_DOWNGRADE_HELP = (
@@ -16,61 +32,24 @@ ALLOW_DOWNGRADE_HELP = (
 )
 
 
-_SHIELD_FIELDS: dict[str, dict[str, Any]] = {
-    "shield_window": {
-        "default": 3,
-        "metadata": {
-            "help": "consecutive steps outside the envelope that switch to the fallback (0: no envelope check)"
-        },
-    },
-    "stuck_steps": {
-        "default": 5,
-        "metadata": {"help": "bit-identical observations in a row that flag a stuck sensor (0: off)"},
-    },
-    "ramp_steps": {
-        "default": 5,
-        "metadata": {"help": "steps of the blend-in ramp at start, after a fallback and after a weight swap (0: none)"},
-    },
-    "fallback": {
-        "default": "hold",
-        "metadata": {
-            "help": "fallback action: hold (the last action sent on familiar ground) or fixed (--safe-action, "
-            "else the bundle's)",
-            "choices": list(FALLBACKS),
-        },
-    },
-    "safe_action": {
-        "default": (),
-        "metadata": {"help": "the fixed fallback action and the ramp's start, one number per action dim"},
-    },
-    "slew": {
-        "default": (),
-        "metadata": {
-            "help": "largest action change per step, one value or one per dim (default: the bundle's, from "
-            "the policy's rollouts at export; 0: no limit)"
-        },
-    },
-}
-"""The shield's flags, shared by ``sac-edge run`` and ``sac-edge drill`` (one help text each)."""
-
-
-def shield_field(name: str) -> Any:
-    """A fresh ``field`` for the shield flag ``name`` (each dataclass needs its own Field object)."""
-    return field(**_SHIELD_FIELDS[name])
+#: The fastest control rate accepted (a 10 us period; faster is not a control loop Python can keep).
+MAX_RATE_HZ = 100_000.0
+#: The slowest: one step every 1000 s (slower is not a control loop; the loop still sees a stop at once).
+MIN_RATE_HZ = 1e-3
+#: The longest ``--duration`` other than 0 (run until stopped): about 31 years.
+MAX_DURATION_S = 1e9
+#: The longest busy-wait before a slot and the longest inference watchdog limit.
+MAX_SPIN_US, MAX_INFERENCE_TIMEOUT_S = 1e6, 3600.0
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """``sac-edge run BUNDLE``: drive an environment with the bundle's policy at a fixed rate."""
+class BackendSection:
+    """Which inference backend serves, at which precision."""
 
-    bundle: str = field(metadata={"help": "bundle directory written by sac-export"})
-    env: str | None = field(
-        default=None,
-        metadata={"help": "gymnasium id or module:Class (any gymnasium Env API class); default: the bundle's env"},
-    )
-    backend: str = field(
+    kind: str = field(
         default="auto",
         metadata={
+            "flag": "--backend",
             "help": "inference backend; auto times each usable one at start-up and keeps the lowest p99",
             "choices": list(BACKEND_CHOICES),
         },
@@ -82,6 +61,21 @@ class RunConfig:
             "choices": list(PRECISIONS),
         },
     )
+    threads: int = field(default=1, metadata={"help": "intra-op threads for the inference backend"})
+    auto_calls: int = field(default=200, metadata={"help": "timed calls per candidate for --backend auto"})
+
+    def check(self) -> None:
+        """``--backend``, ``--precision``, ``--threads``, ``--auto-calls``."""
+        check_fields(self)
+        for flag, value in (("--threads", self.threads), ("--auto-calls", self.auto_calls)):
+            if value < 1:
+                raise SacEdgeError(f"{flag} must be at least 1, got {value}")
+
+
+@dataclass(frozen=True)
+class LoopSection:
+    """The control loop's schedule and what it does when a step goes wrong."""
+
     rate_hz: float = field(default=100.0, metadata={"help": "control rate (steps per second)"})
     duration: float = field(default=10.0, metadata={"help": "seconds to run; 0 runs until Ctrl-C or SIGTERM"})
     obs_fault: str = field(
@@ -95,20 +89,6 @@ class RunConfig:
     inference_budget: float = field(
         default=0.5, metadata={"help": "fraction of the period an inference may take; slower ones hold the action"}
     )
-    shield: str = field(
-        default="on",
-        metadata={
-            "help": "on: the safety shield after the guards (the bundle's observation envelope, stuck sensors, "
-            "fallback, blend-in ramp, slew limit); guards: the observation and action guards alone",
-            "choices": list(SHIELD_MODES),
-        },
-    )
-    shield_window: int = shield_field("shield_window")
-    stuck_steps: int = shield_field("stuck_steps")
-    ramp_steps: int = shield_field("ramp_steps")
-    fallback: str = shield_field("fallback")
-    safe_action: tuple[float, ...] = shield_field("safe_action")
-    slew: tuple[float, ...] = shield_field("slew")
     inference_timeout: float = field(
         default=2.0,
         metadata={
@@ -130,6 +110,103 @@ class RunConfig:
             "its code and weights are in the caches when the real one runs (costs up to a quarter period of CPU)"
         },
     )
+
+    def check(self) -> None:
+        """The rate, the duration and the loop's limits."""
+        check_fields(self)
+        if not MIN_RATE_HZ <= self.rate_hz <= MAX_RATE_HZ:
+            raise SacEdgeError(
+                f"--rate-hz must be from {MIN_RATE_HZ:g} to {MAX_RATE_HZ:g} steps per second, got {self.rate_hz}"
+            )
+        if not 0 <= self.duration <= MAX_DURATION_S:
+            raise SacEdgeError(
+                f"--duration must be from 0 (run until stopped) to {MAX_DURATION_S:g} seconds, got {self.duration}"
+            )
+        if not 0 < self.inference_budget <= 1:
+            raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {self.inference_budget}")
+        if not 0 < self.inference_timeout <= MAX_INFERENCE_TIMEOUT_S:
+            raise SacEdgeError(
+                f"--inference-timeout must be more than 0 and at most {MAX_INFERENCE_TIMEOUT_S:g} seconds, "
+                f"got {self.inference_timeout}"
+            )
+        if self.max_backend_errors < 1:
+            raise SacEdgeError(f"--max-backend-errors must be at least 1, got {self.max_backend_errors}")
+        if not 0 <= self.spin_us <= MAX_SPIN_US:
+            raise SacEdgeError(f"--spin-us must be from 0 to {MAX_SPIN_US:g} microseconds, got {self.spin_us}")
+
+
+@dataclass(frozen=True)
+class ShieldKnobs:
+    """The safety shield after the guards (envelope, stuck sensors, fallback, ramp, slew limit)."""
+
+    shield_window: int = field(
+        default=3,
+        metadata={"help": "consecutive steps outside the envelope that switch to the fallback (0: no envelope check)"},
+    )
+    stuck_steps: int = field(
+        default=5, metadata={"help": "bit-identical observations in a row that flag a stuck sensor (0: off)"}
+    )
+    ramp_steps: int = field(
+        default=5,
+        metadata={"help": "steps of the blend-in ramp at start, after a fallback and after a weight swap (0: none)"},
+    )
+    fallback: str = field(
+        default="hold",
+        metadata={
+            "help": "fallback action: hold (the last action sent on familiar ground) or fixed (--safe-action, "
+            "else the bundle's)",
+            "choices": list(FALLBACKS),
+        },
+    )
+    safe_action: tuple[float, ...] = field(
+        default=(), metadata={"help": "the fixed fallback action and the ramp's start, one number per action dim"}
+    )
+    slew: tuple[float, ...] = field(
+        default=(),
+        metadata={
+            "help": "largest action change per step, one value or one per dim (default: the bundle's, from "
+            "the policy's rollouts at export; 0: no limit)"
+        },
+    )
+
+    def settings(self, mode: str = "on") -> ShieldSettings:
+        """These flags as the shield's settings, in ``mode``."""
+        return ShieldSettings(
+            mode, self.shield_window, self.stuck_steps, self.ramp_steps, self.fallback, self.safe_action, self.slew
+        )
+
+    def check(self) -> None:
+        """The knobs as far as they can be checked without the bundle (its act_dim comes at open)."""
+        check_fields(self)
+        problem = self.settings().problem()
+        if problem is not None:
+            raise SacEdgeError(problem)
+
+
+@dataclass(frozen=True)
+class ShieldSection(ShieldKnobs):
+    """Whether the safety shield runs after the guards, and its knobs (envelope, stuck sensors,
+    fallback, ramp, slew limit)."""
+
+    mode: str = field(
+        default="on",
+        metadata={
+            "flag": "--shield",
+            "help": "on: the safety shield after the guards (the bundle's observation envelope, stuck sensors, "
+            "fallback, blend-in ramp, slew limit); guards: the observation and action guards alone",
+            "choices": list(SHIELD_MODES),
+        },
+    )
+
+    def settings(self, mode: str | None = None) -> ShieldSettings:
+        """These flags as the shield's settings (in ``--shield``'s mode unless ``mode`` is given)."""
+        return super().settings(self.mode if mode is None else mode)
+
+
+@dataclass(frozen=True)
+class RealtimeSection:
+    """The control thread's priority, CPUs, memory locking and the CPUs' idle states."""
+
     realtime_priority: int = field(
         default=0,
         metadata={"help": "SCHED_FIFO priority 1..99 for the control thread (needs root or CAP_SYS_NICE); 0: off"},
@@ -146,74 +223,51 @@ class RunConfig:
         default=False, metadata={"help": "mlockall: no page faults in the loop, but reserved memory counts as RSS"}
     )
     cpus: tuple[int, ...] = field(default=(), metadata={"help": "pin the control loop to these CPUs, e.g. 3 or 2,3"})
+
+    def check(self) -> None:
+        """The priority, the CPUs and the idle-latency cap."""
+        check_fields(self)
+        if not 0 <= self.realtime_priority <= 99:
+            raise SacEdgeError(f"--realtime-priority must be 1..99 (0: off), got {self.realtime_priority}")
+        if any(cpu < 0 for cpu in self.cpus):
+            raise SacEdgeError(f"--cpus takes CPU numbers from 0, got {','.join(map(str, self.cpus))}")
+        if self.idle_latency_us is not None:
+            check_idle_latency(self.idle_latency_us)
+
+
+@dataclass(frozen=True)
+class BudgetSection:
+    """Memory and power budgets the governor enforces, and where their sensors are read."""
+
     mem_budget_mb: float | None = field(default=None, metadata={"help": "memory budget enforced by the governor"})
     power_budget_w: float | None = field(default=None, metadata={"help": "power budget enforced by the governor"})
-    finetune: bool = field(
-        default=False,
-        metadata={"help": "fine-tune on the device while running (SAC in a learner process; needs torch)"},
+    sensor_root: str = field(default="/", metadata={"help": "filesystem root the power/memory sensors read"})
+
+    @property
+    def any(self) -> bool:
+        """Whether a budget is set (and so the governor runs)."""
+        return self.mem_budget_mb is not None or self.power_budget_w is not None
+
+    def check(self) -> None:
+        """Each budget is positive."""
+        check_fields(self)
+        for flag, budget in (("--mem-budget-mb", self.mem_budget_mb), ("--power-budget-w", self.power_budget_w)):
+            if budget is not None and not 0 < budget < math.inf:
+                raise SacEdgeError(f"{flag} must be a positive number, got {budget}")
+        if not os.path.isdir(self.sensor_root):
+            raise SacEdgeError(f"--sensor-root {self.sensor_root!r} is not a directory; pass / on the device")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """``sac-edge run BUNDLE``: drive an environment with the bundle's policy at a fixed rate."""
+
+    bundle: str = field(metadata={"help": "bundle directory written by sac-export"})
+    env: str | None = field(
+        default=None,
+        metadata={"help": "gymnasium id or module:Class (any gymnasium Env API class); default: the bundle's env"},
     )
-    resume: bool = field(
-        default=False,
-        metadata={
-            "help": "start from the last good fine-tuned weights in --finetune-dir (served; with --finetune also "
-            "learned from)"
-        },
-    )
-    restart: bool = field(
-        default=False,
-        metadata={
-            "help": "with --finetune, start again from the bundle weights although last good fine-tuned weights "
-            "exist (they are kept as the previous generation until a candidate is promoted)"
-        },
-    )
-    finetune_dir: str | None = field(
-        default=None, metadata={"help": "where the last good weights are kept (default: BUNDLE/finetune)"}
-    )
-    finetune_buffer: int = field(
-        default=200_000, metadata={"help": "replay rows wanted; --mem-budget-mb may choose fewer"}
-    )
-    finetune_batch: int = field(
-        default=256, metadata={"help": "minibatch wanted; --mem-budget-mb or the governor may choose less"}
-    )
-    finetune_utd: float = field(
-        default=1.0,
-        metadata={"help": "updates per collected step wanted; capped so updates use at most --learner-cpu of a core"},
-    )
-    learner_cpu: float = field(
-        default=0.6, metadata={"help": "fraction of one core the learner's updates may take at --rate-hz"}
-    )
-    finetune_lr: float = field(default=3e-4, metadata={"help": "actor, critic and temperature learning rate"})
-    learning_starts: int = field(default=1000, metadata={"help": "transitions collected before the first update"})
-    swap_every: int = field(default=500, metadata={"help": "updates between candidate policies (K)"})
-    promotion_window: int = field(
-        default=8,
-        metadata={"help": "episodes served by a candidate, compared with as many served by the last good weights"},
-    )
-    rollback_threshold: float = field(
-        default=0.25,
-        metadata={
-            "help": "roll back when the candidate's mean return is below the last good one's by more than this "
-            "fraction of |last good mean| (at least 1)"
-        },
-    )
-    rollback_noise_z: float = field(
-        default=2.0,
-        metadata={
-            "help": "...and by more than this many standard errors of the difference of the two windows' means, "
-            "so that episode-to-episode noise is not mistaken for a regression (0: the threshold alone)"
-        },
-    )
-    shadow_max_diff: float = field(
-        default=0.5,
-        metadata={
-            "help": "refuse to serve a candidate whose mean action differs from the last good one's by more than "
-            "this fraction of the action range on recent states"
-        },
-    )
-    explore_std: float = field(
-        default=0.1,
-        metadata={"help": "exploration noise while fine-tuning, std as a fraction of the half action range (0: off)"},
-    )
+    seed: int = field(default=0, metadata={"help": "environment reset seed"})
     shift: tuple[str, ...] = field(
         default=(),
         metadata={
@@ -227,14 +281,49 @@ class RunConfig:
     overwrite_telemetry: bool = field(
         default=False, metadata={"help": "replace an existing --telemetry file (otherwise it is refused)"}
     )
-    threads: int = field(default=1, metadata={"help": "intra-op threads for the inference backend"})
-    auto_calls: int = field(default=200, metadata={"help": "timed calls per candidate for --backend auto"})
-    sensor_root: str = field(default="/", metadata={"help": "filesystem root the power/memory sensors read"})
-    seed: int = field(default=0, metadata={"help": "environment reset seed"})
     trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
     allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
     verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
     json: bool = field(default=False, metadata={"help": "print the summary as one JSON object on the last line"})
+    backend: BackendSection = field(default_factory=BackendSection)
+    loop: LoopSection = field(default_factory=LoopSection)
+    shield: ShieldSection = field(default_factory=ShieldSection)
+    realtime: RealtimeSection = field(default_factory=RealtimeSection)
+    budget: BudgetSection = field(default_factory=BudgetSection)
+    finetune: FinetuneSection = field(default_factory=FinetuneSection)
+
+    @classmethod
+    def of(cls, bundle: str, **flags: Any) -> RunConfig:
+        """The config ``sac-edge run BUNDLE`` makes from ``flags`` named as its flags (``rate_hz=100`` for
+        ``--rate-hz 100``, ``finetune=True`` for ``--finetune``), each put in its section."""
+        return config_from_flags(cls, {"bundle": bundle, **flags}, "RunConfig.of")
+
+    def check(self) -> None:
+        """Every flag's value, before the bundle, an env or a backend is opened (one line, exit 2): each
+        section's own check, then what needs more than one section or the file system."""
+        check_fields(self)
+        if not 0 <= self.seed < 2**64:
+            raise SacEdgeError(f"--seed must be from 0 to 2**64 - 1 (numpy's seeds), got {self.seed}")
+        for section in (self.backend, self.loop, self.shield, self.realtime, self.budget, self.finetune):
+            section.check()
+        if self.shift:  # gymnasium is only imported to read a --shift
+            from sac_edge.edge_runtime.finetune.shift import parse_shift
+
+            parse_shift(self.shift)
+        if self.telemetry is not None:
+            check_output_path(self.telemetry, "--telemetry")
+            if os.path.lexists(self.telemetry) and not self.overwrite_telemetry:
+                raise SacEdgeError(
+                    f"--telemetry {self.telemetry} already exists; choose another path or pass --overwrite-telemetry"
+                )
+            if os.path.islink(self.telemetry) or (
+                os.path.lexists(self.telemetry) and not os.path.isfile(self.telemetry)
+            ):
+                raise SacEdgeError(
+                    f"--telemetry {self.telemetry} is a symlink or not a regular file; choose another path"
+                )
+        if self.finetune.enabled:  # a read-only bundle would otherwise fail at the lock, after the bundle was verified
+            check_output_path(finetune_dir(self.finetune, self.bundle), "--finetune-dir", directory=True)
 
 
 @dataclass(frozen=True)
@@ -294,18 +383,13 @@ class DrillConfig:
     backend: str = field(
         default="onnxruntime", metadata={"help": "inference backend", "choices": list(BACKEND_CHOICES)}
     )
-    shield_window: int = shield_field("shield_window")
-    stuck_steps: int = shield_field("stuck_steps")
-    ramp_steps: int = shield_field("ramp_steps")
-    fallback: str = shield_field("fallback")
-    safe_action: tuple[float, ...] = shield_field("safe_action")
-    slew: tuple[float, ...] = shield_field("slew")
     seed: int = field(default=1000, metadata={"help": "first episode seed"})
     out: str | None = field(default=None, metadata={"help": "write the rows and checks to this JSON file"})
     save: bool = field(default=False, metadata={"help": "write them beside the bundle, as BUNDLE.drill.json"})
     trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
     allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
     json: bool = field(default=False, metadata={"help": "print the results as one JSON object on the last line"})
+    shield: ShieldKnobs = field(default_factory=ShieldKnobs)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,8 @@ from sac_edge.common.envelope import parse_envelope
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.control.shield import ShieldSettings
 
-from .config import DrillConfig, RunConfig
+from .config import BackendSection, DrillConfig, LoopSection, RunConfig, ShieldSection
 from .runtime import Runtime
 
 FAULTS = ("none", "nan", "stuck", "spike", "drop", "delay", "ood_start", "swap")
@@ -141,18 +141,10 @@ def check_drill(cfg: DrillConfig) -> tuple[str, ...]:
             raise SacEdgeError(f"{flag} must be a positive number, got {number}")
     if not 0 < cfg.drop_rate <= 1:
         raise SacEdgeError(f"--drop-rate is a probability in (0, 1], got {cfg.drop_rate}")
-    problem = _settings(cfg).problem()
-    if problem is not None:
-        raise SacEdgeError(problem)
+    cfg.shield.check()
     if cfg.out:
         check_output_path(cfg.out, "--out")
     return tuple(dict.fromkeys(faults))
-
-
-def _settings(cfg: DrillConfig) -> ShieldSettings:
-    return ShieldSettings(
-        "on", cfg.shield_window, cfg.stuck_steps, cfg.ramp_steps, cfg.fallback, cfg.safe_action, cfg.slew
-    )
 
 
 def saved_path(cfg: DrillConfig) -> Path | None:
@@ -203,16 +195,9 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
         options = RunConfig(
             bundle=cfg.bundle,
             env=env_name,
-            backend=cfg.backend,
-            precision=FP32,
-            rate_hz=DRILL_RATE_HZ,
-            shield=mode,
-            shield_window=cfg.shield_window,
-            stuck_steps=cfg.stuck_steps,
-            ramp_steps=cfg.ramp_steps,
-            fallback=cfg.fallback,
-            safe_action=cfg.safe_action,
-            slew=cfg.slew,
+            backend=BackendSection(kind=cfg.backend, precision=FP32),
+            loop=LoopSection(rate_hz=DRILL_RATE_HZ),
+            shield=ShieldSection(**asdict(cfg.shield), mode=mode),
             seed=cfg.seed,
             trusted_keys=cfg.trusted_keys,
             allow_downgrade=cfg.allow_downgrade,
@@ -353,7 +338,8 @@ def _run_fault(
 def _checks(rows: Sequence[dict[str, Any]], cfg: DrillConfig) -> dict[str, Any]:
     """What the issue's goals ask of the rows: zero bad actions, fallback within one step after the window,
     the false-alarm rate on nominal steps."""
-    windows = {"nan": cfg.shield_window - 1, "spike": cfg.shield_window - 1, "stuck": max(cfg.stuck_steps - 2, 0)}
+    knobs = cfg.shield
+    windows = {"nan": knobs.shield_window - 1, "spike": knobs.shield_window - 1, "stuck": max(knobs.stuck_steps - 2, 0)}
     late = [
         r["fault"]
         for r in rows

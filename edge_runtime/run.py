@@ -133,15 +133,15 @@ def _drive(
     backends, tuner, monitor, sensor, first = parts.backends, parts.tuner, parts.monitor, parts.sensor, parts.first
     status = StatusLine() if sys.stderr.isatty() else None
     settings = LoopSettings(
-        cfg.rate_hz,
-        cfg.duration,
-        cfg.obs_fault,
-        cfg.inference_budget,
-        cfg.spin_us,
+        cfg.loop.rate_hz,
+        cfg.loop.duration,
+        cfg.loop.obs_fault,
+        cfg.loop.inference_budget,
+        cfg.loop.spin_us,
         cfg.seed,
-        cfg.warm_cache,
-        cfg.inference_timeout,
-        cfg.max_backend_errors,
+        cfg.loop.warm_cache,
+        cfg.loop.inference_timeout,
+        cfg.loop.max_backend_errors,
     )
     closed = False
 
@@ -183,9 +183,10 @@ def _drive(
             )
             if tuner is not None:
                 tuner.start()
-            for line in enter_realtime(cfg.realtime_priority, cfg.cpus, cfg.lock_memory):  # after the tuner starts
+            rt = cfg.realtime
+            for line in enter_realtime(rt.realtime_priority, rt.cpus, rt.lock_memory):  # after the tuner starts
                 log(f"sac-edge run: {line}")
-            idle_us = cfg.idle_latency_us if cfg.idle_latency_us is not None else (0 if cfg.realtime_priority else None)
+            idle_us = rt.idle_latency_us if rt.idle_latency_us is not None else (0 if rt.realtime_priority else None)
             if idle_us is not None:
                 log(f"sac-edge run: {held.enter_context(hold_idle_latency(idle_us))}")
             summary = loop.run()

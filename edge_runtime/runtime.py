@@ -7,9 +7,10 @@ parity-gated backend (``--backend auto`` timed at open), the observation and act
 action on an overrun, memory and power budgets with the governor, fine-tuning with promotion and rollback
 (the last good weights kept on disk), and telemetry::
 
-    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+    from sac_edge.edge_runtime.runtime import FinetuneSection, LoopSection, RunConfig, Runtime
 
-    with Runtime(RunConfig(bundle="bundles/pend", rate_hz=100, finetune=True)) as runtime:
+    options = RunConfig(bundle="bundles/pend", loop=LoopSection(rate_hz=100), finetune=FinetuneSection(enabled=True))
+    with Runtime(options) as runtime:
         obs = robot.read()
         while robot.ok():
             action = runtime.act(obs)
@@ -19,18 +20,20 @@ action on an overrun, memory and power budgets with the governor, fine-tuning wi
             runtime.tick()  # budgets once a second; its rate_hz is the rate the governor asks for
     print(runtime.summary())
 
-Options are ``sac-edge run``'s ``RunConfig`` (the same names as the flags, checked in the same place before
-anything is opened). The fields about the env and the schedule (``env``, ``duration``, ``spin_us``,
-``warm_cache``, ``realtime_priority``, ``idle_latency_us``, ``lock_memory``, ``shift``, ``inference_timeout``)
-are the caller's business here and are not used; ``rate_hz`` is the rate the caller runs at (the period the
-inference budget is a fraction of, the learner's sizing, the governor's top rung); ``cpus`` are the CPUs the
-caller's loop runs on (the learner process keeps off them).
+Options are ``sac-edge run``'s ``RunConfig``: its sections (``BackendSection``, ``LoopSection``,
+``ShieldSection``, ``RealtimeSection``, ``BudgetSection``, ``FinetuneSection``) hold the flags under their
+names, checked in the same place before anything is opened; ``RunConfig.of(bundle, rate_hz=100,
+finetune=True)`` takes the flags' names flat. The settings about the env and the schedule (``env``,
+``shift``, and of the loop ``duration``, ``spin_us``, ``warm_cache``, ``inference_timeout``; the realtime
+section but ``cpus``) are the caller's business here and are not used; ``loop.rate_hz`` is the rate the
+caller runs at (the period the inference budget is a fraction of, the learner's sizing, the governor's top
+rung); ``realtime.cpus`` are the CPUs the caller's loop runs on (the learner process keeps off them).
 
 Threads: ``act``, ``observe``, ``tick`` and ``close`` come from one thread, the control thread: the first one
 that calls one of them after ``open``. ``summary`` may come from any thread. A call from another thread, or
 before ``open`` or after ``close``, is refused with a one-line :class:`SacEdgeError`. The fine-tuner's
 coordinator thread and learner process run beside it, as under ``sac-edge run``. torch is imported (in the
-learner process only) only when ``finetune`` is set.
+learner process only) only when ``finetune.enabled`` is set.
 """
 
 from __future__ import annotations
@@ -55,11 +58,23 @@ from sac_edge.edge_runtime.control.shield import Shield, ShieldSummary, guards_s
 from sac_edge.edge_runtime.control.step_stats import StepStats
 from sac_edge.edge_runtime.control.telemetry import TelemetryWriter
 from sac_edge.edge_runtime.finetune.finetuner import FinetuneSummary
+from sac_edge.edge_runtime.finetune.settings import FinetuneSection
 
 from .compose import Composition, Log, attach_shield, compose, last_good_weights, locked, make_shield, validate
-from .config import RunConfig
+from .config import BackendSection, BudgetSection, LoopSection, RealtimeSection, RunConfig, ShieldSection
 
-__all__ = ["RunConfig", "Runtime", "RuntimeSummary", "TickReport"]
+__all__ = [
+    "BackendSection",
+    "BudgetSection",
+    "FinetuneSection",
+    "LoopSection",
+    "RealtimeSection",
+    "RunConfig",
+    "Runtime",
+    "RuntimeSummary",
+    "ShieldSection",
+    "TickReport",
+]
 
 TICK_NS = 1_000_000_000
 """``tick`` reads the budgets and ticks the governor at most once a second (its hysteresis counts samples
@@ -189,12 +204,12 @@ class Runtime:
             self._tuner = parts.tuner
             self._precision = parts.first
             self._backend: Backend = parts.backends[parts.first]
-            self._obs_guard = ObservationGuard(low, high, cfg.obs_fault)
+            self._obs_guard = ObservationGuard(low, high, cfg.loop.obs_fault)
             self._act_guard = ActionGuard(np.array(spec.action_low), np.array(spec.action_high))
             self._stats = StepStats()
             self._latency = self._stats.latency.append
-            self._rate_hz = cfg.rate_hz
-            self._budget_ns = int(cfg.inference_budget * 1e9 / cfg.rate_hz)
+            self._rate_hz = cfg.loop.rate_hz
+            self._budget_ns = int(cfg.loop.inference_budget * 1e9 / cfg.loop.rate_hz)
             self._steps = self._transitions = self._episodes = self._held_obs = self._overruns = 0
             self._backend_errors = self._reward_invalid = self._switches = 0
             self._backend_error: dict[str, str] | None = None
@@ -370,7 +385,7 @@ class Runtime:
             self._switches += 1
         if tick.rate_hz is not None and tick.rate_hz != self._rate_hz:
             self._rate_hz = float(tick.rate_hz)
-            self._budget_ns = int(self.options.inference_budget * 1e9 / self._rate_hz)
+            self._budget_ns = int(self.options.loop.inference_budget * 1e9 / self._rate_hz)
         self._emit(
             {
                 "type": "second",
@@ -424,7 +439,7 @@ class Runtime:
         if self._backend_error is None:
             text = describe_error(err)
             self._backend_error = {"type": type(err).__name__, "message": text.splitlines()[0][:200] if text else ""}
-        if self._backend_errors >= self.options.max_backend_errors:
+        if self._backend_errors >= self.options.loop.max_backend_errors:
             error = self._backend_error
             message = error["type"] + (f": {error['message']}" if error["message"] else "")
             self._stopped_by = f"backend error x{self._backend_errors}: {message}"
@@ -446,7 +461,7 @@ class Runtime:
             steps=self._steps,
             transitions=self._transitions,
             episodes=self._episodes,
-            rate_hz=self.options.rate_hz,
+            rate_hz=self.options.loop.rate_hz,
             final_rate_hz=self._rate_hz,
             latency_us=self._stats.figures("latency"),
             inference_overruns=self._overruns,

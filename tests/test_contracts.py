@@ -5,6 +5,7 @@ everything documented is produced (a few entries only appear with hardware or fl
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from docs_tables import documented
+from docs_tables import documented, documented_rows
 
 from sac_edge.common.bundle_format import ENGINES_DIR, FINETUNE_DIR, MANIFEST
 from sac_edge.common.manifest import read_manifest
@@ -40,6 +41,23 @@ def _both_ways(produced: set[str], heading: str, absent_here: set[str] = frozens
 def test_cli_reference_is_current() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "cli_reference.py"), "--check"], check=False)
     assert proc.returncode == 0, "docs/CLI.md differs from the config classes: run make docs"
+
+
+def _config_documented(saved: dict, heading: str) -> None:
+    """``saved`` (a ``config_dict``) has the keys the table under ``heading`` names, and each section's row
+    names exactly that section's keys."""
+    rows = documented_rows(heading)
+    _both_ways(set(saved), heading)
+    for name, value in saved.items():
+        if isinstance(value, dict):
+            assert set(re.findall(r"`([^`]+)`", rows[name])) == set(value), f"{heading}: {name}'s keys"
+
+
+def test_run_config_keys_documented() -> None:
+    from sac_edge.common.config import config_dict
+    from sac_edge.edge_runtime.config import RunConfig
+
+    _config_documented(config_dict(RunConfig(bundle="b")), "sac-edge run config")
 
 
 def test_sweep_json_keys_documented() -> None:
@@ -83,6 +101,9 @@ def test_train_export_run_bench_doctor_keep_the_contracts(tmp_path: Path) -> Non
         "--trusted-keys", str(trusted), "--telemetry", str(tmp_path / "t.jsonl"), "--json",
     ], tmp_path)  # fmt: skip
     _both_ways(set(summary), "sac-edge run --json", NEEDS_FINETUNE)
+    record = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    assert record["type"] == "config" and record["config"]["loop"]["rate_hz"] == 100
+    _config_documented(record["config"], "sac-edge run config")
     slots = summary["steps"] + summary["skipped_slots"]  # 50 scheduled; a late last step may skip past the end
     assert 50 <= slots <= max(50, int(summary["duration_s"] * 100) + 1) and summary["stopped_by"] == "duration"
     device_dirs = documented("Written on the device")

@@ -50,7 +50,7 @@ from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from .experience import EpisodeLog, Exploration
 from .learner_process import LearnerProcess
 from .promotion import LastGood, LastGoodStore, PromotionRules, judge
-from .settings import FinetuneSettings
+from .settings import FinetuneSection, FinetuneSettings
 from .weight_swap import WeightSets, WeightSwapper
 
 GIL_SWITCH_S = 1e-4
@@ -62,13 +62,13 @@ COORDINATOR_S = 0.05
 Emit = typing.Callable[[typing.Dict[str, Any]], None]
 
 
-def finetune_dir(cfg: FinetuneSettings) -> Path:
-    """Where the last good weights live: ``--finetune-dir`` or ``BUNDLE/finetune``; the latter refused (one
-    line) when it is a symlink or not a directory, since the weights and the lock would then be written
-    wherever the bundle's author pointed it."""
-    if cfg.finetune_dir:
-        return Path(cfg.finetune_dir)
-    path = Path(cfg.bundle) / FINETUNE_DIR
+def finetune_dir(section: FinetuneSection, bundle: str | Path) -> Path:
+    """Where the last good weights of fine-tuning ``bundle`` live: ``--finetune-dir`` or ``BUNDLE/finetune``;
+    the latter refused (one line) when it is a symlink or not a directory, since the weights and the lock
+    would then be written wherever the bundle's author pointed it."""
+    if section.finetune_dir:
+        return Path(section.finetune_dir)
+    path = Path(bundle) / FINETUNE_DIR
     if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
         raise SacEdgeError(
             f"{path} is a symlink or not a directory; sac-edge writes fine-tuned weights only into a real "
@@ -165,7 +165,7 @@ class FineTuner:
         self.utd = float(self.sizing["utd"])
         self.episodes = EpisodeLog()
         self._explore = Exploration(
-            cfg.explore_std, np.array(spec.action_low), np.array(spec.action_high), cfg.seed + 1
+            cfg.section.explore_std, np.array(spec.action_low), np.array(spec.action_high), cfg.seed + 1
         )
         self.good_state = {k: np.array(v) for k, v in good_state.items()}
         self.good_sets = good_sets
@@ -421,7 +421,7 @@ def build_finetuner(
     spec = bundle.spec
     tensors = dict(last.tensors) if last is not None else read_learner_tensors(bundle)
     if rules is None:
-        rules = PromotionRules(cfg.promotion_window, cfg.rollback_threshold, cfg.shadow_max_diff, cfg.rollback_noise_z)
+        rules = cfg.section.rules()
     swapper = WeightSwapper(backends, bundle)
     states = last.states if last is not None else np.zeros((0, spec.obs_dim), np.float32)
     resumed: dict[str, Any] | None = None
@@ -445,7 +445,7 @@ def build_finetuner(
             spec,
             learner,
             swapper,
-            LastGoodStore(finetune_dir(cfg)),
+            LastGoodStore(finetune_dir(cfg.section, cfg.bundle)),
             rules,
             cfg,
             budget,

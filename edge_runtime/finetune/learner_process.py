@@ -58,7 +58,7 @@ from sac_edge.edge_runtime.budget.memory import read_process_memory
 
 from .experience import StagingRing, ring_layout
 from .promotion import shadow_check
-from .settings import FinetuneSettings
+from .settings import MIN_FINETUNE_ROWS, FinetuneSettings
 from .shared import SharedArrays, layout_of
 from .weight_swap import Int8Requantizer, weight_sets
 
@@ -300,9 +300,9 @@ class LearnerLoop:
         self.requantizer = requantizer
         self.knobs, self.flags = control["knobs"], control["flags"]
         self.utd = utd
-        self.swap_every = settings.swap_every
-        self.learning_starts = settings.learning_starts
-        self.shadow_max_diff = settings.shadow_max_diff
+        self.swap_every = settings.section.swap_every
+        self.learning_starts = settings.section.learning_starts
+        self.shadow_max_diff = settings.section.shadow_max_diff
         self.good_state = _numpy(learner.state())
         self.pending: dict[str, np.ndarray] | None = None
         self.awaiting = False  # a proposal the main process has not resolved yet
@@ -341,18 +341,20 @@ class LearnerLoop:
         baseline = float(cfg["main_baseline_mb"]) + read_process_memory().rss_mb
         sizing = choose_sizing(
             net_shape(spec, tensors),
-            rows=settings.finetune_buffer,
-            batch=settings.finetune_batch,
+            rows=settings.section.finetune_buffer,
+            batch=settings.section.finetune_batch,
             staging=STAGING_ROWS,
-            min_rows=max(settings.learning_starts, 1000),
+            min_rows=max(settings.section.learning_starts, MIN_FINETUNE_ROWS),
             budget_mb=settings.mem_budget_mb,
             baseline_mb=baseline,
         )
-        learner = DeviceLearner(spec, tensors, sizing, settings.finetune_lr, settings.seed)
+        learner = DeviceLearner(spec, tensors, sizing, settings.section.finetune_lr, settings.seed)
         extra = sorted(set(tensors) - set(learner.state()))
         if extra:  # the shared block holds the file's tensors; each candidate must fill all of them
             raise SacEdgeError(f"learner tensors hold {extra[0]} (and {len(extra) - 1} more) that the networks lack")
-        utd, reason = choose_utd(settings.finetune_utd, learner.update_seconds, settings.rate_hz, settings.learner_cpu)
+        utd, reason = choose_utd(
+            settings.section.finetune_utd, learner.update_seconds, settings.rate_hz, settings.section.learner_cpu
+        )
         loop = cls(spec, learner, ring, weights, control, conn, settings, utd, requantizer)
         loop.sizing = {
             **sizing.to_dict(),

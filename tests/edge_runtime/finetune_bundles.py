@@ -27,9 +27,9 @@ from sac_edge.common.manifest import files_table, write_manifest
 from sac_edge.edge_runtime.backends.base import Backend, BackendOptions
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
+from sac_edge.edge_runtime.compose import finetune_settings
 from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner
-from sac_edge.edge_runtime.finetune.settings import FinetuneSettings
 from sac_edge.train.checkpoint import save_tensors
 
 
@@ -80,8 +80,8 @@ def make_tuner(
     """A fine-tuner (its learner process started) on ``bundle_dir``'s onnxruntime backends of ``precisions``
     (the first one returned), built as ``sac-edge run --finetune`` builds it, with small buffers so the
     tests learn quickly."""
-    cfg = RunConfig(
-        bundle=str(bundle_dir),
+    cfg = RunConfig.of(
+        str(bundle_dir),
         finetune=True,
         finetune_dir=str(tmp_path / "ft"),
         finetune_buffer=2000,
@@ -92,5 +92,5 @@ def make_tuner(
     bundle = open_bundle(bundle_dir)
     options = BackendOptions(refit=True)  # as the run opens them with --finetune
     backends = {p: open_backend(bundle, "onnxruntime", p, options) for p in precisions}
-    tuner, _ = build_finetuner(FinetuneSettings.of(cfg), bundle, backends, MemoryProbe(), None, emit, lambda _: None)
+    tuner, _ = build_finetuner(finetune_settings(cfg), bundle, backends, MemoryProbe(), None, emit, lambda _: None)
     return tuner, backends[precisions[0]]

@@ -6,67 +6,199 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-# flags -> what the one line says; all with --backend auto, which would time every backend first
-BAD = {
-    "--finetune --promotion-window 0": "--promotion-window must be >= 1",
-    "--finetune --rollback-threshold -1": "--rollback-threshold must be >= 0",
-    "--finetune --rollback-threshold nan": "--rollback-threshold must be a finite number",
-    "--finetune --rollback-noise-z -0.5": "--rollback-noise-z must be >= 0",
-    "--finetune --shadow-max-diff 0": "--shadow-max-diff is a fraction of the action range in (0, 1]",
-    "--finetune --shadow-max-diff 1.5": "--shadow-max-diff is a fraction of the action range in (0, 1]",
-    "--finetune --finetune-utd 0": "--finetune-utd must be a positive number",
-    "--finetune --finetune-buffer 500": "--finetune-buffer 500 is below the 1000 rows fine-tuning needs",
-    "--finetune --learning-starts 5000 --finetune-buffer 2000": "is below the 5000 rows",
-    "--finetune --learner-cpu 2": "--learner-cpu is a fraction of one core",
-    "--finetune --explore-std -1": "--explore-std non-negative",
-    "--finetune (no torch)": "--finetune needs the Python package 'torch'",
+from sac_edge.common.config import options
+from sac_edge.edge_runtime.config import RunConfig
+
+# Every flag of ``sac-edge run`` (every field of RunConfig and of its sections) -> its bad values, each the
+# arguments after ``run`` and what the one line says. ``{bundle}`` is a good bundle, ``{absent}`` a path that
+# does not exist, ``{file}`` a regular file. All run with ``--backend auto``, which would time every backend.
+BAD: dict[str, list[tuple[str, str]]] = {
+    "--bundle": [("{absent}", "{absent}")],
+    "--env": [("{bundle} --env NoSuchEnv-v9", "NoSuchEnv-v9")],
+    "--seed": [("{bundle} --seed -1", "--seed must be from 0")],
+    "--shift": [("{bundle} --shift g", "--shift entry 'g' is not NAME=NUMBER")],
+    "--telemetry": [
+        ("{bundle} --telemetry {file}", "already exists; choose another path or pass --overwrite-telemetry")
+    ],
+    "--overwrite-telemetry": [
+        (
+            "{bundle} --overwrite-telemetry=yes",
+            "--overwrite-telemetry/--no-overwrite-telemetry: ignored explicit argument 'yes'",
+        )
+    ],
+    "--trusted-keys": [("{bundle} --trusted-keys {absent}", "{absent}")],
+    "--allow-downgrade": [
+        (
+            "{bundle} --allow-downgrade=yes",
+            "--allow-downgrade/--no-allow-downgrade: ignored explicit argument 'yes'",
+        )
+    ],
+    "--verbose": [
+        (
+            "{bundle} --verbose=yes",
+            "--verbose/--no-verbose: ignored explicit argument 'yes'",
+        )
+    ],
+    "--json": [("{bundle} --json=yes", "--json/--no-json: ignored explicit argument 'yes'")],
+    # backend
+    "--backend": [("{bundle} --backend gpu", "argument --backend: invalid choice: 'gpu'")],
+    "--precision": [("{bundle} --precision fp8", "argument --precision: invalid choice: 'fp8'")],
+    "--threads": [("{bundle} --threads 0", "--threads must be at least 1")],
+    "--auto-calls": [("{bundle} --auto-calls 0", "--auto-calls must be at least 1")],
+    # loop
+    "--rate-hz": [
+        ("{bundle} --rate-hz 1e12", "--rate-hz must be from 0.001 to 100000"),
+        ("{bundle} --rate-hz nan", "--rate-hz must be a finite number"),
+    ],
+    "--duration": [("{bundle} --duration=-1", "--duration must be from 0 (run until stopped)")],
+    "--obs-fault": [("{bundle} --obs-fault drop", "argument --obs-fault: invalid choice: 'drop'")],
+    "--inference-budget": [("{bundle} --inference-budget 0", "--inference-budget is a fraction of the period")],
+    "--inference-timeout": [("{bundle} --inference-timeout 0", "--inference-timeout must be more than 0")],
+    "--max-backend-errors": [("{bundle} --max-backend-errors 0", "--max-backend-errors must be at least 1")],
+    "--spin-us": [("{bundle} --spin-us=-1", "--spin-us must be from 0 to")],
+    "--warm-cache": [
+        (
+            "{bundle} --warm-cache=no",
+            "--warm-cache/--no-warm-cache: ignored explicit argument 'no'",
+        )
+    ],
+    # shield
+    "--shield": [("{bundle} --shield off", "argument --shield: invalid choice: 'off'")],
+    "--shield-window": [("{bundle} --shield-window=-1", "--shield-window must be from 0 (off)")],
+    "--stuck-steps": [("{bundle} --stuck-steps 1", "--stuck-steps must be at least 2")],
+    "--ramp-steps": [("{bundle} --ramp-steps=-1", "--ramp-steps must be from 0 (no ramp)")],
+    "--fallback": [("{bundle} --fallback zero", "argument --fallback: invalid choice: 'zero'")],
+    "--safe-action": [("{bundle} --safe-action nan", "--safe-action must be a finite number")],
+    "--slew": [("{bundle} --slew=-1", "--slew takes finite non-negative changes")],
+    # realtime
+    "--realtime-priority": [("{bundle} --realtime-priority 100", "--realtime-priority must be 1..99 (0: off)")],
+    "--idle-latency-us": [("{bundle} --idle-latency-us=-1", "--idle-latency-us -1 is negative")],
+    "--lock-memory": [
+        (
+            "{bundle} --lock-memory=yes",
+            "--lock-memory/--no-lock-memory: ignored explicit argument 'yes'",
+        )
+    ],
+    "--cpus": [("{bundle} --cpus=-1", "--cpus takes CPU numbers from 0")],
+    # budget
+    "--mem-budget-mb": [("{bundle} --mem-budget-mb 0", "--mem-budget-mb must be a positive number")],
+    "--power-budget-w": [("{bundle} --power-budget-w=-1", "--power-budget-w must be a positive number")],
+    "--sensor-root": [("{bundle} --sensor-root {absent}", "--sensor-root '{absent}' is not a directory")],
+    # fine-tuning
+    "--finetune": [("{bundle} --finetune (no torch)", "--finetune needs the Python package 'torch'")],
+    "--resume": [("{bundle} --finetune --resume --restart", "--resume and --restart exclude each other")],
+    "--restart": [("{bundle} --restart", "--restart only applies with --finetune")],
+    "--finetune-dir": [("{bundle} --finetune --finetune-dir {file}", "--finetune-dir {file}")],
+    "--finetune-buffer": [
+        ("{bundle} --finetune --finetune-buffer 500", "--finetune-buffer 500 is below the 1000 rows fine-tuning needs"),
+        ("{bundle} --finetune --learning-starts 5000 --finetune-buffer 2000", "is below the 5000 rows"),
+    ],
+    "--finetune-batch": [("{bundle} --finetune --finetune-batch 0", "--finetune-batch must be at least 1")],
+    "--finetune-utd": [("{bundle} --finetune --finetune-utd 0", "--finetune-utd must be a positive number")],
+    "--learner-cpu": [("{bundle} --finetune --learner-cpu 2", "--learner-cpu is a fraction of one core")],
+    "--finetune-lr": [("{bundle} --finetune --finetune-lr 0", "--finetune-lr must be positive")],
+    "--learning-starts": [("{bundle} --finetune --learning-starts 0", "--learning-starts must be at least 1")],
+    "--swap-every": [("{bundle} --finetune --swap-every 0", "--swap-every must be at least 1")],
+    "--promotion-window": [("{bundle} --finetune --promotion-window 0", "--promotion-window must be >= 1")],
+    "--rollback-threshold": [
+        ("{bundle} --finetune --rollback-threshold=-1", "--rollback-threshold must be >= 0"),
+        ("{bundle} --finetune --rollback-threshold nan", "--rollback-threshold must be a finite number"),
+    ],
+    "--rollback-noise-z": [("{bundle} --finetune --rollback-noise-z=-0.5", "--rollback-noise-z must be >= 0")],
+    "--shadow-max-diff": [
+        ("{bundle} --finetune --shadow-max-diff 0", "--shadow-max-diff is a fraction of the action range in (0, 1]"),
+        ("{bundle} --finetune --shadow-max-diff 1.5", "--shadow-max-diff is a fraction of the action range in (0, 1]"),
+    ],
+    "--explore-std": [("{bundle} --finetune --explore-std=-1", "--explore-std must be non-negative")],
 }
+
+#: Flags whose bad value can only be seen in the bundle (or the env it names), so after it is opened.
+NEED_THE_BUNDLE = {"--bundle", "--env", "--trusted-keys"}
 
 # In one child process: each case through the real CLI, then whether onnxruntime (which every backend
 # here imports when it opens) was imported by then. The last case is a valid run, which must import it.
+# A case that is not refused runs; the alarm ends one that would run on (a duration or rate out of range).
 CHILD = """
-import contextlib, io, json, sys
+import contextlib, io, json, signal, sys
 from sac_edge.edge_runtime.cli import main
-bundle, cases = sys.argv[1], json.loads(sys.argv[2])
+def ran_on(*_):
+    raise TimeoutError("not refused: the run went on")
+signal.signal(signal.SIGALRM, ran_on)
+cases = json.loads(sys.argv[1])
 out = []
-for flags in cases:
-    if "(no torch)" in flags:
+for case in cases:
+    if "(no torch)" in case:
         sys.modules["torch"] = None  # as on a device without it: find_spec("torch") is None
-    argv = ["run", bundle, "--backend", "auto", "--duration", "0.05", *flags.replace("(no torch)", "").split()]
+    argv = ["run", "--backend", "auto", "--duration", "0.05", *case.replace("(no torch)", "").split()]
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
+        signal.alarm(30)
         rc = main(argv)
+        signal.alarm(0)
     out.append({"rc": rc, "err": err.getvalue(), "onnxruntime": "onnxruntime" in sys.modules})
 print(json.dumps(out))
 """
 
 
-def test_every_bad_flag_is_refused_before_any_backend_opens(pendulum_bundle: Path) -> None:
-    cases = [*BAD, ""]  # the torch case last but one: the valid run, last, needs no torch either
-    cases.sort(key=lambda flags: (flags == "", "(no torch)" in flags))
-    argv = [sys.executable, "-c", CHILD, str(pendulum_bundle), json.dumps(cases)]
+def test_every_flag_has_bad_values_here() -> None:
+    """The table above is RunConfig's flags, generated from the classes: a new flag needs its bad value."""
+    flags = [o.flag for o in options(RunConfig)]
+    assert len(set(flags)) == len(flags)
+    assert set(BAD) == set(flags), f"flags without a bad value: {sorted(set(flags) - set(BAD))}"
+
+
+def test_every_bad_flag_is_refused_before_any_backend_opens(pendulum_bundle: Path, tmp_path: Path) -> None:
+    """Each bad value with a good bundle: refused, and no backend opened. Each again with no bundle at all
+    (but for the flags about the bundle and its env): the same refusal, so it came before the bundle."""
+    (tmp_path / "file").write_text("a file")
+    where = {"bundle": str(pendulum_bundle), "absent": str(tmp_path / "absent"), "file": str(tmp_path / "file")}
+    cases = [(case.format(**where), message.format(**where)) for bad in BAD.values() for case, message in bad]
+    cases += [
+        (case.format(**{**where, "bundle": where["absent"]}), message.format(**where))
+        for flag, bad in BAD.items()
+        if flag not in NEED_THE_BUNDLE
+        for case, message in bad
+    ]
+    argv_cases = [case for case, _ in cases] + [str(pendulum_bundle)]  # the valid run, last, needs no torch
+    argv_cases.sort(key=lambda case: (case == str(pendulum_bundle), "(no torch)" in case))
+    argv = [sys.executable, "-c", CHILD, json.dumps(argv_cases)]
     child = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True)
-    results = dict(zip(cases, json.loads(child.stdout.strip().splitlines()[-1])))
-    for flags, message in BAD.items():
-        result = results[flags]
+    results = dict(zip(argv_cases, json.loads(child.stdout.strip().splitlines()[-1])))
+    wrong = []
+    for case, message in cases:
+        result = results[case]
         lines = result["err"].strip().splitlines()
-        assert result["rc"] == 2 and len(lines) == 1, (flags, result)
-        assert lines[0].startswith("sac-edge: error: ") and message in lines[0], (flags, lines)
-        assert not result["onnxruntime"], f"{flags}: a backend was opened before the refusal"
-    valid = results[""]
+        if not (
+            result["rc"] == 2 and len(lines) == 1 and lines[0].startswith("sac-edge: error: ") and message in lines[0]
+        ):
+            wrong.append((case, message, result["rc"], lines[-3:]))
+        assert not result["onnxruntime"], f"{case}: a backend was opened before the refusal"
+    assert not wrong, "\n".join(map(str, wrong))
+    valid = results[str(pendulum_bundle)]
     assert valid["rc"] == 0 and valid["onnxruntime"], valid  # the observable does see a backend open
+
+
+@pytest.mark.parametrize("opt", options(RunConfig), ids=lambda o: o.flag)
+def test_every_setting_of_the_wrong_type_is_refused_in_python(opt: Any, tmp_path: Path) -> None:
+    """The library path (``Runtime(RunConfig(...))``) gets what argparse checks on the command line: a
+    value of the wrong type is one line naming the flag, before anything is opened."""
+    from sac_edge.common.errors import SacEdgeError
+
+    wrong = 1 if opt.type is str else "1"
+    cfg = RunConfig.of(**{"bundle": str(tmp_path / "absent"), opt.dest: wrong})
+    with pytest.raises(SacEdgeError, match=f"^{opt.flag} must be "):
+        cfg.check()
 
 
 @pytest.mark.parametrize("flags", ["--finetune-utd inf", "--finetune-lr 0"])
 def test_finetune_numbers_are_checked_without_fine_tuning_work(flags: str, tmp_path: Path) -> None:
     from sac_edge.common.errors import SacEdgeError
     from sac_edge.edge_runtime.compose import validate
-    from sac_edge.edge_runtime.config import RunConfig
 
     name, value = flags.split()
-    cfg = RunConfig(bundle=str(tmp_path / "absent"), finetune=True, **{name[2:].replace("-", "_"): float(value)})
     with pytest.raises(SacEdgeError, match=name):  # the bundle is not even looked at
-        validate(cfg)
+        validate(RunConfig.of(str(tmp_path / "absent"), finetune=True, **{name[2:].replace("-", "_"): float(value)}))

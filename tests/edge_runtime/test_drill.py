@@ -53,10 +53,10 @@ def test_bad_drill_flags_are_one_line(
 
 def test_the_runtime_ramps_in_with_the_shield_and_not_in_guards_mode(enveloped_bundle: Path) -> None:
     obs = np.array([1.0, 0.0, 0.5], np.float32)
-    with Runtime(RunConfig(bundle=str(enveloped_bundle), backend="onnxruntime", shield="guards")) as plain:
+    with Runtime(RunConfig.of(str(enveloped_bundle), backend="onnxruntime", shield="guards")) as plain:
         policy = plain.act(obs).copy()
         assert plain.shield is None and plain.summary().shield == {"mode": "guards"}
-    options = RunConfig(bundle=str(enveloped_bundle), backend="onnxruntime", ramp_steps=4, slew=(0,))
+    options = RunConfig.of(str(enveloped_bundle), backend="onnxruntime", ramp_steps=4, slew=(0,))
     with Runtime(options) as runtime:
         first = runtime.act(obs).copy()
         np.testing.assert_allclose(first, policy / 4, rtol=1e-5, atol=1e-6)  # a quarter of the way from 0

@@ -70,3 +70,10 @@ def test_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "--rate-hz" in out and "--obs-fault" in out and "--mem-budget-mb" in out
+    groups = ["backend", "loop", "shield", "realtime", "budget", "finetune"]  # the sections, in order
+    starts = [out.index(f"\n{name}:\n") for name in groups]
+    assert starts == sorted(starts)
+    flags = {"backend": "--backend {", "loop": "--rate-hz", "shield": "--shield {", "finetune": "--finetune,"}
+    for name, flag in flags.items():  # each flag under its section's heading
+        i = groups.index(name)
+        assert flag in out[starts[i] : starts[i + 1] if i + 1 < len(starts) else None], name

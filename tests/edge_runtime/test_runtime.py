@@ -56,7 +56,7 @@ def test_the_readme_loop_fine_tunes_promotes_and_keeps_the_last_good_weights(
 
 
 def _runtime(bundle: Path, **options: Any) -> Runtime:
-    options = RunConfig(bundle=str(bundle), backend="onnxruntime", **options)
+    options = RunConfig.of(str(bundle), backend="onnxruntime", **options)
     return Runtime(options, obs_low=[-1, -1, -8], obs_high=[1, 1, 8])
 
 
@@ -116,7 +116,7 @@ def test_misuse_is_refused_with_one_line(pendulum_bundle: Path) -> None:
     with pytest.raises(SacEdgeError, match="obs_low must be 3 numbers"):
         Runtime(RunConfig(bundle=str(pendulum_bundle)), obs_low=[0, 0]).open()
     with pytest.raises(SacEdgeError, match="--promotion-window"):  # the options are checked at construction
-        Runtime(RunConfig(bundle=str(pendulum_bundle), finetune=True, promotion_window=0))
+        Runtime(RunConfig.of(str(pendulum_bundle), finetune=True, promotion_window=0))
 
 
 def test_backend_errors_stop_serving_at_the_limit(
@@ -144,7 +144,7 @@ def test_no_torch_without_fine_tuning(pendulum_bundle: Path) -> None:
     code = (
         "import sys, numpy as np\n"
         "from sac_edge.edge_runtime.runtime import RunConfig, Runtime\n"
-        f"with Runtime(RunConfig(bundle={str(pendulum_bundle)!r}, backend='auto', auto_calls=5)) as rt:\n"
+        f"with Runtime(RunConfig.of({str(pendulum_bundle)!r}, backend='auto', auto_calls=5)) as rt:\n"
         "    rt.act(np.zeros(3, np.float32)); rt.tick()\n"
         "print(rt.summary().torch_imported, 'torch' in sys.modules)\n"
     )
