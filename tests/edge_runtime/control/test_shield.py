@@ -115,6 +115,44 @@ def test_the_envelope_check_rejects_what_lies_outside() -> None:
         assert not s.inside(bad)
 
 
+def test_the_per_step_check_agrees_with_the_envelope_on_every_kind_of_state() -> None:
+    """The shield's one-product check against ``Envelope.inside`` (the export's own, per dimension): states
+    on and within rounding of every bound, far-off centres, a dimension whose bounds are one point, NaN and
+    infinities in each position, and ordinary states in and out of the score's threshold."""
+    rng = np.random.default_rng(3)
+    dim = 6
+    low = np.array([-1.0, 1e6, -3e-3, 5.0, -2.0, 0.0])
+    high = np.array([1.0, 1e6 + 2e-3, 7e-3, 5.0, 2.0, 1e-9])  # dim 3 never moved in training
+    cov = np.cov(rng.normal(size=(dim, 500)))
+    envelope = Envelope(
+        low=low,
+        high=high,
+        mean=(low + high) / 2,
+        scale=np.maximum(high - low, 1e-3) / 4,
+        whiten=np.linalg.inv(np.linalg.cholesky(cov)),
+        threshold=40.0,
+        slew=None,
+        safe_action=np.zeros(2),
+        facts={},
+    )
+    s = Shield(ShieldSettings(), LOW, HIGH, envelope)
+    states = [low + (high - low) * rng.uniform(-0.1, 1.1, size=dim) for _ in range(3000)]
+    for i in range(dim):
+        for edge in (low[i], high[i]):
+            for nudge in (0.0, 1.0, -1.0):
+                x = (low + high) / 2
+                x[i] = np.nextafter(edge, edge + nudge) if nudge else edge
+                states.append(x)
+        for bad in (np.nan, np.inf, -np.inf):
+            x = (low + high) / 2
+            x[i] = bad
+            states.append(x)
+    expected = envelope.inside(np.array(states))
+    got = np.array([s.inside(x) for x in states])
+    assert expected.any() and not expected.all()
+    assert (got == expected).all(), np.array(states)[got != expected][:3]
+
+
 def test_random_faults_never_give_a_non_finite_or_out_of_bounds_action() -> None:
     rng = np.random.default_rng(0)
     s = Shield(ShieldSettings(window=2, stuck_steps=3, ramp_steps=5, slew=(0.3, 0.1)), LOW, HIGH, unit_envelope())
