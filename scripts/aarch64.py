@@ -552,60 +552,63 @@ def probe_cpuinfo(rootfs: Path, cpu: str) -> Path:
     return path
 
 
-def lane_steps(lane: Lane, work_inside: str, tests: Sequence[str]) -> list[tuple[str, str, list[str], str]]:
-    """(what, cpu, argv, cwd inside the chroot) of a lane: the device suite and the CLI smoke under its CPU,
-    then the actions under every model."""
-    bundle = "bundle"
+# the Makefile's device-suite smoke
+RUN_FLAGS = ("--duration", "2", "--rate-hz", "100", "--json")
+BENCH_FLAGS = ("--batch", "1,8", "--calls", "100", "--json")
+
+
+class Step(NamedTuple):
+    """One command run under emulation: with which install, under which CPU model, in which folder."""
+
+    env: str
+    what: str
+    cpu: str
+    argv: list[str]
+    cwd: str
+
+    @property
+    def slug(self) -> str:
+        return f"{self.env}-{self.what.replace(' ', '-')}"
+
+
+def lane_steps(lane: Lane, work_inside: str, tests: Sequence[str]) -> list[Step]:
+    """A lane's steps: the device suite and the CLI smoke under its CPU, then the actions under each of its
+    action CPUs."""
+    name, cpu, bundle = lane.env.name, lane.cpu, "bundle"
+    pytest = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     steps = [
-        ("device suite", lane.cpu, ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], f"{SRC}/tests"),
-        (
-            "sac-edge run",
-            lane.cpu,
-            ["sac-edge", "run", bundle, "--duration", "2", "--rate-hz", "100", "--json"],
-            work_inside,
-        ),
-        (
-            "sac-edge bench",
-            lane.cpu,
-            ["sac-edge", "bench", bundle, "--batch", "1,8", "--calls", "100", "--json"],
-            work_inside,
-        ),
-        ("sac-edge doctor", lane.cpu, ["sac-edge", "doctor", bundle], work_inside),
+        Step(name, "device suite", cpu, pytest, f"{SRC}/tests"),
+        Step(name, "sac-edge run", cpu, ["sac-edge", "run", bundle, *RUN_FLAGS], work_inside),
+        Step(name, "sac-edge bench", cpu, ["sac-edge", "bench", bundle, *BENCH_FLAGS], work_inside),
+        Step(name, "sac-edge doctor", cpu, ["sac-edge", "doctor", bundle], work_inside),
     ]
-    for cpu in lane.action_cpus:
-        out = f"actions/{lane.env.name}-{cpu}.npz"
-        steps.append(
-            (f"actions {cpu}", cpu, ["python3", f"{SRC}/scripts/aarch64.py", "actions", bundle, out], work_inside)
-        )
+    for model in lane.action_cpus:
+        argv = ["python3", f"{SRC}/scripts/aarch64.py", "actions", bundle, f"actions/{name}-{model}.npz"]
+        steps.append(Step(name, f"actions {model}", model, argv, work_inside))
     return steps
 
 
-def run_lane(rootfs: Path, lane: Lane, work: Path, tests: Sequence[str], cpuinfos: Mapping[str, Path]) -> list[str]:
-    """Run all of a lane's steps (a failed one does not stop the others); a report line for each: its time
-    and the last line of its output, or the tail of its output when it failed (the line starts FAILED)."""
-    work_inside = f"{SRC}/{work.relative_to(ROOT)}"
-    tmp = f"/tmp/{lane.env.name}"
+def run_step(rootfs: Path, step: Step, work: Path, cpuinfos: Mapping[str, Path]) -> str:
+    """Run one step in the chroot (its own HOME and TMPDIR); its report: its time and the last line of its
+    output, or, when it failed (the report starts FAILED), the tail of its output."""
+    tmp = f"/tmp/{step.slug}"
     (rootfs / tmp.strip("/") / "home").mkdir(parents=True, exist_ok=True)
     env = {
-        "PATH": f"{INSIDE}/{lane.env.name}/bin:/usr/bin:/bin",
+        "PATH": f"{INSIDE}/{step.env}/bin:/usr/bin:/bin",
         "HOME": f"{tmp}/home",
         "TMPDIR": tmp,
-        "SAC_EDGE_TEST_BUNDLES": f"{work_inside}/bundles",
+        "SAC_EDGE_TEST_BUNDLES": f"{SRC}/{work.relative_to(ROOT)}/bundles",
     }
-    report = []
-    for what, cpu, argv, cwd in lane_steps(lane, work_inside, tests):
-        log = work / f"{lane.env.name}-{what.replace(' ', '-')}.log"
-        start = time.monotonic()
-        with open(log, "wb") as f:
-            cmd = chrooted(rootfs, cpu, argv, cwd, cpuinfos[cpu], env)
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
-        lines = log.read_text(errors="replace").strip().splitlines() or [""]
-        head = f"[{lane.env.name} / {cpu}] {what} ({time.monotonic() - start:.0f} s)"
-        if rc == 0:
-            report.append(f"{head}: {lines[-1][:300]}")
-        else:
-            report.append(f"FAILED {head}, exit {rc}, {log}:\n" + "\n".join(lines[-30:]))
-    return report
+    log = work / f"{step.slug}.log"
+    start = time.monotonic()
+    with open(log, "wb") as f:
+        cmd = chrooted(rootfs, step.cpu, step.argv, step.cwd, cpuinfos[step.cpu], env)
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+    lines = log.read_text(errors="replace").strip().splitlines() or [""]
+    head = f"[{step.env} / {step.cpu}] {step.what} ({time.monotonic() - start:.0f} s)"
+    if rc != 0:
+        return f"FAILED {head}, exit {rc}, {log}:\n" + "\n".join(lines[-30:])
+    return f"{head}: {lines[-1][:300]}"
 
 
 def x86_actions(site: Path, bundle: Path, out: Path, log: Path) -> None:
@@ -646,15 +649,24 @@ def run_all(work: Path, pins: Sequence[str], tests: Sequence[str]) -> int:
     for lane in lanes:
         venv_layout(rootfs / INSIDE.strip("/") / lane.env.name, sites[(lane.env.name, "aarch64")])
     cpuinfos = {cpu: probe_cpuinfo(rootfs, cpu) for cpu in CPU_MODELS}
-    say(f"ready in {time.monotonic() - start:.0f} s; running {len(lanes)} lanes under emulation")
+    say(f"ready in {time.monotonic() - start:.0f} s")
     bundle = work / "bundle"
-    with concurrent.futures.ThreadPoolExecutor(len(lanes) + 1) as pool:
-        lane_jobs = [pool.submit(run_lane, rootfs, lane, work, tests, cpuinfos) for lane in lanes]
+    shutil.rmtree(rootfs / "tmp", ignore_errors=True)  # the last run's test folders
+    (rootfs / "tmp").mkdir()
+    (rootfs / "tmp").chmod(0o1777)
+    work_inside = f"{SRC}/{work.relative_to(ROOT)}"
+    steps = [step for lane in lanes for step in lane_steps(lane, work_inside, tests)]
+    # the device suites first, the slowest (the newest wheels) first: the short steps then fill both cores
+    steps.sort(key=lambda step: (step.what != "device suite", step.env != lanes[-1].env.name))
+    workers = max(2, os.cpu_count() or 2)
+    say(f"running {len(steps)} steps under emulation, {workers} at a time")
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        step_jobs = [pool.submit(run_step, rootfs, step, work, cpuinfos) for step in steps]
         for lane in lanes:
             x86_actions(
                 sites[(lane.env.name, "")], bundle, work / "actions" / f"{lane.env.name}-x86_64.npz", work / "x86.log"
             )
-        reports = [line for job in lane_jobs for line in job.result()]
+        reports = [job.result() for job in step_jobs]
     print("\n".join(reports))
     failed = [line for line in reports if line.startswith("FAILED")]
     if not failed:

@@ -145,9 +145,14 @@ def test_chroot_command_mounts_proc_before_the_generated_cpuinfo(tmp_path: Path)
 def test_lanes_run_the_device_suite_and_the_cli_under_their_cpu(tmp_path: Path) -> None:
     lane = aarch64.Lane(aarch64.Env("pins", (), False), "cortex-a57", ("cortex-a57", "neoverse-n1"))
     steps = aarch64.lane_steps(lane, "/src/runs/aarch64", ["common", "test_imports.py"])
-    assert steps[0][2][-2:] == ["common", "test_imports.py"] and steps[0][3] == "/src/tests"
-    assert [s[2][1] for s in steps[1:4]] == ["run", "bench", "doctor"] and {s[1] for s in steps[:4]} == {"cortex-a57"}
-    assert [s[1] for s in steps[4:]] == ["cortex-a57", "neoverse-n1"]
+    assert steps[0].argv[-2:] == ["common", "test_imports.py"] and steps[0].cwd == "/src/tests"
+    assert [s.argv[1] for s in steps[1:4]] == ["run", "bench", "doctor"] and {s.cpu for s in steps[:4]} == {
+        "cortex-a57"
+    }
+    assert [s.cpu for s in steps[4:]] == ["cortex-a57", "neoverse-n1"] and steps[4].argv[
+        -1
+    ] == "actions/pins-cortex-a57.npz"
+    assert len({s.slug for s in steps}) == len(steps)  # each its own log, HOME and TMPDIR
 
 
 def _bundle() -> Bundle:
