@@ -431,7 +431,9 @@ def build_rootfs(archive: str) -> Path:
         (tmp / name).mkdir(exist_ok=True)
     (tmp / "tmp").chmod(0o1777)
     (tmp / ".complete").touch()
-    shutil.rmtree(path, ignore_errors=True)
+    for old in CACHE.glob(f"rootfs-{SUITE}-*"):  # built from another package list, or cut short
+        if old != tmp:
+            shutil.rmtree(old, ignore_errors=True)
     tmp.rename(path)
     return path
 

@@ -5,6 +5,7 @@ chroot command it builds, and its comparison of actions against the parity gate'
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 sys.path.insert(0, str(ROOT / "scripts"))
 import aarch64  # noqa: E402
 
@@ -54,6 +56,7 @@ def test_unchecked_fields_pass_until_checked() -> None:
     assert aarch64.skip_reason(aarch64.Host("x86_64", True, True)) is None
 
 
+@needs_make
 def test_prepare_skips_in_one_line_and_succeeds_for_make(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -65,6 +68,7 @@ def test_prepare_skips_in_one_line_and_succeeds_for_make(
     assert f"-eq {aarch64.SKIP} ]; then exit 0" in recipe.stdout  # make turns the skip into success
 
 
+@needs_make
 def test_make_test_runs_it() -> None:
     dry = subprocess.run(["make", "-n", "-p", "test"], cwd=ROOT, capture_output=True, text=True, check=False)
     rule = next(line for line in dry.stdout.splitlines() if line.startswith("test:"))
