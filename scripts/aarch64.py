@@ -113,6 +113,7 @@ class Host(NamedTuple):
     machine: str
     root: bool
     debian: bool
+    python: str = PYTHON  # this venv's, which runs the x86_64 side
     archive: str | None = "(not looked up yet)"
     missing: tuple[str, ...] = ()
     binfmt: str | None = None
@@ -126,6 +127,10 @@ def skip_reason(host: Host) -> str | None:
         return f"needs an x86_64 machine (this one is {host.machine})"
     if not host.root:
         return "needs root (apt-get, binfmt_misc, mounts and chroot)"
+    if host.python != PYTHON:
+        return (
+            f"the x86_64 side runs on this venv's Python, which must be the arm64 chroot's {PYTHON} (not {host.python})"
+        )
     if not host.debian:
         return "needs a Debian machine (its archive has the arm64 root file system and qemu-user-static)"
     if host.archive is None:
@@ -316,6 +321,9 @@ def dump_actions(bundle_dir: Path, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as f:
         np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
+    print(
+        f"{', '.join(arrays)} on {len(states)} states ({meta['machine']}, onnxruntime {meta['onnxruntime']}) -> {out}"
+    )
 
 
 def load_actions(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -392,7 +400,8 @@ def _register_binfmt() -> str | None:
 
 def prepare() -> int:
     """Make this machine able to run the suite; SKIP with one line saying why where it cannot."""
-    host = Host(platform.machine(), os.geteuid() == 0, _os_id() == "debian")
+    python = ".".join(platform.python_version_tuple()[:2])
+    host = Host(platform.machine(), os.geteuid() == 0, _os_id() == "debian", python)
     if skip_reason(host) is None:
         host = host._replace(archive=debian_archive(apt_sources()))
     if skip_reason(host) is None:
@@ -499,6 +508,8 @@ def install(place: Path, env: Env, wheel: Path, arch: str, today: str, work: Pat
         stamp.write_text(key)
     pip_install(site, [str(wheel)], "", log, "--no-deps", "--upgrade")
     run([sys.executable, "-m", "compileall", "-q", str(site / "sac_edge")], log=log)
+    if (site / "torch").exists():
+        raise SystemExit(f"test-aarch64: torch got installed in the {env.name} device install ({site})")
     return site
 
 

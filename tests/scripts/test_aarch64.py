@@ -30,7 +30,7 @@ DEBIAN_ENTRY = (
     "enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\nflags: PF\noffset 0\n"
     "magic 7f454c460201010000000000000000000200b700\nmask ffffffffffffff00fffffffffffffffffeffffff\n"
 )
-READY = aarch64.Host("x86_64", True, True, "http://archive.example/debian")
+READY = aarch64.Host("x86_64", True, True, "3.11", "http://archive.example/debian")
 
 
 @pytest.mark.parametrize(
@@ -41,6 +41,7 @@ READY = aarch64.Host("x86_64", True, True, "http://archive.example/debian")
         (READY._replace(machine="riscv64"), "needs an x86_64 machine (this one is riscv64)"),
         (READY._replace(root=False), "needs root"),
         (READY._replace(debian=False), "needs a Debian machine"),
+        (READY._replace(python="3.12"), "must be the arm64 chroot's 3.11 (not 3.12)"),
         (READY._replace(archive=None), "apt's sources name no Debian archive"),
         (READY._replace(missing=("mmdebstrap",)), "apt-get could not install mmdebstrap"),
         (READY._replace(binfmt="binfmt_misc ... lacks the F flag"), "lacks the F flag"),
