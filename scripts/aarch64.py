@@ -284,6 +284,13 @@ def compare(
     return rows
 
 
+def verified_bundle(path: Path) -> Bundle:
+    """The bundle at ``path`` as the runtime opens it (every file's checksum verified)."""
+    from sac_edge.edge_runtime.backends.base import open_bundle
+
+    return open_bundle(path)
+
+
 def dump_actions(bundle_dir: Path, out: Path) -> None:
     """Write the actions of each of the bundle's graphs on its parity states, and the versions that computed
     them, to ``out`` (.npz)."""
@@ -293,10 +300,9 @@ def dump_actions(bundle_dir: Path, out: Path) -> None:
 
     from sac_edge.calibration.session import OnnxPolicy
     from sac_edge.common.errors import SacEdgeError
-    from sac_edge.edge_runtime.backends.base import open_bundle
     from sac_edge.edge_runtime.backends.parity_gate import gate_states
 
-    bundle = open_bundle(bundle_dir)
+    bundle = verified_bundle(bundle_dir)
     states, _ = gate_states(bundle)
     integer = bundle.files("onnx-cpu", "int8")
     graphs = {
@@ -692,9 +698,7 @@ def run_all(work: Path, pins: Sequence[str], tests: Sequence[str]) -> int:
 
 def judge_actions(bundle_dir: Path, actions: Path, lanes: Sequence[Lane]) -> list[Row]:
     """Every aarch64 actions file against its install's x86_64 one; prints the table."""
-    from sac_edge.edge_runtime.backends.base import open_bundle
-
-    bundle = open_bundle(bundle_dir)
+    bundle = verified_bundle(bundle_dir)
     rows = []
     for lane in lanes:
         name = lane.env.name
