@@ -8,7 +8,7 @@ DEMO := runs/demo
 # what `make test` sees (tests/test_clean_clone.py checks this recipe).
 DEMO_BUNDLE := runs/demo-bundle
 
-.PHONY: venv test test-device test-trt85 device-suite lint typecheck docs unit demo bench clean
+.PHONY: venv test test-device test-trt85 device-suite test-aarch64 aarch64-suite lint typecheck docs unit demo bench clean
 
 # The pinned CPU torch goes in first: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -32,7 +32,7 @@ docs: venv
 unit: venv
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck unit test-device
+test: lint typecheck unit test-device test-aarch64
 
 # The JetPack 5 generation (Xavier NX): Python 3.8 and `pip install .` as a user would (no torch; checked),
 # onnxruntime 1.16.3 (the oldest JetPack 5 onnxruntime-gpu build) and pyproject's other floors, then the
@@ -56,19 +56,39 @@ test-device: venv
 	@if [ -z "$(PY38)" ] || [ ! -x "$(PY38)" ]; then echo "test-device: skipped: no Python 3.8 (pyenv install 3.8 runs it)"; \
 	else $(MAKE) --no-print-directory device-suite; fi
 
+# The bundles a device suite runs on, exported on x86 by the main venv into $(1): the tests' prebuilt ones
+# (bundles/) and a briefly trained Pendulum exported with sac-export's flags $(2) (bundle/).
+define device_bundles
+	rm -rf $(1)
+	$(BIN)/python tests/edge_runtime/bundles.py $(1)/bundles
+	$(BIN)/sac-train --env Pendulum-v1 --total-steps 260 --learning-starts 256 --batch-size 64 --eval-every 0 \
+		--out $(1)/run --no-progress
+	$(BIN)/sac-export $(1)/run --out $(1)/bundle $(2)
+endef
+
 device-suite: $(DEVICE_STAMP)
 	$(DEVICE)/bin/python -m pip install -q --no-deps --force-reinstall .
 	@if $(DEVICE)/bin/python -c "import torch" 2>/dev/null; then echo "test-device: torch got installed"; exit 1; fi
-	rm -rf $(DEVICE_WORK)
-	$(BIN)/python tests/edge_runtime/bundles.py $(DEVICE_WORK)/bundles
-	$(BIN)/sac-train --env Pendulum-v1 --total-steps 260 --learning-starts 256 --batch-size 64 --eval-every 0 \
-		--out $(DEVICE_WORK)/run --no-progress
-	$(BIN)/sac-export $(DEVICE_WORK)/run --out $(DEVICE_WORK)/bundle --int8
+	$(call device_bundles,$(DEVICE_WORK),--int8)
 	cd tests && SAC_EDGE_TEST_BUNDLES=$(CURDIR)/$(DEVICE_WORK)/bundles ../$(DEVICE)/bin/pytest -q -p no:cacheprovider \
 		$(DEVICE_TESTS)
 	cd $(DEVICE_WORK) && ../../$(DEVICE)/bin/sac-edge run bundle --duration 2 --rate-hz 100 --json | tail -1
 	cd $(DEVICE_WORK) && ../../$(DEVICE)/bin/sac-edge bench bundle --batch 1,8 --calls 100 --json | tail -1
 	cd $(DEVICE_WORK) && ../../$(DEVICE)/bin/sac-edge doctor bundle
+
+# The device runtime on aarch64 under qemu-user (scripts/aarch64.py): an arm64 Debian root file system
+# (cached in .cache/aarch64/), the device pins under cortex-a57 (Xavier: no dot product) and the newest
+# wheels under neoverse-n1 (Orin), each the torch-free device suite and run/bench/doctor; every graph's
+# actions against x86_64's by the parity gate's rule. Where it cannot run (not root on Debian, no qemu),
+# `prepare` says why in one line and it succeeds.
+AARCH64_WORK := runs/aarch64
+test-aarch64: venv
+	@$(BIN)/python scripts/aarch64.py prepare; rc=$$?; if [ $$rc -eq 3 ]; then exit 0; fi; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi; $(MAKE) --no-print-directory aarch64-suite
+
+aarch64-suite: venv
+	$(call device_bundles,$(AARCH64_WORK),--int8 --fp16)
+	$(BIN)/python scripts/aarch64.py run --work $(AARCH64_WORK) --pins "$(DEVICE_PINS)" --tests "$(DEVICE_TESTS)"
 
 # Train Pendulum-v1 briefly, export with the INT8 gate, run 10 s on the device path with budgets, bench,
 # then fine-tune on a shifted Pendulum (stronger gravity) while the loop keeps running. A rerun starts over:

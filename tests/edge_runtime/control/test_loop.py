@@ -88,7 +88,7 @@ def test_bad_observations_are_counted_and_actions_stay_safe(
             "--rate-hz",
             "400",
             "--duration",
-            "0.5",
+            "1",
             "--obs-fault",
             policy,
             "--json",
@@ -97,7 +97,8 @@ def test_bad_observations_are_counted_and_actions_stay_safe(
     assert rc == 0
     s = _json_line(capsys.readouterr().out)
     steps = s["steps"]
-    assert steps > 100
+    assert steps + s["skipped_slots"] >= 400  # every slot of the second stepped or skipped, however slow the host
+    assert steps >= 50  # a whole episode, the period of the faults the shares below are taken over
     # t runs 1..50 per episode: NaN at multiples of 5, inf at other multiples of 7, 100.0 at other multiples of 11
     assert s["obs_nonfinite"] >= steps * 0.25 and s["obs_out_of_range"] >= steps * 0.04
     assert s["action_nonfinite"] == 0
@@ -161,9 +162,10 @@ def test_sigterm_stops_cleanly_with_a_summary(pendulum_bundle: Path, tmp_path: P
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 180  # an emulated or loaded host takes long to import and open the bundle
     while time.monotonic() < deadline and '"second"' not in (telemetry.read_text() if telemetry.exists() else ""):
         time.sleep(0.1)
+    assert telemetry.exists() and '"second"' in telemetry.read_text(), "no one-second record: the loop never ran"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
@@ -277,10 +279,14 @@ def test_misses_from_a_slow_env_are_blamed_on_the_env(pendulum_bundle: Path) -> 
     loop = ControlLoop(_SlowStep(gym.make("Pendulum-v1")), {"fp32": backend}, "fp32", LoopSettings(250.0, 1.0))
     summary = loop.run()
     causes = summary["miss_causes"]
-    assert summary["deadline_misses"] >= 20  # 25 slow steps, each past its deadline
-    assert causes["env"] >= 15  # most of the 25 (a loaded host adds late wake-ups, blamed on the wake-up)
+    # Judged by the schedule's own accounting: a slow or emulated host steps fewer of the 250 slots.
+    assert summary["steps"] + summary["skipped_slots"] >= 250
+    slow = summary["steps"] // 10  # the steps whose env took 6 ms, past their 4 ms slot
+    assert slow >= 5
+    assert sum(causes.values()) == summary["deadline_misses"] >= 0.8 * slow  # each slow step past its deadline
+    assert causes["env"] >= 0.6 * slow  # most of them (a loaded host adds late wake-ups, blamed on the wake-up)
     hist = summary["histogram_us"]  # bin i counts [edges[i], edges[i + 1]) microseconds
-    assert sum(hist["step"][hist["edges"].index(5000) :]) >= 20
+    assert sum(hist["step"][hist["edges"].index(5000) :]) >= 0.8 * slow
 
 
 def test_miss_cause_is_the_largest_part() -> None:
