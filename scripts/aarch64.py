@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     import numpy as np
 
-    from sac_edge.edge_runtime.backends.base import Bundle
+    from sac_edge.common.bundle import Bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "aarch64"
@@ -286,7 +286,7 @@ def compare(
 
 def verified_bundle(path: Path) -> Bundle:
     """The bundle at ``path`` as the runtime opens it (every file's checksum verified)."""
-    from sac_edge.edge_runtime.backends.base import open_bundle
+    from sac_edge.common.bundle import open_bundle
 
     return open_bundle(path)
 

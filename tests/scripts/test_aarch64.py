@@ -18,9 +18,9 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 sys.path.insert(0, str(ROOT / "scripts"))
 import aarch64  # noqa: E402
 
+from sac_edge.common.bundle import Bundle  # noqa: E402
 from sac_edge.common.spec import PolicySpec  # noqa: E402
 from sac_edge.common.tolerance import tolerance  # noqa: E402
-from sac_edge.edge_runtime.backends.base import Bundle  # noqa: E402
 from sac_edge.edge_runtime.backends.parity_gate import INT8_KERNEL_FRAC  # noqa: E402
 
 # qemu 7.2's AT_HWCAP for these models, read in the arm64 chroot with getauxval(AT_HWCAP)
