@@ -1,9 +1,10 @@
 """``sac-edge run --finetune``: learn on the device while the control loop runs, and swap weights in place.
 
-The control thread only calls :meth:`FineTuner.explore` and :meth:`FineTuner.observe` (the loop's
-``Experience`` hook): a noise add and a copy into a preallocated staging ring in shared memory. The SAC
-updates run in a separate process (``learner_process.py``: one torch thread, its own interpreter lock),
-and a light coordinator thread here does the rest:
+The control thread only calls :meth:`FineTuner.explore` and :meth:`FineTuner.observe` (from
+``Runtime.act`` and ``Runtime.observe``, whoever owns the loop): a noise add and a copy into a
+preallocated staging ring in shared memory. The SAC updates run in a separate process
+(``learner_process.py``: one torch thread, its own interpreter lock), and a light coordinator thread here
+does the rest:
 
 1. the learner process drains the ring into the replay buffer (train/buffer.py), earns update credit
    (``utd`` x the governor's ``update_rate_scale`` per new transition) and spends it on ``SAC.update``
@@ -32,7 +33,7 @@ import threading
 import time
 import typing
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -138,8 +139,8 @@ class Candidate:
 
 
 class FineTuner:
-    """The ``Experience`` the loop feeds, and the coordinator thread between the learner process and the
-    backends."""
+    """What the runtime's step feeds (``explore``, ``observe``, ``rehearse``), and the coordinator thread
+    between the learner process and the backends."""
 
     def __init__(
         self,
@@ -187,7 +188,7 @@ class FineTuner:
         self._t0 = time.monotonic()
         self._switch = sys.getswitchinterval()
 
-    # -- the loop's Experience hook (control thread) ---------------------------------------------
+    # -- the runtime's step (control thread) -----------------------------------------------------
     def explore(self, action: np.ndarray) -> np.ndarray:
         return self._explore(action)
 
@@ -409,19 +410,21 @@ def build_finetuner(
     log: Callable[[str], None],
     rules: PromotionRules | None = None,
     governor: Callable[[int], Governor | None] | None = None,
+    listeners: Sequence[Callable[[], None]] = (),
 ) -> tuple[FineTuner, dict[str, Any] | None]:
     """Install the starting weights, start the learner process (which imports torch and sizes itself from
     the memory budget and this process's baseline), and make the tuner.
 
     ``rules`` default to ``cfg``'s; ``governor`` makes the budget governor from the fine-tuning batch the
-    learner chose (none without it), so the tuner is built with it."""
+    learner chose (none without it), so the tuner is built with it; ``listeners`` are called after each
+    swap that went live (the shield's ramp)."""
     if importlib.util.find_spec("torch") is None:
         raise SacEdgeError("--finetune needs the Python package 'torch' (the inference-only path does not)")
     spec = bundle.spec
     tensors = dict(last.tensors) if last is not None else read_learner_tensors(bundle)
     if rules is None:
         rules = PromotionRules(cfg.promotion_window, cfg.rollback_threshold, cfg.shadow_max_diff, cfg.rollback_noise_z)
-    swapper = WeightSwapper(backends, bundle)
+    swapper = WeightSwapper(backends, bundle, listeners)
     states = last.states if last is not None else np.zeros((0, spec.obs_dim), np.float32)
     resumed: dict[str, Any] | None = None
     if last is not None:
