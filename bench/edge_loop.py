@@ -170,13 +170,13 @@ def inline_step(
     backend: Backend, spec: PolicySpec, shield: Shield | None, rate_hz: float = 100.0
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The step a loop would inline with prebound locals: the observation guard, the timed inference with
-    the watchdog's stamp and check, the overrun test, the action guard and the shield (what ``Runtime.act``
+    the watchdog's entry, the overrun test, the action guard and the shield (what ``Runtime.act``
     does, less its thread check and counters); ``Runtime.act`` is priced against it."""
     obs_guard = ObservationGuard(np.full(spec.obs_dim, -np.inf), np.full(spec.obs_dim, np.inf))
     act_guard = ActionGuard(np.array(spec.action_low), np.array(spec.action_high))
     check, hold, apply, infer = obs_guard.check, act_guard.hold, act_guard.apply, backend.act
-    watchdog = InferenceWatchdog(2.0, lambda _: None)  # not started: its stamp and check, not its thread
-    returned, timer, budget_ns = watchdog.returned, time.perf_counter_ns, int(0.5e9 / rate_hz)
+    running = InferenceWatchdog(2.0, lambda _: None).running  # not started: its entry per call, not its thread
+    timer, budget_ns = time.perf_counter_ns, int(0.5e9 / rate_hz)
     latency: list[int] = []
     add = latency.append
 
@@ -187,10 +187,11 @@ def inline_step(
         if safe is None:
             action, inferred = hold(), False
         else:
-            t0 = watchdog.started = timer()
+            t0 = timer()
+            running[t0] = True
             raw = infer(safe)
             took = timer() - t0
-            returned()
+            running.pop(t0, None)
             add(took)
             inferred = took <= budget_ns
             action = apply(raw) if inferred else hold()

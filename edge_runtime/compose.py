@@ -22,7 +22,7 @@ import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sac_edge.common.atomic import check_output_path
 from sac_edge.common.envelope import parse_envelope
@@ -149,10 +149,19 @@ def verified_bundle(cfg: RunConfig | BenchConfig) -> Bundle:
     return open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
 
 
+class LastGoodWeights(NamedTuple):
+    """The fine-tuning directory's store (its lock held when fine-tuning) and the weights to start from."""
+
+    store: LastGoodStore
+    last: LastGood | None
+    """With ``--resume``: the last good weights, checked; else None (the bundle's weights)."""
+
+
 @contextlib.contextmanager
-def last_good_weights(cfg: RunConfig) -> Iterator[LastGood | None]:
-    """The weights to start from (with ``--resume``), with the fine-tuning directory's lock held throughout
-    when fine-tuning: one fine-tuner per weights directory, or each would overwrite the other's."""
+def last_good_weights(cfg: RunConfig) -> Iterator[LastGoodWeights]:
+    """The store and the weights to start from (with ``--resume``), with the fine-tuning directory's lock
+    held throughout when fine-tuning: one fine-tuner per weights directory, or each would overwrite the
+    other's."""
     store = LastGoodStore(finetune_dir(FinetuneSettings.of(cfg)))
     with contextlib.ExitStack() as held:
         if cfg.finetune:
@@ -164,7 +173,7 @@ def last_good_weights(cfg: RunConfig) -> Iterator[LastGood | None]:
                     "--restart to start again from the bundle weights (they are then kept as previous.safetensors "
                     "at the first promotion)"
                 )
-        yield store.load() if cfg.resume else None
+        yield LastGoodWeights(store, store.load() if cfg.resume else None)
 
 
 def open_backends(cfg: RunConfig, bundle: Bundle, log: Log) -> tuple[dict[str, Backend], list[Measurement]]:
@@ -269,21 +278,22 @@ class Composition:
 
 
 def compose(
-    cfg: RunConfig, bundle: Bundle, last: LastGood | None, shield: Shield | None, emit: Emit, log: Log
+    cfg: RunConfig, bundle: Bundle, weights: LastGoodWeights, shield: Shield | None, emit: Emit, log: Log
 ) -> Composition:
     """Backends, probe, fine-tuner (its learner process started), governor, sensor and monitor for ``cfg``.
 
-    ``cfg`` must have passed :func:`validate`; ``last`` comes from :func:`last_good_weights`, ``shield``
+    ``cfg`` must have passed :func:`validate`; ``weights`` come from :func:`last_good_weights`, ``shield``
     from :func:`make_shield`."""
     backends, figures = open_backends(cfg, bundle, log)
     probe = MemoryProbe(Path(cfg.sensor_root))
+    last = weights.last
     precisions = list(backends)
     tuner, resumed = None, None
     if cfg.finetune:
         tuner, resumed = build_finetuner(
             FinetuneSettings.of(cfg), bundle, backends, probe, last, emit, log, promotion_rules(cfg),
             lambda batch: make_governor(cfg, precisions, batch),
-            listeners=[shield.weights_swapped] if shield is not None else [],
+            listeners=[shield.weights_swapped] if shield is not None else [], store=weights.store,
         )  # fmt: skip
         governor = tuner.governor
     else:

@@ -241,10 +241,10 @@ class Runtime:
             bundle = self._given_bundle or verified_bundle(cfg)
             spec = bundle.spec
             low, high = (_bound(b, spec.obs_dim, name, fill) for b, name, fill in zip(self._bounds, _NAMES, _FILLS))
-            last = held.enter_context(last_good_weights(cfg))
+            weights = held.enter_context(last_good_weights(cfg))
             self._telemetry = held.enter_context(TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry))
             self._emit = locked(self._telemetry.write)
-            parts = compose(cfg, bundle, last, make_shield(cfg, bundle, self._emit), self._emit, self._log)
+            parts = compose(cfg, bundle, weights, make_shield(cfg, bundle, self._emit), self._emit, self._log)
             held.callback(parts.monitor.close)
             if parts.tuner is not None:
                 held.callback(parts.tuner.stop)  # before the lock is released: the learner process goes first
@@ -267,7 +267,7 @@ class Runtime:
             self._explore = parts.tuner.explore if parts.tuner is not None else None
             self._shield_step = parts.shield.step if parts.shield is not None else None
             self._watchdog = InferenceWatchdog(cfg.inference_timeout, self._tripped)
-            self._returned = self._watchdog.returned
+            self._running = self._watchdog.running
             self._emit(
                 {
                     "type": "config",
@@ -377,14 +377,15 @@ class Runtime:
             action = self._hold()
             inferred = False
         else:
-            watchdog = self._watchdog
-            t0 = watchdog.started = _timer()
+            running = self._running  # the watchdog's: this call's entry, taken back after it (watchdog.py)
+            t0 = _timer()
+            running[t0] = True
             try:
                 raw = self._call(safe)
             except Exception as err:  # the backend is foreign code: hold, count, stop at the limit
-                return self._failed(err, obs, _timer() - t0)
+                return self._failed(err, obs, t0)
             took = _timer() - t0
-            if self._returned():
+            if running.pop(t0, None) is None:  # the watchdog took the call: the run is its
                 raise self._hung()
             self._latency(took)
             self._infer(took)
@@ -413,12 +414,14 @@ class Runtime:
         if obs_guard.fine(obs):
             safe = obs_guard.check(obs)
             assert safe is not None
-            self._watchdog.started = _timer()
+            running = self._running
+            t0 = _timer()
+            running[t0] = True
             try:
                 raw = self._call(safe)
             except Exception:
-                return not self._returned()
-            if self._returned():
+                return running.pop(t0, None) is not None
+            if running.pop(t0, None) is None:
                 return False
             self._act_guard.rehearse(raw)
             if self._tuner is not None:
@@ -551,10 +554,11 @@ class Runtime:
         if call == "act" and self._stopped_by is not None:
             raise StoppedServing(self._stopped_by, self._hold(), self._hang is not None)
 
-    def _failed(self, err: Exception, obs: np.ndarray, took: int) -> np.ndarray:
-        """``act`` after the backend raised: counted, the last safe action (through the shield), and at
-        ``max_backend_errors`` the runtime stops serving."""
-        if self._returned():
+    def _failed(self, err: Exception, obs: np.ndarray, t0: int) -> np.ndarray:
+        """``act`` after the backend call begun at ``t0`` raised: counted, the last safe action (through the
+        shield), and at ``max_backend_errors`` the runtime stops serving."""
+        took = _timer() - t0
+        if self._running.pop(t0, None) is None:
             raise self._hung()
         self._latency(took)
         self._infer(took)
@@ -587,6 +591,8 @@ class Runtime:
             self._log(f"{self._name}: {self._stopped_by}; act() raises if the call returns")
 
     def _hung(self) -> StoppedServing:
+        """After a call the watchdog took: its thread has handled the step (``done``), and ``act`` raises."""
+        self._watchdog.done.wait()
         assert self._stopped_by is not None
         return StoppedServing(self._stopped_by, self._hold(), True)
 

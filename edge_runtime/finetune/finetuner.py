@@ -411,13 +411,15 @@ def build_finetuner(
     rules: PromotionRules | None = None,
     governor: Callable[[int], Governor | None] | None = None,
     listeners: Sequence[Callable[[], None]] = (),
+    store: LastGoodStore | None = None,
 ) -> tuple[FineTuner, dict[str, Any] | None]:
     """Install the starting weights, start the learner process (which imports torch and sizes itself from
     the memory budget and this process's baseline), and make the tuner.
 
     ``rules`` default to ``cfg``'s; ``governor`` makes the budget governor from the fine-tuning batch the
     learner chose (none without it), so the tuner is built with it; ``listeners`` are called after each
-    swap that went live (the shield's ramp)."""
+    swap that went live (the shield's ramp); ``store`` is the fine-tuning directory's (its lock held by the
+    caller), else one is made for ``cfg``'s directory."""
     if importlib.util.find_spec("torch") is None:
         raise SacEdgeError("--finetune needs the Python package 'torch' (the inference-only path does not)")
     spec = bundle.spec
@@ -447,7 +449,7 @@ def build_finetuner(
             spec,
             learner,
             swapper,
-            LastGoodStore(finetune_dir(cfg)),
+            store if store is not None else LastGoodStore(finetune_dir(cfg)),
             rules,
             cfg,
             budget,
