@@ -261,6 +261,44 @@ def test_warm_cache_rehearses_each_step_and_serves_the_same_actions(
     np.testing.assert_array_equal(np.array(actions[:n]), np.array(reference[:n]))
 
 
+class _Transcript(gym.Wrapper):
+    """Records each step's observation (what the loop gave ``act``), action and outcome."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, bool, bool]] = []
+        self._obs: np.ndarray | None = None
+
+    def reset(self, **kwargs: Any):  # type: ignore[no-untyped-def]
+        obs, info = self.env.reset(**kwargs)
+        self._obs = np.array(obs)
+        return obs, info
+
+    def step(self, action: np.ndarray):  # type: ignore[no-untyped-def]
+        next_obs, reward, terminated, truncated, info = self.env.step(action)
+        assert self._obs is not None
+        self.steps.append((self._obs, np.array(action), np.array(next_obs), bool(terminated), bool(truncated)))
+        self._obs = np.array(next_obs)
+        return next_obs, reward, terminated, truncated, info
+
+
+def test_the_loop_sends_what_the_library_returns(pendulum_bundle: Path) -> None:
+    """``sac-edge run``'s loop is a client of ``Runtime``: a fresh runtime given the loop's observations and
+    transitions returns the very actions the loop sent (guards, shield and its restarts included)."""
+    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+
+    env = _Transcript(gym.make("Pendulum-v1", max_episode_steps=30))  # episodes end: the shield restarts
+    summary = _run_loop(pendulum_bundle, env, 50.0, 1.5)
+    assert summary["steps"] == len(env.steps) > 60
+    space = env.observation_space
+    options = RunConfig(bundle=str(pendulum_bundle), backend="onnxruntime", rate_hz=50.0, inference_budget=1.0)
+    with Runtime(options, obs_low=space.low, obs_high=space.high) as runtime:  # type: ignore[attr-defined]
+        assert runtime.shield is not None  # the default: the shield shapes every action
+        for obs, sent, next_obs, terminated, truncated in env.steps:
+            np.testing.assert_array_equal(runtime.act(obs), sent)
+            runtime.observe(obs, sent, 0.0, next_obs, terminated, truncated)
+
+
 class _SlowStep(gym.Wrapper):
     """An env whose every 10th step takes 6 ms (a slow sensor read, say)."""
 
