@@ -410,9 +410,11 @@ class Runtime:
             self._claim("rehearse")
         if type(obs) is not np.ndarray:
             obs = plain_array(obs)  # type: ignore[assignment]
-        obs_guard = self._obs_guard
-        if obs_guard.fine(obs):
-            safe = obs_guard.check(obs)
+        # What ``act`` reads that the work below does not (a load brings its object into the cache; between
+        # slots an env's step can evict it all): without these, the step after the rehearsal starts cold.
+        _warm = (self._steps, self._hold, self._apply, self._latency, self._infer, self._budget_ns, self._explore)
+        if self._obs_guard.fine(obs):
+            safe = self._check(obs)
             assert safe is not None
             running = self._running
             t0 = _timer()
@@ -548,8 +550,8 @@ class Runtime:
         if ident != self._thread and not (call == "close" and self._hang is not None):  # a hung call: the
             # control thread is stuck in it, and the watchdog's thread closes
             raise SacEdgeError(
-                f"Runtime.{call}() from thread {threading.current_thread().name!r}: act, observe, tick and close "
-                "belong to the thread that first called one of them; only summary() may come from another"
+                f"Runtime.{call}() from thread {threading.current_thread().name!r}: act, rehearse, observe, tick and "
+                "close belong to the thread that first called one of them; only summary() may come from another"
             )
         if call == "act" and self._stopped_by is not None:
             raise StoppedServing(self._stopped_by, self._hold(), self._hang is not None)
