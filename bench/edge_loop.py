@@ -6,8 +6,11 @@ Then, side by side:
 
 1. hot path, in this process, interleaved: a bare ``session.run_with_iobinding(binding)`` on the same
    graph (the library call ``OrtBackend.act`` wraps) against ``act``; the eager torch module against
-   ``TorchBackend.act``. Goal: ``act`` within 1.2x of the bare call. ``Runtime.act`` (the library API:
-   guards, overrun check, thread check) against the ``Backend.act`` it calls.
+   ``TorchBackend.act``. Goal: ``act`` within 1.2x of the bare call. ``Runtime.act`` (the step ``sac-edge
+   run``'s loop and a robot's own loop both call: guards, timing, watchdog stamp, overrun check, thread
+   check) against the ``Backend.act`` it calls, and against the same step inlined with prebound locals, as
+   a loop of its own would write it (``inline_step``; goal: within 1.1x, so that calling the library costs
+   the loop nothing it would notice).
 2. precision: INT8 against FP32 through the CPU backend at batch 1 (``act``), 8 and 64 (``act_batch``),
    with the file sizes, and the compute floor (the MLP's FLOPs at this core's measured one-thread fp32
    GEMM rate). Goals: INT8 at most 0.8x FP32 at batch 1, 0.5x at batch 64, the file 0.35x.
@@ -41,6 +44,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,7 +61,11 @@ from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.base import Backend
 from sac_edge.edge_runtime.backends.registry import open_backend
+from sac_edge.edge_runtime.compose import make_shield
+from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
+from sac_edge.edge_runtime.control.shield import Shield
 from sac_edge.edge_runtime.control.step_stats import MISS_CAUSES
+from sac_edge.edge_runtime.control.watchdog import InferenceWatchdog
 from sac_edge.edge_runtime.runtime import RunConfig, Runtime
 from sac_edge.train.checkpoint import save_tensors
 from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
@@ -138,15 +146,59 @@ def hot_path(bundle: Path) -> dict[str, float]:
     )
     p50["ort_act_over_bare"] = round(p50["ort_act"] / p50["ort_bare"], 3)
     p50["torch_act_over_bare"] = round(p50["torch_act"] / p50["torch_bare"], 3)
-    with Runtime(RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32")) as runtime:
+    options = RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32")
+    with Runtime(options) as runtime:
         backend = runtime.backend  # its own session: the ratio is against the backend it calls
+        inline = inline_step(backend, b.spec, make_shield(options, b, lambda _: None))
         lib = interleaved(
-            {"runtime_act": lambda: runtime.act(obs), "runtime_backend_act": lambda: backend.act(obs)},
+            {
+                "runtime_act": lambda: runtime.act(obs),
+                "runtime_backend_act": lambda: backend.act(obs),
+                "inline_step": lambda: inline(obs),
+            },
             calls=400,
             rounds=25,
         )
-    p50.update(lib, runtime_act_over_act=round(lib["runtime_act"] / lib["runtime_backend_act"], 3))
+    p50.update(
+        lib,
+        runtime_act_over_act=round(lib["runtime_act"] / lib["runtime_backend_act"], 3),
+        runtime_act_over_inline=round(lib["runtime_act"] / lib["inline_step"], 3),
+    )
     return p50
+
+
+def inline_step(
+    backend: Backend, spec: PolicySpec, shield: Shield | None, rate_hz: float = 100.0
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The step a loop would inline with prebound locals: the observation guard, the timed inference with
+    the watchdog's entry, the overrun test, the action guard and the shield (what ``Runtime.act``
+    does, less its thread check and counters); ``Runtime.act`` is priced against it."""
+    obs_guard = ObservationGuard(np.full(spec.obs_dim, -np.inf), np.full(spec.obs_dim, np.inf))
+    act_guard = ActionGuard(np.array(spec.action_low), np.array(spec.action_high))
+    check, hold, apply, infer = obs_guard.check, act_guard.hold, act_guard.apply, backend.act
+    running = InferenceWatchdog(2.0, lambda _: None).running  # not started: its entry per call, not its thread
+    timer, budget_ns = time.perf_counter_ns, int(0.5e9 / rate_hz)
+    latency: list[int] = []
+    add = latency.append
+
+    shield_step = shield.step if shield is not None else None
+
+    def step(obs: np.ndarray) -> np.ndarray:
+        safe = check(obs)
+        if safe is None:
+            action, inferred = hold(), False
+        else:
+            t0 = timer()
+            running[t0] = True
+            raw = infer(safe)
+            took = timer() - t0
+            running.pop(t0, None)
+            add(took)
+            inferred = took <= budget_ns
+            action = apply(raw) if inferred else hold()
+        return action if shield_step is None else shield_step(obs, action, inferred)
+
+    return step
 
 
 def gemm_rate_flops() -> float:
@@ -392,8 +444,9 @@ def main() -> None:
                             ("onnxruntime", h["ort_bare"], h["ort_act"], h["ort_act_over_bare"]),
                             ("torch", h["torch_bare"], h["torch_act"], h["torch_act_over_bare"]),
                             ("Runtime.act", h["runtime_backend_act"], h["runtime_act"], h["runtime_act_over_act"]),
+                            ("Runtime.act / inline", h["inline_step"], h["runtime_act"], h["runtime_act_over_inline"]),
                         ],
-                        ("backend", "bare call (Runtime: act)", "act", "act / bare"),
+                        ("backend", "bare call (Runtime: act; inline step)", "act", "act / bare"),
                     )
                 )
             if "precision" in sections:

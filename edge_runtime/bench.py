@@ -1,7 +1,9 @@
 """``sac-edge bench``: latency, throughput, energy per inference and peak memory per backend x precision x batch.
 
-Each row: ``warmup`` untimed calls, then ``calls`` timed ones (batch 1 through ``act``, the control
-loop's path; larger batches through ``act_batch``), while a background thread samples the power sensor.
+The bundle is verified by the run's builder (``compose.verified_bundle``) and each backend opens through
+the registry (``registry.open_backend``, which gates it), as in ``sac-edge run``. Each row: ``warmup``
+untimed calls, then ``calls`` timed ones (batch 1 through ``act``, the control loop's path; larger batches
+through ``act_batch``), while a background thread samples the power sensor.
 Energy per inference is the board (or package) energy over the timed window divided by the inferences
 in it: measured where the machine has a power sensor, else the labelled estimate, and the row says which.
 Peak memory is the process's resident high-water mark after the row.
@@ -16,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
-from sac_edge.common.bundle import open_bundle
 from sac_edge.common.config import config_dict
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.latency import latency_us, time_calls
@@ -27,6 +28,7 @@ from sac_edge.edge_runtime.backends.registry import candidates, check_precision,
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.budget.sensors import EnergyMeter, detect_power_sensor
 
+from .compose import verified_bundle
 from .config import BenchConfig
 
 #: The largest batch bench times (each probe batch is allocated up front).
@@ -56,7 +58,7 @@ def _validate(cfg: BenchConfig) -> None:
 def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any]:
     """Measure every usable backend x precision x batch; write ``--out`` and ``--plot`` when given."""
     _validate(cfg)
-    bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
+    bundle = verified_bundle(cfg)
     explicit = bool(cfg.backends or cfg.precisions)
     usable, logged = [], set()
     for cand in candidates(bundle, cfg.backends or None, cfg.precisions or None):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from sac_edge.common.config import parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
@@ -39,16 +38,17 @@ def log(message: str) -> None:
 
 def _run(argv: Sequence[str]) -> int:
     from .run import raise_env_error, run_command, summary_table
+    from .runtime import RunSummary
 
     cfg = parse_config(RunConfig, argv, f"{PROG} run", RunConfig.__doc__ or "", positional=("bundle",))
 
-    def report(summary: dict[str, Any]) -> None:
+    def report(summary: RunSummary) -> None:
         print(summary_table(summary), flush=True)
         if cfg.json:
-            emit_json(summary)
+            emit_json(summary.to_json())
         raise_env_error(summary)
 
-    def on_hang(summary: dict[str, Any]) -> None:
+    def on_hang(summary: RunSummary) -> None:
         """On the watchdog's thread: the control thread is stuck inside a backend call that will not return,
         so the process ends here, once the summary is out (exit 1, one line, as for any failed run)."""
 

@@ -1,11 +1,14 @@
-"""One composition of a run, shared by ``sac-edge run`` and the runtime API (``runtime.py``).
+"""The builder of a run, shared by ``sac-edge run``, ``sac-edge bench`` and the runtime API (``runtime.py``).
 
-In order, each step producing a typed value: the config validated (every flag, before anything is
-opened), the last good weights under the fine-tuning lock, the backends (``--backend auto`` timed here),
-the memory probe, the learner process and its sizing, the governor (sized from the learner's batch), the
-fine-tuner, the power sensor and the budget monitor. ``sac-edge run`` adds its env, scheduler and
-signals around it; ``Runtime`` adds the per-call guards. Both call the same functions, so the two
-cannot compose a run differently.
+In order, each step producing a typed value and nothing assigned after construction: the config
+validated (``validate``: every flag, before anything is opened), the verified bundle (``verified_bundle``),
+the last good weights under the fine-tuning lock (``last_good_weights``), the shield (``make_shield``),
+then ``compose``: the backends (``--backend auto`` timed here), the memory probe, the learner process and
+its sizing, the governor (sized from the learner's batch), the fine-tuner (the shield's ramp listening to
+its swaps from the start), the power sensor and the budget monitor. ``Runtime.open`` runs these steps and
+adds the per-call guards; ``sac-edge run`` makes its env between the bundle and the runtime and its loop
+after it; ``sac-edge bench`` takes the bundle and the backends. All call the same functions, so none
+can compose a run differently.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from sac_edge.common.bundle import Bundle
+from sac_edge.common.bundle import Bundle, open_bundle
 from sac_edge.common.bundle_format import ENVELOPE_KIND, FP32, PRECISIONS
 from sac_edge.common.envelope import parse_envelope
 from sac_edge.common.errors import SacEdgeError
@@ -36,7 +39,7 @@ from sac_edge.edge_runtime.finetune.promotion import LastGood, LastGoodStore
 from sac_edge.edge_runtime.finetune.settings import FinetuneSettings
 from sac_edge.edge_runtime.finetune.weight_swap import WeightSwapper
 
-from .config import RunConfig
+from .config import BenchConfig, RunConfig
 
 Emit = typing.Callable[[typing.Dict[str, Any]], None]
 Log = typing.Callable[[str], None]
@@ -61,10 +64,24 @@ def finetune_settings(cfg: RunConfig) -> FinetuneSettings:
     )
 
 
+def verified_bundle(cfg: RunConfig | BenchConfig) -> Bundle:
+    """``cfg.bundle`` opened with its checksums verified (and its signature, with ``--trusted-keys``)."""
+    return open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
+
+
+class LastGoodWeights(NamedTuple):
+    """The fine-tuning directory's store (its lock held when fine-tuning) and the weights to start from."""
+
+    store: LastGoodStore
+    last: LastGood | None
+    """With ``--resume``: the last good weights, checked; else None (the bundle's weights)."""
+
+
 @contextlib.contextmanager
-def last_good_weights(cfg: RunConfig) -> Iterator[LastGood | None]:
-    """The weights to start from (with ``--resume``), with the fine-tuning directory's lock held throughout
-    when fine-tuning: one fine-tuner per weights directory, or each would overwrite the other's."""
+def last_good_weights(cfg: RunConfig) -> Iterator[LastGoodWeights]:
+    """The store and the weights to start from (with ``--resume``), with the fine-tuning directory's lock
+    held throughout when fine-tuning: one fine-tuner per weights directory, or each would overwrite the
+    other's."""
     store = LastGoodStore(finetune_dir(cfg.finetune, cfg.bundle))
     with contextlib.ExitStack() as held:
         if cfg.finetune.enabled:
@@ -76,7 +93,7 @@ def last_good_weights(cfg: RunConfig) -> Iterator[LastGood | None]:
                     "--restart to start again from the bundle weights (they are then kept as previous.safetensors "
                     "at the first promotion)"
                 )
-        yield store.load() if cfg.finetune.resume else None
+        yield LastGoodWeights(store, store.load() if cfg.finetune.resume else None)
 
 
 def open_backends(cfg: RunConfig, bundle: Bundle, log: Log) -> tuple[dict[str, Backend], list[Measurement]]:
@@ -132,12 +149,6 @@ def make_shield(cfg: RunConfig, bundle: Bundle, emit: Emit) -> Shield | None:
     return Shield(settings, spec.action_low, spec.action_high, envelope, emit)
 
 
-def attach_shield(parts: Composition, shield: Shield | None) -> None:
-    """The fine-tuner's weight swaps restart the shield's ramp."""
-    if shield is not None and parts.tuner is not None:
-        parts.tuner.swapper.listeners.append(shield.weights_swapped)
-
-
 def locked(write: Emit) -> Emit:
     """``write`` behind a lock: the loop and the fine-tuner's coordinator thread both emit records."""
     lock = threading.Lock()
@@ -158,6 +169,8 @@ class Composition:
     figures: list[Measurement]
     """With ``--backend auto``: each candidate's start-up timing or refusal."""
     probe: MemoryProbe
+    shield: Shield | None
+    """With ``--shield on``; the fine-tuner's swaps restart its ramp."""
     tuner: FineTuner | None
     resumed: dict[str, Any] | None
     """With ``--resume``: the restored weights (sha256, step, swap outcome)."""
@@ -174,18 +187,23 @@ class Composition:
         return [m._asdict() for m in self.figures if unavailable or m.refusal is None or "unavailable" not in m.refusal]
 
 
-def compose(cfg: RunConfig, bundle: Bundle, last: LastGood | None, emit: Emit, log: Log) -> Composition:
+def compose(
+    cfg: RunConfig, bundle: Bundle, weights: LastGoodWeights, shield: Shield | None, emit: Emit, log: Log
+) -> Composition:
     """Backends, probe, fine-tuner (its learner process started), governor, sensor and monitor for ``cfg``.
 
-    ``cfg`` must have passed :func:`validate`; ``last`` comes from :func:`last_good_weights`."""
+    ``cfg`` must have passed :func:`validate`; ``weights`` come from :func:`last_good_weights`, ``shield``
+    from :func:`make_shield`."""
     backends, figures = open_backends(cfg, bundle, log)
     probe = MemoryProbe(Path(cfg.budget.sensor_root))
+    last = weights.last
     precisions = list(backends)
     tuner, resumed = None, None
     if cfg.finetune.enabled:
         tuner, resumed = build_finetuner(
             finetune_settings(cfg), bundle, backends, probe, last, emit, log, cfg.finetune.rules(),
             lambda batch: make_governor(cfg, precisions, batch),
+            listeners=[shield.weights_swapped] if shield is not None else [], store=weights.store,
         )  # fmt: skip
         governor = tuner.governor
     else:
@@ -204,4 +222,4 @@ def compose(cfg: RunConfig, bundle: Bundle, last: LastGood | None, emit: Emit, l
         if tuner is not None:
             tuner.stop()
         raise
-    return Composition(backends, figures, probe, tuner, resumed, governor, sensor, monitor)
+    return Composition(backends, figures, probe, shield, tuner, resumed, governor, sensor, monitor)

@@ -1,4 +1,11 @@
-"""``sac-edge run``: verify the bundle, check the env against it, pick the backend, then drive the loop.
+"""``sac-edge run``: verify the bundle, check the env against it, open the runtime, then drive the loop.
+
+A client of the runtime library (``runtime.py``), like a robot's own loop: the builder's steps in order
+(the config validated, the bundle verified, the env made and checked against it, then ``Runtime.open``:
+the last good weights under the lock, the shield, the backends, the learner process and its sizing, the
+governor, the fine-tuner, the monitor), then the fixed-rate scheduler (``control/loop.py``) calling the
+runtime's ``act``/``observe``/``rehearse``/``tick``. What is added here is what a CLI owns: the env, the
+signals, the real-time setup, the status line and the summary's table.
 
 Everything that can be wrong with the input (bundle, checksum, env, shapes, backend, precision, gate,
 budgets) is checked before the first step and is a one-line error. With budgets, the backend is also
@@ -12,26 +19,25 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from sac_edge.common.bundle import Bundle, open_bundle
 from sac_edge.common.bundle_format import MANIFEST
-from sac_edge.common.config import config_dict
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings, describe_error
+from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings, ScheduleSummary, error_line
 from sac_edge.edge_runtime.control.realtime import enter_realtime, hold_idle_latency
-from sac_edge.edge_runtime.control.shield import Shield
-from sac_edge.edge_runtime.control.telemetry import StatusLine, TelemetryWriter
-from sac_edge.edge_runtime.finetune.promotion import LastGood
+from sac_edge.edge_runtime.control.telemetry import StatusLine
+from sac_edge.edge_runtime.finetune.finetuner import FinetuneSummary
 from sac_edge.edge_runtime.finetune.shift import parse_shift, shifted
 
-from .compose import Composition, attach_shield, compose, last_good_weights, locked, make_shield, validate
+from .compose import validate, verified_bundle
 from .config import RunConfig
+from .runtime import RunSummary, Runtime
 
 
 def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:
@@ -61,208 +67,137 @@ def stop_on_signals(stop: Callable[[str], None]) -> Iterator[None]:
 
 
 def run_command(
-    cfg: RunConfig, log: Callable[[str], None], on_hang: Callable[[dict[str, Any]], None] | None = None
-) -> dict[str, Any]:
+    cfg: RunConfig, log: Callable[[str], None], on_hang: Callable[[RunSummary], None] | None = None
+) -> RunSummary:
     """Run the loop per ``cfg`` and return the summary (also printed as a table by the CLI).
 
-    When a backend call hangs, the inference watchdog finishes the run on its own thread (env, monitor,
-    fine-tuner, telemetry, as after a normal end) and hands the summary to ``on_hang``, which is expected
-    to report it and end the process: the control thread is still inside the call."""
+    When a backend call hangs, the inference watchdog finishes the run on its own thread (env, runtime:
+    monitor, fine-tuner, telemetry, as after a normal end) and hands the summary to ``on_hang``, which is
+    expected to report it and end the process: the control thread is still inside the call."""
     validate(cfg)
-    bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
+    bundle = verified_bundle(cfg)
     env_name = cfg.env or file_env(bundle.spec.env_id, str(bundle.path / MANIFEST))
     env = make_env(env_name)
     check_env_matches(env, bundle.spec, env_name)
     env = shifted(env, parse_shift(cfg.shift))
-    with last_good_weights(cfg) as last:
-        return _run_with(cfg, bundle, env, env_name, last, log, on_hang)
-
-
-def _run_with(
-    cfg: RunConfig,
-    bundle: Bundle,
-    env: Any,
-    env_name: str,
-    last: LastGood | None,
-    log: Callable[[str], None],
-    on_hang: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """Compose the run (backends, fine-tuner, governor, monitor), drive the loop and write the summary."""
-    with TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry) as telemetry:
-        emit = locked(telemetry.write)
-        shield = make_shield(cfg, bundle, emit)
-        parts = compose(cfg, bundle, last, emit, log)
-        attach_shield(parts, shield)
-        tuner = parts.tuner
-
-        def finish(summary: dict[str, Any]) -> dict[str, Any]:
-            """After the loop (or the watchdog): the fine-tuner's part and the telemetry's summary record."""
-            if tuner is not None:  # the learner process stops and its shared memory goes, whatever happened
-                tuner.stop()
-            summary.update(telemetry_records=telemetry.records + 1, resume=parts.resumed)
-            if tuner is not None:
-                summary["finetune"] = tuner.summary()
-                if tuner.error:
-                    log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
-            summary["telemetry_dropped"] = telemetry.dropped
-            telemetry.write({"type": "summary", **summary})
-            return summary
-
-        hang = None if on_hang is None else (lambda summary: on_hang(finish(summary)))
-        try:
-            summary = _drive(cfg, env, env_name, parts, emit, log, hang, shield)
-        except BaseException:
-            if tuner is not None:
-                tuner.stop()
-            raise
-        return finish(summary)
-
-
-def _drive(
-    cfg: RunConfig,
-    env: Any,
-    env_name: str,
-    parts: Composition,
-    emit: Callable[[dict[str, Any]], None],
-    log: Callable[[str], None],
-    on_hang: Callable[[dict[str, Any]], None] | None = None,
-    shield: Shield | None = None,
-) -> dict[str, Any]:
-    """The loop on the composed run (the fine-tuner started before it when there is one; the caller stops
-    it)."""
-    backends, tuner, monitor, sensor, first = parts.backends, parts.tuner, parts.monitor, parts.sensor, parts.first
-    status = StatusLine() if sys.stderr.isatty() else None
-    settings = LoopSettings(
-        cfg.loop.rate_hz,
-        cfg.loop.duration,
-        cfg.loop.obs_fault,
-        cfg.loop.inference_budget,
-        cfg.loop.spin_us,
-        cfg.seed,
-        cfg.loop.warm_cache,
-        cfg.loop.inference_timeout,
-        cfg.loop.max_backend_errors,
+    shift = getattr(env, "shift", None)
+    space = env.observation_space
+    runtime = Runtime(
+        cfg,
+        obs_low=space.low,  # type: ignore[attr-defined]
+        obs_high=space.high,  # type: ignore[attr-defined]
+        log=log,
+        bundle=bundle,
+        env=env_name,
+        shift=shift,
+        on_hang=lambda: loop.hung(),
+        name="sac-edge run",
     )
-    closed = False
+    status = StatusLine() if sys.stderr.isatty() else None
+    finished: list[RunSummary] = []
 
-    def finish(summary: dict[str, Any]) -> dict[str, Any]:
-        """After the loop (on the watchdog's thread when a call hung): status line, monitor, env."""
-        nonlocal closed
-        if not closed:
-            closed = True
+    def finish(schedule: ScheduleSummary) -> RunSummary:
+        """After the loop (on the watchdog's thread when a call hung): status line, env, runtime."""
+        if not finished:
             if status is not None:
                 status.finish()
-            monitor.close()
-            close_env(env, summary)
-        return {
-            **summary,
-            "env": env_name,
-            "shift": getattr(env, "shift", None),
-            "auto": parts.auto(unavailable=False),
-            "torch_imported": "torch" in sys.modules,
-        }
+            schedule = close_env(env, schedule)
+            finished.append(RunSummary(runtime.close(schedule), schedule, env_name, shift))
+        return finished[0]
 
-    hang = None if on_hang is None else (lambda summary: on_hang(finish(summary)))
-    loop = ControlLoop(
-        env, backends, first, settings, monitor, emit, status, experience=tuner, on_hang=hang, shield=shield
-    )
-    summary: dict[str, Any] = {}
-    try:
-        with stop_on_signals(loop.stop), contextlib.ExitStack() as held:
-            emit(  # once a stop is handled: a test (or a service manager) may signal as soon as it sees this
-                {
-                    "type": "config",
-                    "config": config_dict(cfg),
-                    "env": env_name,
-                    "shift": getattr(env, "shift", None),
-                    "backend": backends[first].describe(),
-                    "auto": parts.auto(),
-                    "power_source": sensor.source if sensor else None,
-                    "loaded_precisions": list(backends),
-                }
-            )
-            if tuner is not None:
-                tuner.start()
-            rt = cfg.realtime
-            for line in enter_realtime(rt.realtime_priority, rt.cpus, rt.lock_memory):  # after the tuner starts
-                log(f"sac-edge run: {line}")
-            idle_us = rt.idle_latency_us if rt.idle_latency_us is not None else (0 if rt.realtime_priority else None)
-            if idle_us is not None:
-                log(f"sac-edge run: {held.enter_context(hold_idle_latency(idle_us))}")
-            summary = loop.run()
-    finally:
-        summary = finish(summary)
-    if tuner is not None and tuner.error:
-        log(f"sac-edge run: fine-tuning stopped early: {tuner.error}")
-    return summary
+    hang = None if on_hang is None else (lambda schedule: on_hang(finish(schedule)))
+    settings = LoopSettings(cfg.loop.rate_hz, cfg.loop.duration, cfg.loop.spin_us, cfg.seed, cfg.loop.warm_cache)
+    loop = ControlLoop(env, runtime, settings, status, on_hang=hang)
+    opened = False
+
+    def on_signal(name: str) -> None:
+        if not opened:  # still opening (an engine build can take minutes): give it up, as before any run
+            raise KeyboardInterrupt
+        loop.stop(name)
+
+    with stop_on_signals(on_signal):  # before the config record: a test (or a service manager) may signal
+        try:  # as soon as it sees it
+            runtime.open()
+            opened = True
+            with contextlib.ExitStack() as held:
+                rt = cfg.realtime
+                for line in enter_realtime(rt.realtime_priority, rt.cpus, rt.lock_memory):  # after the tuner
+                    log(f"sac-edge run: {line}")  # starts: the learner process keeps the default policy
+                idle_us = cfg.realtime.idle_latency_us
+                if idle_us is None and cfg.realtime.realtime_priority:
+                    idle_us = 0
+                if idle_us is not None:
+                    log(f"sac-edge run: {held.enter_context(hold_idle_latency(idle_us))}")
+                schedule = loop.run()
+        except BaseException:
+            if status is not None:
+                status.finish()
+            with contextlib.suppress(BaseException):
+                env.close()
+            with contextlib.suppress(SacEdgeError):  # not opened: nothing to close
+                runtime.close()
+            raise
+    return finish(schedule)
 
 
-def close_env(env: Any, summary: dict[str, Any]) -> None:
+def close_env(env: Any, schedule: ScheduleSummary) -> ScheduleSummary:
     """``env.close()``, whose exception (foreign code) is kept in the summary's ``env_error`` unless the run
     already ended on one, instead of replacing the summary."""
     try:
         env.close()
     except BaseException as err:
-        if summary.get("env_error") is None:
-            text = describe_error(err)
-            text = text.splitlines()[0][:200] if text else ""
-            summary["env_error"] = {"call": "close", "type": type(err).__name__, "message": text}
+        if schedule.env_error is None:
+            error = {"call": "close", "type": type(err).__name__, "message": error_line(err)}
+            return replace(schedule, env_error=error)
+    return schedule
 
 
-def raise_env_error(summary: dict[str, Any]) -> None:
+def raise_env_error(summary: RunSummary) -> None:
     """After the summary was printed and written: the run's failure as the command's outcome.
 
     A ``KeyboardInterrupt`` from the env stays an interrupt (exit 130); an env error, a hung inference or
     a run ended by backend errors is one line, exit 1."""
-    error = summary.get("env_error")
+    error = summary.schedule.env_error
     until = "the summary above covers the run until then"
     if error:
         if error["type"] == "KeyboardInterrupt":
             raise KeyboardInterrupt
         message = error["type"] + (f": {error['message']}" if error.get("message") else "")
         raise InternalError(f"environment error in {error['call']}(): {message}; {until}")
-    stopped = str(summary.get("stopped_by"))
-    if summary.get("inference_hang") or stopped.startswith("backend error"):
+    stopped = str(summary.schedule.stopped_by)
+    if summary.runtime.inference_hang or stopped.startswith("backend error"):
         raise InternalError(f"{stopped}; {until}")
 
 
-def summary_table(summary: dict[str, Any]) -> str:
+def summary_table(summary: RunSummary) -> str:
     """The end-of-run table (stdout)."""
-    lat, jit = summary["latency_us"], summary["jitter_us"]
+    r, s = summary.runtime, summary.schedule
+    lat, jit, work = r.latency_us, s.jitter_us, s.loop_work_us
     rows = [
-        ("steps / episodes", f"{summary['steps']} / {summary['episodes']}"),
-        ("duration", f"{summary['duration_s']:.2f} s at {summary['rate_hz']:g} Hz (now {summary['final_rate_hz']:g})"),
-        (
-            "deadline misses",
-            f"{summary['deadline_misses']} ({100 * summary['miss_rate']:.3f}%), "
-            f"skipped slots {summary['skipped_slots']}",
-        ),
+        ("steps / episodes", f"{s.steps} / {r.episodes}"),
+        ("duration", f"{s.duration_s:.2f} s at {r.rate_hz:g} Hz (now {r.final_rate_hz:g})"),
+        ("deadline misses", f"{s.deadline_misses} ({100 * s.miss_rate:.3f}%), skipped slots {s.skipped_slots}"),
         ("inference latency", f"p50 {lat['p50']} us  p99 {lat['p99']} us  max {lat['max']} us"),
         ("loop jitter", f"p50 {jit['p50']} us  p99 {jit['p99']} us  max {jit['max']} us"),
         (
             "loop's own work",
-            f"p50 {summary['loop_work_us']['p50']} us  p99 {summary['loop_work_us']['p99']} us; env step p50 "
-            f"{summary['env_step_us']['p50']} us; misses by cause "
-            + ", ".join(f"{k} {v}" for k, v in summary["miss_causes"].items()),
+            f"p50 {work['p50']} us  p99 {work['p99']} us; env step p50 {s.env_step_us['p50']} us; misses by cause "
+            + ", ".join(f"{k} {v}" for k, v in s.miss_causes.items()),
         ),
-        (
-            "backend",
-            f"{summary['backend']['backend']}/{summary['precision']} (switches {summary['precision_switches']})",
-        ),
+        ("backend", f"{r.backend['backend']}/{r.precision} (switches {r.precision_switches})"),
         (
             "safety",
-            f"obs non-finite {summary['obs_nonfinite']}, out of range {summary['obs_out_of_range']}, "
-            f"malformed {summary['obs_malformed']}, held {summary['obs_held']}, "
-            f"overruns {summary['inference_overruns']}, "
-            f"actions clipped {summary['action_clipped']}, non-finite {summary['action_nonfinite']}",
+            f"obs non-finite {r.obs_nonfinite}, out of range {r.obs_out_of_range}, malformed {r.obs_malformed}, "
+            f"held {r.obs_held}, overruns {r.inference_overruns}, "
+            f"actions clipped {r.action_clipped}, non-finite {r.action_nonfinite}",
         ),
-        ("shield", shield_line(summary["shield"])),
-        ("peak RSS", "unknown" if np.isnan(summary["peak_rss_mb"]) else f"{summary['peak_rss_mb']:.1f} MB"),
-        ("budget events", str(summary["budget_events"])),
-        *_finetune_rows(summary.get("finetune")),
-        ("stopped by", str(summary["stopped_by"])),
+        ("shield", shield_line(r.shield)),
+        ("peak RSS", "unknown" if np.isnan(r.peak_rss_mb) else f"{r.peak_rss_mb:.1f} MB"),
+        ("budget events", str(r.budget_events)),
+        *_finetune_rows(r.finetune),
+        ("stopped by", str(s.stopped_by)),
     ]
-    return format_table(rows, ("sac-edge run", summary["env"]))
+    return format_table(rows, ("sac-edge run", summary.env))
 
 
 def shield_line(shield: dict[str, Any]) -> str:
@@ -279,7 +214,7 @@ def shield_line(shield: dict[str, Any]) -> str:
     )
 
 
-def _finetune_rows(ft: dict[str, Any] | None) -> list[tuple[str, str]]:
+def _finetune_rows(ft: FinetuneSummary | None) -> list[tuple[str, str]]:
     if not ft:
         return []
     sizing = ft["sizing"]

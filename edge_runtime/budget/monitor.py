@@ -16,8 +16,8 @@ from .sensors.base import PowerReading, PowerSensor, SensorError
 
 
 class BudgetTick(NamedTuple):
-    """What the monitor reports once a second, and the knobs the governor wants applied (the control
-    loop reads it through its ``BudgetReport`` protocol)."""
+    """What the monitor reports once a second, and the knobs the governor wants applied (``Runtime.tick``
+    reads it once a second)."""
 
     memory: dict[str, Any]
     power: dict[str, Any] | None

@@ -1,6 +1,8 @@
-"""The control path: the fixed-rate loop, observation and action guards, real-time scheduling, telemetry.
+"""The control path: the fixed-rate scheduler, observation and action guards, the shield, the inference
+watchdog, real-time scheduling, telemetry.
 
-One step: observation -> ``safety.ObservationGuard`` -> ``Backend.act`` -> ``safety.ActionGuard`` ->
-``env.step`` -> the fine-tuner's ``Experience`` hook. May import ``sac_edge.common`` and ``backends``;
-the budget monitor and the fine-tuner plug in through protocols defined in ``loop.py``.
+The parts of one step live here; ``runtime.Runtime`` (the composition root) puts them together in ``act``
+(``safety.ObservationGuard`` -> ``Backend.act`` -> ``safety.ActionGuard`` -> ``shield.Shield``), and
+``loop.ControlLoop`` schedules it around ``env.step``, reaching the runtime through the ``StepRuntime``
+protocol. May import ``sac_edge.common`` and ``backends``.
 """

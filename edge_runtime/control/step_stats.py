@@ -54,7 +54,7 @@ class StepStats:
         step, infer, env = (np.array(x, np.int64) for x in (self.step, self.infer, self.env))
         for series in (self.jitter, self.latency, self.infer, self.env, self.step):
             series.clear()  # in place: the loop holds their bound append methods
-        work = step - infer - env
+        work = step - infer[: len(step)] - env  # a step cut short after its inference has no step figure
         for name, values in (("latency", latency), ("jitter", jitter), ("loop_work", work), ("env_step", env)):
             self.run[name].add(values)
         for name, values in (("late_wakeup", jitter), ("step", step)):

@@ -1,9 +1,10 @@
 """``sac-edge run --finetune``: learn on the device while the control loop runs, and swap weights in place.
 
-The control thread only calls :meth:`FineTuner.explore` and :meth:`FineTuner.observe` (the loop's
-``Experience`` hook): a noise add and a copy into a preallocated staging ring in shared memory. The SAC
-updates run in a separate process (``learner_process.py``: one torch thread, its own interpreter lock),
-and a light coordinator thread here does the rest:
+The control thread only calls :meth:`FineTuner.explore` and :meth:`FineTuner.observe` (from
+``Runtime.act`` and ``Runtime.observe``, whoever owns the loop): a noise add and a copy into a
+preallocated staging ring in shared memory. The SAC updates run in a separate process
+(``learner_process.py``: one torch thread, its own interpreter lock), and a light coordinator thread here
+does the rest:
 
 1. the learner process drains the ring into the replay buffer (train/buffer.py), earns update credit
    (``utd`` x the governor's ``update_rate_scale`` per new transition) and spends it on ``SAC.update``
@@ -32,7 +33,7 @@ import threading
 import time
 import typing
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -139,8 +140,8 @@ class Candidate:
 
 
 class FineTuner:
-    """The ``Experience`` the loop feeds, and the coordinator thread between the learner process and the
-    backends."""
+    """What the runtime's step feeds (``explore``, ``observe``, ``rehearse``), and the coordinator thread
+    between the learner process and the backends."""
 
     def __init__(
         self,
@@ -188,7 +189,7 @@ class FineTuner:
         self._t0 = time.monotonic()
         self._switch = sys.getswitchinterval()
 
-    # -- the loop's Experience hook (control thread) ---------------------------------------------
+    # -- the runtime's step (control thread) -----------------------------------------------------
     def explore(self, action: np.ndarray) -> np.ndarray:
         return self._explore(action)
 
@@ -410,19 +411,23 @@ def build_finetuner(
     log: Callable[[str], None],
     rules: PromotionRules | None = None,
     governor: Callable[[int], Governor | None] | None = None,
+    listeners: Sequence[Callable[[], None]] = (),
+    store: LastGoodStore | None = None,
 ) -> tuple[FineTuner, dict[str, Any] | None]:
     """Install the starting weights, start the learner process (which imports torch and sizes itself from
     the memory budget and this process's baseline), and make the tuner.
 
     ``rules`` default to ``cfg``'s; ``governor`` makes the budget governor from the fine-tuning batch the
-    learner chose (none without it), so the tuner is built with it."""
+    learner chose (none without it), so the tuner is built with it; ``listeners`` are called after each
+    swap that went live (the shield's ramp); ``store`` is the fine-tuning directory's (its lock held by the
+    caller), else one is made for ``cfg``'s directory."""
     if importlib.util.find_spec("torch") is None:
         raise SacEdgeError("--finetune needs the Python package 'torch' (the inference-only path does not)")
     spec = bundle.spec
     tensors = dict(last.tensors) if last is not None else read_learner_tensors(bundle)
     if rules is None:
         rules = cfg.section.rules()
-    swapper = WeightSwapper(backends, bundle)
+    swapper = WeightSwapper(backends, bundle, listeners)
     states = last.states if last is not None else np.zeros((0, spec.obs_dim), np.float32)
     resumed: dict[str, Any] | None = None
     if last is not None:
@@ -445,7 +450,7 @@ def build_finetuner(
             spec,
             learner,
             swapper,
-            LastGoodStore(finetune_dir(cfg.section, cfg.bundle)),
+            store if store is not None else LastGoodStore(finetune_dir(cfg.section, cfg.bundle)),
             rules,
             cfg,
             budget,

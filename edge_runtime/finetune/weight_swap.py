@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -157,11 +157,13 @@ class SwapOutcome(NamedTuple):
 class WeightSwapper:
     """Installs weight sets into each backend of ``backends`` (the loop's precision -> backend map)."""
 
-    def __init__(self, backends: Mapping[str, Backend], bundle: Bundle) -> None:
+    def __init__(
+        self, backends: Mapping[str, Backend], bundle: Bundle, listeners: Sequence[Callable[[], None]] = ()
+    ) -> None:
         self.backends = backends
         self.requantizer = Int8Requantizer(bundle) if INT8 in backends else None
         self.expected: dict[str, int] = {}
-        self.listeners: list[Callable[[], None]] = []
+        self.listeners = tuple(listeners)
         """Called (on the installing thread) after each install that went live everywhere: the shield's
         ramp after a weight swap."""
 

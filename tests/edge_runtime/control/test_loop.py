@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -208,18 +210,17 @@ def test_cyclic_gc_is_paused_during_the_loop_and_restored() -> None:
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
-class _CountingBackend:
-    """A real backend that counts its batch-1 inferences."""
+def _run_loop(bundle: Path, env: gym.Env, rate_hz: float, duration_s: float, **settings: Any) -> dict[str, Any]:
+    """``ControlLoop`` on a ``Runtime``, as ``sac-edge run`` composes them; the schedule's summary as a dict."""
+    from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
+    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
 
-    def __init__(self, inner: object) -> None:
-        self.inner, self.calls = inner, 0
-
-    def act(self, obs: object) -> object:
-        self.calls += 1
-        return self.inner.act(obs)  # type: ignore[attr-defined]
-
-    def describe(self) -> dict:
-        return self.inner.describe()  # type: ignore[attr-defined]
+    space = env.observation_space
+    # the whole period for an inference: an overrun would hold an action and change the trajectory
+    options = RunConfig.of(str(bundle), backend="onnxruntime", rate_hz=rate_hz, inference_budget=1.0)
+    with Runtime(options, obs_low=space.low, obs_high=space.high) as runtime:  # type: ignore[attr-defined]
+        summary = ControlLoop(env, runtime, LoopSettings(rate_hz, duration_s, **settings)).run()
+    return dataclasses.asdict(summary)
 
 
 class _ActionLog(gym.Wrapper):
@@ -233,27 +234,71 @@ class _ActionLog(gym.Wrapper):
 
 
 @pytest.mark.parametrize("warm", [True, False])
-def test_warm_cache_rehearses_each_step_and_serves_the_same_actions(pendulum_bundle: Path, warm: bool) -> None:
-    from sac_edge.common.bundle import open_bundle
-    from sac_edge.edge_runtime.backends.registry import open_backend
-    from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
+def test_warm_cache_rehearses_each_step_and_serves_the_same_actions(
+    pendulum_bundle: Path, warm: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sac_edge.edge_runtime.backends.onnxrt.runner import OrtBackend
+
+    calls = [0]
+    act = OrtBackend.act
+
+    def counting(self: OrtBackend, obs: np.ndarray) -> np.ndarray:
+        calls[0] += 1
+        return act(self, obs)
+
+    monkeypatch.setattr(OrtBackend, "act", counting)  # the real backend, its batch-1 inferences counted
 
     def run(warm_cache: bool) -> tuple[int, int, list[np.ndarray]]:
-        backend = _CountingBackend(open_backend(open_bundle(pendulum_bundle), "onnxruntime", "fp32"))
         env = _ActionLog(gym.make("Pendulum-v1"))
-        # no overrun may hold an action, whatever the load on this machine
-        settings = LoopSettings(200.0, 0.5, inference_budget=1e6, warm_cache=warm_cache)
-        loop = ControlLoop(env, {"fp32": backend}, "fp32", settings)  # type: ignore[dict-item]
-        summary = loop.run()
-        return summary["steps"], backend.calls, env.actions
+        calls[0] = 0
+        summary = _run_loop(pendulum_bundle, env, 50.0, 1.5, warm_cache=warm_cache)
+        return summary["steps"], calls[0], env.actions
 
-    steps, calls, actions = run(warm)
+    steps, inferences, actions = run(warm)
     # a slot woken too late for a rehearsal goes without; the others rehearse at least once
-    assert calls > steps if warm else calls == steps
+    assert inferences > steps if warm else inferences == steps
     _, _, reference = run(not warm)
     n = min(len(actions), len(reference))
     assert n > 50
     np.testing.assert_array_equal(np.array(actions[:n]), np.array(reference[:n]))
+
+
+class _Transcript(gym.Wrapper):
+    """Records each step's observation (what the loop gave ``act``), action and outcome."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, bool, bool]] = []
+        self._obs: np.ndarray | None = None
+
+    def reset(self, **kwargs: Any):  # type: ignore[no-untyped-def]
+        obs, info = self.env.reset(**kwargs)
+        self._obs = np.array(obs)
+        return obs, info
+
+    def step(self, action: np.ndarray):  # type: ignore[no-untyped-def]
+        next_obs, reward, terminated, truncated, info = self.env.step(action)
+        assert self._obs is not None
+        self.steps.append((self._obs, np.array(action), np.array(next_obs), bool(terminated), bool(truncated)))
+        self._obs = np.array(next_obs)
+        return next_obs, reward, terminated, truncated, info
+
+
+def test_the_loop_sends_what_the_library_returns(pendulum_bundle: Path) -> None:
+    """``sac-edge run``'s loop is a client of ``Runtime``: a fresh runtime given the loop's observations and
+    transitions returns the very actions the loop sent (guards, shield and its restarts included)."""
+    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+
+    env = _Transcript(gym.make("Pendulum-v1", max_episode_steps=30))  # episodes end: the shield restarts
+    summary = _run_loop(pendulum_bundle, env, 50.0, 1.5)
+    assert summary["steps"] == len(env.steps) > 60
+    space = env.observation_space
+    options = RunConfig.of(str(pendulum_bundle), backend="onnxruntime", rate_hz=50.0, inference_budget=1.0)
+    with Runtime(options, obs_low=space.low, obs_high=space.high) as runtime:  # type: ignore[attr-defined]
+        assert runtime.shield is not None  # the default: the shield shapes every action
+        for obs, sent, next_obs, terminated, truncated in env.steps:
+            np.testing.assert_array_equal(runtime.act(obs), sent)
+            runtime.observe(obs, sent, 0.0, next_obs, terminated, truncated)
 
 
 class _SlowStep(gym.Wrapper):
@@ -271,13 +316,7 @@ class _SlowStep(gym.Wrapper):
 
 
 def test_misses_from_a_slow_env_are_blamed_on_the_env(pendulum_bundle: Path) -> None:
-    from sac_edge.common.bundle import open_bundle
-    from sac_edge.edge_runtime.backends.registry import open_backend
-    from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
-
-    backend = open_backend(open_bundle(pendulum_bundle), "onnxruntime", "fp32")
-    loop = ControlLoop(_SlowStep(gym.make("Pendulum-v1")), {"fp32": backend}, "fp32", LoopSettings(250.0, 1.0))
-    summary = loop.run()
+    summary = _run_loop(pendulum_bundle, _SlowStep(gym.make("Pendulum-v1")), 250.0, 1.0)
     causes = summary["miss_causes"]
     # Judged by the schedule's own accounting: a slow or emulated host steps fewer of the 250 slots.
     assert summary["steps"] + summary["skipped_slots"] >= 250
