@@ -25,6 +25,7 @@ repository root (ignored by git) once, then reused. ``environment(release)`` is 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -243,6 +244,11 @@ def environment(
     """Environment variables under which ``python`` imports the real ``tensorrt`` ``version``: over the stub
     libraries, or without any (``libraries=False``: installed as pip installs the bindings alone, so the
     import fails as it does without TensorRT's libraries), and with the real cuda-python if asked."""
+    if platform.machine() != "x86_64":  # .cache/ is shared with the arm64 chroot of make test-aarch64
+        raise Unavailable(
+            f"the wheels and stub libraries in .cache/ are x86_64's (this is {platform.machine()}); a Jetson runs "
+            "the tensorrt-marked tests on its own TensorRT"
+        )
     site, stubs = trt85() if version == TRT85 else bindings(version, python, stubs=libraries)
     env = dict(os.environ)
     paths = [str(site), *([str(cuda_python(python))] if with_cuda_python else []), env.get("PYTHONPATH", "")]
