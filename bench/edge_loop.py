@@ -173,30 +173,30 @@ def inline_step(
     """The step a loop would inline with prebound locals: the observation guard, the timed inference with
     the watchdog's entry, the overrun test, the action guard and the shield (what ``Runtime.act``
     does, less its thread check and counters); ``Runtime.act`` is priced against it."""
-    obs_guard = ObservationGuard(np.full(spec.obs_dim, -np.inf), np.full(spec.obs_dim, np.inf))
+    inner = shield.obs_bounds if shield is not None else None
+    obs_guard = ObservationGuard(np.full(spec.obs_dim, -np.inf), np.full(spec.obs_dim, np.inf), "clip", inner)
     act_guard = ActionGuard(np.array(spec.action_low), np.array(spec.action_high))
-    check, hold, apply, infer = obs_guard.check, act_guard.hold, act_guard.apply, backend.act
+    check, hold, apply, take, infer = obs_guard.check, act_guard.hold, act_guard.apply, act_guard.take, backend.act
     running = InferenceWatchdog(2.0, lambda _: None).running  # not started: its entry per call, not its thread
     timer, budget_ns = time.perf_counter_ns, int(0.5e9 / rate_hz)
     latency: list[int] = []
     add = latency.append
-
-    shield_step = shield.step if shield is not None else None
+    shape = shield.shape if shield is not None else None
 
     def step(obs: np.ndarray) -> np.ndarray:
         safe = check(obs)
-        if safe is None:
-            action, inferred = hold(), False
-        else:
+        if safe is not None:
             t0 = timer()
             running[t0] = True
             raw = infer(safe)
             took = timer() - t0
             running.pop(t0, None)
             add(took)
-            inferred = took <= budget_ns
-            action = apply(raw) if inferred else hold()
-        return action if shield_step is None else shield_step(obs, action, inferred)
+            if took <= budget_ns:
+                if shape is None:
+                    return apply(raw)
+                return shape(obs, obs_guard.values, take(raw), True)
+        return hold() if shape is None else shape(obs, None, act_guard.safe, False)
 
     return step
 

@@ -2,10 +2,14 @@
 
 For each bundle given (sac-export writes ``envelope.json``):
 
-1. per step, in this process, interleaved: ``Shield.step`` (envelope check, stuck-sensor check, fallback
-   state, ramp and slew limit on the action) against ``ActionGuard.apply`` (the guard every step already
-   runs) on observations from the bundle's ``parity_states.npy`` in the env's observation dtype. Goal:
-   ``Shield.step`` under 5 us at HalfCheetah's size.
+1. per step, in this process, interleaved, on the observations and actions of a rollout of the bundle's
+   policy in its env (observations in the env's dtype; consecutive actions close, as in the loop): the
+   guards with the shield as ``Runtime.act`` runs them (the observation guard testing the envelope's
+   bounds in its pass, ``ActionGuard.take``, ``Shield.shape`` on their floats) against the guards alone
+   (``check`` and ``apply``, what every step runs without the shield); their difference is
+   ``shield_in_act``. Also ``Shield.step`` (the library call on arrays, which converts and checks for
+   itself: envelope, stuck sensor, fallback state, ramp, slew limit) and the envelope check alone.
+   Goal: the shield under 5 us at HalfCheetah's size.
 2. the envelope's score, chosen by measurement: the Mahalanobis check (``Shield.inside``) against a
    nearest-neighbour distance in the same normalised space (brute force over half the parity states, its
    threshold the same quantile of the other half's distances): cost per call, and the share detected of
@@ -38,7 +42,7 @@ from sac_edge.common.bundle_format import PARITY_STATES
 from sac_edge.common.envelope import Envelope, parse_envelope
 from sac_edge.common.latency import interleaved
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.control.safety import ActionGuard
+from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
 from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
 
 BIN = Path(sys.executable).parent
@@ -55,45 +59,68 @@ def load(bundle_dir: Path) -> tuple[Envelope, np.ndarray, tuple[np.ndarray, np.n
     return envelope, states, (np.array(spec.action_low), np.array(spec.action_high)), spec.env_id
 
 
-def obs_dtype(env_id: str) -> Any:
-    """The dtype the env's observations come in (what the shield sees in the loop)."""
+def rollout(bundle_dir: Path, env_id: str, steps: int = 256) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The observations (in the env's dtype) and the policy's actions (fp32, onnxruntime) of ``steps`` steps
+    in the env from seed 0: what the shield sees in the loop, where consecutive actions are close."""
     from sac_edge.common.envs import make_env
+    from sac_edge.edge_runtime.backends.registry import open_backend
 
+    backend = open_backend(open_bundle(bundle_dir), "onnxruntime", "fp32")
     env = make_env(env_id)
+    observations, actions = [], []
     try:
-        return env.observation_space.dtype
+        obs, _ = env.reset(seed=0)
+        for _ in range(steps):
+            action = backend.act(np.asarray(obs, np.float32)).copy()
+            observations.append(np.asarray(obs))
+            actions.append(action)
+            obs, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                obs, _ = env.reset()
     finally:
         env.close()
+        backend.close()
+    return observations, actions
 
 
 def step_cost(
-    envelope: Envelope, states: np.ndarray, bounds: tuple[np.ndarray, np.ndarray], dtype: Any
+    envelope: Envelope, bounds: tuple[np.ndarray, np.ndarray], obs: list[np.ndarray], actions: list[np.ndarray]
 ) -> dict[str, Any]:
     low, high = bounds
     shield = Shield(ShieldSettings(), low.tolist(), high.tolist(), envelope)
-    guard = ActionGuard(low, high)
-    rng = np.random.default_rng(0)
-    obs = [s.astype(dtype) for s in states[:256]]
-    actions = [np.asarray(rng.uniform(low, high), dtype=np.float32) for _ in range(256)]
+    declared = (np.full(envelope.obs_dim, -np.inf), np.full(envelope.obs_dim, np.inf))  # as most envs declare
+    plain_obs, plain_act = ObservationGuard(*declared), ActionGuard(low, high)
+    obs_guard, act_guard = ObservationGuard(*declared, "clip", shield.obs_bounds), ActionGuard(low, high)
+    n = len(obs)
     i = 0
 
-    def shield_step() -> None:
+    def guards() -> None:
         nonlocal i
-        i = (i + 1) & 255
-        shield.step(obs[i], actions[i], True)
+        i = (i + 1) % n
+        plain_obs.check(obs[i])
+        plain_act.apply(actions[i])
 
-    def guard_apply() -> None:
+    def guards_and_shield() -> None:  # Runtime.act's path with the shield on
         nonlocal i
-        i = (i + 1) & 255
-        guard.apply(actions[i])
+        i = (i + 1) % n
+        o = obs_guard.check(obs[i])
+        shield.shape(o, obs_guard.values, act_guard.take(actions[i]), True)
+
+    def shield_step() -> None:  # the library call on arrays, converting and checking for itself
+        nonlocal i
+        i = (i + 1) % n
+        shield.step(obs[i], actions[i], True)
 
     def inside() -> None:
         nonlocal i
-        i = (i + 1) & 255
+        i = (i + 1) % n
         shield.inside(obs[i])
 
-    p50 = interleaved({"shield_step": shield_step, "envelope_check": inside, "action_guard": guard_apply})
-    return {"obs_dim": envelope.obs_dim, "act_dim": len(low), "obs_dtype": np.dtype(dtype).name, **p50}
+    p50 = interleaved(
+        {"guards": guards, "guards_and_shield": guards_and_shield, "shield_step": shield_step, "envelope_check": inside}
+    )
+    p50["shield_in_act"] = round(p50["guards_and_shield"] - p50["guards"], 2)
+    return {"obs_dim": envelope.obs_dim, "act_dim": len(low), "obs_dtype": obs[0].dtype.name, **p50}
 
 
 def detection(envelope: Envelope, states: np.ndarray, sigma: float) -> list[dict[str, Any]]:
@@ -171,13 +198,12 @@ def main() -> None:
     result: dict[str, Any] = {"bench": "shield", "bundles": {}}
     for bundle in args.bundles:
         envelope, states, bounds, env_id = load(bundle)
-        cost = step_cost(envelope, states, bounds, obs_dtype(env_id))
+        cost = step_cost(envelope, bounds, *rollout(bundle, env_id))
         scores = detection(envelope, states, args.sigma)
         loop = loop_work(bundle, env_id, args) if args.repeats > 0 else None
         result["bundles"][str(bundle)] = {"env": env_id, "step_us": cost, "scores": scores, "loop_work_us": loop}
         print(f"\n{bundle} ({env_id}, obs {cost['obs_dim']}, act {cost['act_dim']})")
-        print(format_table([(k, v) for k, v in cost.items() if k.endswith(("step", "check", "guard"))],
-                           ("per step, p50", "us")))  # fmt: skip
+        print(format_table([(k, v) for k, v in cost.items() if isinstance(v, float)], ("per step, p50", "us")))
         print(format_table([tuple(r.values()) for r in scores], tuple(scores[0])))
         if loop is not None:
             print(format_table([(k, v) for k, v in loop.items()], (f"loop's own work at {args.rate_hz:g} Hz", "us")))

@@ -269,7 +269,8 @@ class Runtime:
                 held.callback(parts.tuner.stop)  # before the lock is released: the learner process goes first
             self._parts: Composition = parts
             self._tuner, self._shield = parts.tuner, parts.shield
-            self._obs_guard = ObservationGuard(low, high, cfg.loop.obs_fault)
+            inner = parts.shield.obs_bounds if parts.shield is not None else None
+            self._obs_guard = ObservationGuard(low, high, cfg.loop.obs_fault, inner)
             self._act_guard = ActionGuard(np.array(spec.action_low), np.array(spec.action_high))
             self._stats = StepStats()
             self._steps = self._transitions = self._episodes = self._held_obs = self._overruns = 0
@@ -284,7 +285,8 @@ class Runtime:
             self._check, self._hold, self._apply = self._obs_guard.check, self._act_guard.hold, self._act_guard.apply
             self._latency, self._infer = self._stats.latency.append, self._stats.infer.append
             self._explore = parts.tuner.explore if parts.tuner is not None else None
-            self._shield_step = parts.shield.step if parts.shield is not None else None
+            self._shape = parts.shield.shape if parts.shield is not None else None
+            self._take = self._act_guard.take
             self._watchdog = InferenceWatchdog(cfg.loop.inference_timeout, self._tripped)
             self._running = self._watchdog.running
             self._emit(
@@ -393,31 +395,37 @@ class Runtime:
         if safe is None:
             self._held_obs += 1
             self._infer(0)
-            action = self._hold()
-            inferred = False
-        else:
-            running = self._running  # the watchdog's: this call's entry, taken back after it (watchdog.py)
-            t0 = _timer()
-            running[t0] = True
-            try:
-                raw = self._call(safe)
-            except Exception as err:  # the backend is foreign code: hold, count, stop at the limit
-                return self._failed(err, obs, t0)
-            took = _timer() - t0
-            if running.pop(t0, None) is None:  # the watchdog took the call: the run is its
-                raise self._hung()
-            self._latency(took)
-            self._infer(took)
-            if took > self._budget_ns:  # stale by now: the last safe action
-                self._overruns += 1
-                action = self._hold()
-                inferred = False
-            else:
-                explore = self._explore
-                action = self._apply(raw if explore is None else explore(raw))
-                inferred = True
-        shield = self._shield_step
-        return action if shield is None else shield(obs, action, inferred)
+            return self._last_safe(obs)
+        running = self._running  # the watchdog's: this call's entry, taken back after it (watchdog.py)
+        t0 = _timer()
+        running[t0] = True
+        try:
+            raw = self._call(safe)
+        except Exception as err:  # the backend is foreign code: hold, count, stop at the limit
+            return self._failed(err, obs, t0)
+        took = _timer() - t0
+        if running.pop(t0, None) is None:  # the watchdog took the call: the run is its
+            raise self._hung()
+        self._latency(took)
+        self._infer(took)
+        if took > self._budget_ns:  # stale by now: the last safe action
+            self._overruns += 1
+            return self._last_safe(obs)
+        explore = self._explore
+        if explore is not None:
+            raw = explore(raw)
+        shape = self._shape
+        if shape is None:
+            return self._apply(raw)
+        # The shield takes the guards' Python floats: the observation's and the guarded action's
+        return shape(obs, self._obs_guard.values, self._take(raw), True)
+
+    def _last_safe(self, obs: np.ndarray) -> np.ndarray:
+        """The last safe action, through the shield where there is one (its step was not inferred)."""
+        shape = self._shape
+        if shape is None:
+            return self._hold()
+        return shape(obs, None, self._act_guard.safe, False)
 
     def rehearse(self, obs: np.ndarray) -> bool:
         """``act``'s work on ``obs`` without its effects, to bring its code and weights into the caches just
@@ -431,7 +439,8 @@ class Runtime:
             obs = plain_array(obs)  # type: ignore[assignment]
         # What ``act`` reads that the work below does not (a load brings its object into the cache; between
         # slots an env's step can evict it all): without these, the step after the rehearsal starts cold.
-        _warm = (self._steps, self._hold, self._apply, self._latency, self._infer, self._budget_ns, self._explore)
+        _warm = (self._steps, self._hold, self._apply, self._take, self._shape, self._latency, self._infer,
+                 self._budget_ns, self._explore)  # fmt: skip
         if self._obs_guard.fine(obs):
             safe = self._check(obs)
             assert safe is not None
@@ -444,11 +453,14 @@ class Runtime:
                 return running.pop(t0, None) is not None
             if running.pop(t0, None) is None:
                 return False
-            self._act_guard.rehearse(raw)
             if self._tuner is not None:
                 self._tuner.rehearse(safe, raw)
-            if self._shield is not None:
-                self._shield.rehearse(obs, raw)
+            if self._shield is None:
+                self._act_guard.rehearse(raw)
+            else:
+                checked = self._act_guard.clip(raw)
+                if checked is not None:
+                    self._shield.rehearse(obs, self._obs_guard.values, checked[0])
         return True
 
     def observe(
@@ -586,9 +598,7 @@ class Runtime:
         self._backend_errors += 1
         if self._backend_error is None:
             self._backend_error = {"type": type(err).__name__, "message": error_line(err)}
-        action = self._hold()
-        if self._shield_step is not None:
-            action = self._shield_step(obs, action, False)
+        action = self._last_safe(obs)
         if self._backend_errors >= self.options.loop.max_backend_errors:
             error = self._backend_error
             message = error["type"] + (f": {error['message']}" if error["message"] else "")

@@ -28,7 +28,9 @@ loop over Python floats for the action (a handful of dimensions: cheaper than nu
 
 from __future__ import annotations
 
+import copy
 import math
+import struct
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,8 @@ import numpy as np
 from sac_edge.common.envelope import Envelope
 
 from .safety import PYTHON_CHECK_MAX
+
+_dist = math.dist
 
 SHIELD_MODES = ("on", "guards")
 """``guards``: the observation and action guards alone (the runtime's behaviour without a shield)."""
@@ -93,6 +97,10 @@ ShieldSummary = typing.Dict[str, Any]
 """The shield's settings and counts, JSON-ready (keys in docs/CONTRACTS.md under ``shield``)."""
 
 
+def _ignore(_: dict[str, Any]) -> None:
+    pass
+
+
 @dataclass
 class _Counts:
     out_of_envelope: int = 0
@@ -140,20 +148,21 @@ class Shield:
             slew = [0.0] * dim
         self.slew = [v if v > 0 else math.inf for v in slew]
         self._limit = any(math.isfinite(v) for v in self.slew)
-        self._limits = [(lo, hi, most) for (lo, hi), most in zip(self._bounds, self.slew)]
         self._check = envelope is not None and settings.window > 0
-        if envelope is not None:  # score = |A (obs - mean)|^2 with A = W diag(1/scale); bounds relative to mean
-            self._mean = envelope.mean.copy()
+        if envelope is not None:  # score = |A obs - A mean|^2 with A = W diag(1/scale)
             self._a = np.ascontiguousarray(envelope.whiten / envelope.scale[None, :])
-            self._b = self._a @ self._mean
+            self._center = (self._a @ envelope.mean).tolist()
+            self._radius = math.sqrt(envelope.threshold)
             self._low, self._high = envelope.low, envelope.high
             self._obs_bounds = list(zip(envelope.low.tolist(), envelope.high.tolist()))
             self._python = envelope.obs_dim <= PYTHON_CHECK_MAX
-            self._threshold = envelope.threshold
             self._shape = (envelope.obs_dim,)
             self._w = np.empty(envelope.obs_dim)
         self._out = np.array(self.safe_action, dtype=np.float32)
-        self._scratch = self._out.copy()  # what ``rehearse`` writes
+        self._pack = struct.Struct(f"{dim}f").pack_into
+        self._twin: Shield | None = None
+        # what the rehearsal's stand-in keeps its own (``rehearse``)
+        self._twin_own = {"_out": self._out.copy(), "counts": _Counts(), "emit": _ignore, "_twin": None}
         self._swaps = 0
         self._seen_swaps = 0
         self.counts = _Counts()
@@ -171,32 +180,52 @@ class Shield:
         self.restart()
 
     # -- per step ------------------------------------------------------------------------------------
-    def inside(self, obs: object) -> bool:
-        """Whether ``obs`` is inside the envelope (no side effects; True without an envelope)."""
+    @property
+    def obs_bounds(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The envelope's per-dimension bounds the shield checks (None when it checks none): the
+        observation guard tests them in its own pass (``ObservationGuard(inner=...)``)."""
+        return (self._low, self._high) if self._check else None
+
+    def inside(self, obs: object, values: list[float] | None = None) -> bool:
+        """Whether ``obs`` is inside the envelope (no side effects; True without an envelope). ``values``:
+        ``obs``'s own values as Python floats, given by a caller that found them inside ``obs_bounds``
+        (the observation guard): they vouch that ``obs`` is a well-formed array of the bundle's shape and
+        that only the score is left to compute."""
         if not self._check:
             return True
-        if not isinstance(obs, np.ndarray) or obs.shape != self._shape or obs.dtype.kind not in "fiu":
-            return False
-        # The bounds first (over Python floats up to PYTHON_CHECK_MAX dimensions, as the guard does): a
-        # non-finite value fails here (NaN compares false), so the product below only sees finite values.
-        if self._python:
-            for v, (lo, hi) in zip(obs.tolist(), self._obs_bounds):
-                if not lo <= v <= hi:
-                    return False
-        elif not bool(((obs >= self._low) & (obs <= self._high)).all()):
-            return False
+        if values is None:
+            if not isinstance(obs, np.ndarray) or obs.shape != self._shape or obs.dtype.kind not in "fiu":
+                return False
+            # The bounds first (over Python floats up to PYTHON_CHECK_MAX dimensions, as the guard does): a
+            # non-finite value fails here (NaN compares false), so the product below only sees finite values.
+            if self._python:
+                for v, (lo, hi) in zip(obs.tolist(), self._obs_bounds):
+                    if not lo <= v <= hi:
+                        return False
+            elif not bool(((obs >= self._low) & (obs <= self._high)).all()):
+                return False
         w = self._w
-        self._a.dot(obs, out=w)  # A obs - A mean: two calls, no temporary (the methods cost less than np.dot)
-        np.subtract(w, self._b, out=w)
-        return bool(w.dot(w) <= self._threshold)
+        self._a.dot(obs, out=w)  # the method with ``out``: no temporary, and less than np.dot's dispatch
+        # |A obs - A mean| by math.dist over the product's floats: less than a numpy subtract and dot
+        return _dist(w.tolist(), self._center) <= self._radius
 
     def step(self, obs: object, action: np.ndarray, inferred: bool) -> np.ndarray:
         """The action to send for this step (a buffer reused by the next call): ``action`` (the guarded
         one) shaped, or the fallback; ``inferred`` is whether ``action`` was inferred for ``obs`` now."""
+        values = action.tolist() if action.ndim == 1 else action.reshape(-1).tolist()
+        # clipped here, as the runtime's action guard does on its path: ``shape`` keeps what lies in bounds
+        clipped = [hi if v > hi else lo if v < lo else v for v, (lo, hi) in zip(values, self._bounds)]
+        return self.shape(obs, None, clipped, inferred)
+
+    def shape(self, obs: object, values: list[float] | None, action: list[float], inferred: bool) -> np.ndarray:
+        """``step`` on what a caller that ran the guards has already: ``values``, ``obs``'s own values as
+        Python floats found inside ``obs_bounds`` (``inside``; None: the shield checks ``obs`` itself), and
+        ``action``, the guarded action as Python floats, inside the bounds. The runtime calls this: no
+        conversion or bounds test is made twice."""
         self.steps += 1
         counts = self.counts
         cause = None
-        inside = not self._check or self.inside(obs)
+        inside = not self._check or self.inside(obs, values)
         if inside:
             self._outside = 0
         else:
@@ -206,12 +235,12 @@ class Shield:
             data = obs.tobytes() if isinstance(obs, np.ndarray) else None
             if data is not None and data == self._previous:
                 self._repeats += 1
+                if self._repeats >= self._stuck_after:
+                    counts.stuck += 1
+                    cause = "stuck"
             else:
                 self._repeats = 1
                 self._previous = data
-            if self._repeats >= self._stuck_after:
-                counts.stuck += 1
-                cause = "stuck"
         if not inferred:
             cause = "not_inferred"
         elif cause is None and self._outside >= self._window:
@@ -225,57 +254,65 @@ class Shield:
             if self._clear >= self._window:
                 self._leave()
         if self._swaps != self._seen_swaps:
-            self._seen_swaps = self._swaps
-            if not self._falling_back and self._ramp_total:
-                counts.swap_ramps += 1
-                self._ramp_from, self._ramp_left = list(self._sent), self._ramp_total
-                self.emit({"type": "shield", "event": "swap_ramp", "step": self.steps})
+            self._swapped()
         if self._falling_back:
             counts.fallback_steps += 1
-            target = self._fallback
-        else:
-            target = action.tolist() if action.ndim == 1 else action.reshape(-1).tolist()
-            if self._ramp_left:
-                alpha = (self._ramp_total - self._ramp_left + 1) / self._ramp_total
-                self._ramp_left -= 1
-                target = [a + alpha * (b - a) for a, b in zip(self._ramp_from, target)]
-        sent, limited = self._shape_action(target)
-        counts.slew_limited += limited
+            action = self._fallback
+        elif self._ramp_left:
+            alpha = (self._ramp_total - self._ramp_left + 1) / self._ramp_total
+            self._ramp_left -= 1
+            action = self._blend(action, alpha)
+        sent, limited = self._shape_action(action)
+        if limited:
+            counts.slew_limited += 1
         self._sent = sent
         if inside and cause is None:
             self._held = sent
         out = self._out
-        out[:] = sent
+        self._pack(out, 0, *sent)  # struct's pack_into: cheaper than numpy's item assignment from a list
         return out
 
-    def _shape_action(self, target: list[float]) -> tuple[list[float], bool]:
-        """``target`` slew-limited against the action last sent and clipped to the bounds (no side effects).
+    def _blend(self, action: list[float], alpha: float) -> list[float]:
+        """The ramp's action: ``alpha`` of the way from where it started to ``action``, clipped to the
+        bounds against rounding (no side effects)."""
+        blend = [a + alpha * (b - a) for a, b in zip(self._ramp_from, action)]
+        return [hi if v > hi else lo if v < lo else v for v, (lo, hi) in zip(blend, self._bounds)]
 
-        One pass of comparisons over Python floats (``min``/``max`` calls cost more than the work)."""
+    def _shape_action(self, target: list[float]) -> tuple[list[float], bool]:
+        """``target`` slew-limited against the action last sent (no side effects). Both lie inside the bounds
+        (the guarded action, the fallback, a clipped blend), so a limited value, between them, does too.
+
+        One pass of comparisons over Python floats (``min``/``max`` calls, or ``map`` chains of
+        ``operator`` functions, cost more than the work)."""
         limited = False
         sent = []
-        for v, last, (lo, hi, most) in zip(target, self._sent, self._limits):
+        for v, last, most in zip(target, self._sent, self.slew):
             if v > last + most:
                 v, limited = last + most, True
             elif v < last - most:
                 v, limited = last - most, True
-            if v > hi:
-                v = hi
-            elif v < lo:
-                v = lo
             sent.append(v)
         return sent, limited
 
-    def rehearse(self, obs: object, action: np.ndarray) -> None:
-        """``step``'s checks and shaping without their effects: the loop runs it with its rehearsal before
-        the slot, so that the code and data the step touches are in the caches."""
-        self.inside(obs)
-        if self._stuck_after and isinstance(obs, np.ndarray):
-            _ = obs.tobytes() == self._previous
-        target = action.reshape(-1).tolist()
-        if self._ramp_left:
-            target = [a + 0.5 * (b - a) for a, b in zip(self._ramp_from, target)]
-        self._scratch[:] = self._shape_action(target)[0]
+    def rehearse(self, obs: object, values: list[float] | None, action: list[float]) -> None:
+        """``shape`` without its effects, for the loop's rehearsal before the slot: run on a stand-in that
+        takes this shield's state each time but keeps its own counts, output buffer and (silent) events,
+        so that the step's own code, and the data it reads, are in the caches when the slot comes."""
+        twin = self._twin
+        if twin is None:
+            twin = self._twin = copy.copy(self)
+        state = twin.__dict__
+        state.update(self.__dict__)
+        state.update(self._twin_own)
+        twin.shape(obs, values, action, True)
+
+    def _swapped(self) -> None:
+        """The first step after a weight swap: the ramp from the action last sent (not while falling back)."""
+        self._seen_swaps = self._swaps
+        if not self._falling_back and self._ramp_total:
+            self.counts.swap_ramps += 1
+            self._ramp_from, self._ramp_left = list(self._sent), self._ramp_total
+            self.emit({"type": "shield", "event": "swap_ramp", "step": self.steps})
 
     def _enter(self, cause: str) -> None:
         counts = self.counts

@@ -62,3 +62,26 @@ def test_rehearse_leaves_the_action_guard_as_it_was() -> None:
     assert (guard.clipped, guard.nonfinite) == (0, 0)
     np.testing.assert_array_equal(out, [0.5, -0.5])
     np.testing.assert_array_equal(guard.hold(), [0.5, -0.5])
+
+
+def test_inner_bounds_are_tested_in_the_same_pass_and_never_refuse_a_fine_observation() -> None:
+    """``inner`` (the shield's envelope bounds): ``values`` only for an observation inside both; one inside
+    the declared bounds alone is still served unchanged and counted as nothing; an empty intersection
+    (inner bounds outside the declared ones) serves every fine observation without ``values``."""
+    low, high = np.array([-2.0, -2.0]), np.array([2.0, 2.0])
+    guard = ObservationGuard(low, high, "hold", (np.array([-1.0, -3.0]), np.array([1.0, 1.5])))
+    inside, outer_only, bad = np.array([0.5, 1.5]), np.array([1.5, 1.6]), np.array([2.5, 0.0])
+    assert guard.check(inside) is inside and guard.values == [0.5, 1.5]
+    assert guard.check(outer_only) is outer_only and guard.values is None
+    assert guard.check(bad) is None and guard.values is None
+    assert guard.check(inside) is inside and guard.values == [0.5, 1.5]
+    assert (guard.out_of_range, guard.nonfinite, guard.malformed) == (1, 0, 0)
+    apart = ObservationGuard(low, high, "clip", (np.array([5.0, 5.0]), np.array([6.0, 6.0])))
+    assert apart.check(inside) is inside and apart.values is None and apart.out_of_range == 0
+
+
+def test_take_is_apply_without_the_write() -> None:
+    guard = ActionGuard(np.array([-1.0, -1.0]), np.array([1.0, 1.0]))
+    assert guard.take(np.array([0.5, 3.0], np.float32)) == [0.5, 1.0] and guard.clipped == 1
+    assert guard.take(np.array([np.nan, 0.0], np.float32)) == [0.5, 1.0] and guard.nonfinite == 1
+    assert guard.safe == [0.5, 1.0] and guard.hold().tolist() == [0.5, 1.0]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from sac_edge.common.envelope import Envelope
+from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
 from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
 
 LOW, HIGH = [-2.0, -1.0], [2.0, 1.0]
@@ -174,3 +175,67 @@ def test_settings_problems_name_the_flag() -> None:
     assert "--slew" in str(ShieldSettings(slew=(0.1, 0.2, 0.3)).problem(2))
     assert "--safe-action" in str(ShieldSettings(safe_action=(0.0,)).problem(2))
     assert "--ramp-steps" in str(ShieldSettings(ramp_steps=-1).problem())
+
+
+@pytest.mark.parametrize("policy", ["clip", "hold"])
+def test_the_runtime_path_on_the_guards_floats_matches_the_step_on_arrays(policy: str) -> None:
+    """``shape`` on the guards' Python floats (the observation guard testing the envelope's bounds in its
+    own pass, the action guard's ``take``: what ``Runtime.act`` runs) against ``step`` on the guarded
+    arrays: the same actions, counts and events on a stream of every fault, with declared bounds that cut
+    into the envelope's on one dimension (the guard's second pass) and lie outside it on the others."""
+    rng = np.random.default_rng(5)
+    declared = (np.array([-5.0, -5.0, -5.0]), np.array([0.95, 5.0, 5.0]))
+    settings = ShieldSettings(window=2, stuck_steps=3, ramp_steps=4, slew=(0.3, 0.2))
+    events: tuple[list[dict[str, object]], list[dict[str, object]]] = ([], [])
+    arrays, floats = (Shield(settings, LOW, HIGH, unit_envelope(), e.append) for e in events)
+    obs_guards = (ObservationGuard(*declared, policy), ObservationGuard(*declared, policy, floats.obs_bounds))
+    act_guards = (ActionGuard(np.array(LOW), np.array(HIGH)), ActionGuard(np.array(LOW), np.array(HIGH)))
+    last = np.zeros(3, np.float32)
+    for t in range(3000):
+        kind = rng.random()
+        if kind < 0.1:
+            obs = last.copy()  # stuck
+        else:
+            obs = (rng.standard_normal(3) * rng.choice([0.2, 0.5, 3.0])).astype(rng.choice([np.float32, np.float64]))
+            if kind < 0.15:
+                obs[rng.integers(3)] = rng.choice([np.nan, np.inf, -np.inf])
+        last = obs.astype(np.float32)
+        raw = (rng.uniform(-3, 3, 2) if rng.random() < 0.9 else np.array([np.nan, 0.0])).astype(np.float32)
+        inferred = rng.random() < 0.95
+        if rng.random() < 0.01:
+            arrays.weights_swapped(), floats.weights_swapped()
+        if obs_guards[0].check(obs) is None or not inferred:
+            expected = arrays.step(obs, act_guards[0].hold(), False)
+        else:
+            expected = arrays.step(obs, act_guards[0].apply(raw), True)
+        if obs_guards[1].check(obs) is None or not inferred:
+            got = floats.shape(obs, None, act_guards[1].safe, False)
+        else:
+            got = floats.shape(obs, obs_guards[1].values, act_guards[1].take(raw), True)
+        assert got.tolist() == expected.tolist(), t
+    assert floats.summary() == arrays.summary() and events[0] == events[1]
+    assert arrays.summary()["fallbacks"] > 10 and arrays.summary()["swap_ramps"] > 0
+    counts = [(g.nonfinite, g.out_of_range, g.malformed) for g in obs_guards]
+    assert counts[0] == counts[1] and min(counts[0][:2]) > 0
+    assert (act_guards[0].nonfinite, act_guards[0].clipped) == (act_guards[1].nonfinite, act_guards[1].clipped)
+
+
+def test_rehearsals_before_each_step_change_nothing() -> None:
+    """``rehearse`` runs ``shape`` on a stand-in: a shield rehearsed three times before every step sends
+    the same actions, counts and events as one never rehearsed, through ramps, fallbacks and swaps."""
+    rng = np.random.default_rng(8)
+    settings = ShieldSettings(window=2, stuck_steps=3, ramp_steps=4, slew=(0.3, 0.2))
+    events: tuple[list[dict[str, object]], list[dict[str, object]]] = ([], [])
+    plain, rehearsed = (Shield(settings, LOW, HIGH, unit_envelope(), e.append) for e in events)
+    obs = good(0)
+    for t in range(2000):
+        if rng.random() > 0.1:  # else stuck
+            obs = (rng.standard_normal(3) * rng.choice([0.2, 3.0])).astype(np.float32)
+        action = rng.uniform(LOW, HIGH).astype(np.float32)
+        if rng.random() < 0.01:
+            plain.weights_swapped(), rehearsed.weights_swapped()
+        for _ in range(3):
+            rehearsed.rehearse(obs, None, action.tolist())
+        inferred = rng.random() < 0.97
+        assert rehearsed.step(obs, action, inferred).tolist() == plain.step(obs, action, inferred).tolist(), t
+    assert rehearsed.summary() == plain.summary() and events[0] == events[1] and plain.summary()["ramps"] > 5
