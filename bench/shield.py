@@ -17,9 +17,13 @@ For each bundle given (sac-export writes ``envelope.json``):
    were shuffled independently (each within its own range, the correlations broken), and the share of
    the other parity states flagged (an upper bound on false positives: a tenth of the parity states are
    calibration states perturbed by 3 standard deviations on purpose).
-3. in the loop: ``sac-edge run`` at ``--rate-hz`` with ``--shield on`` and ``--shield guards``, alternating,
-   ``--repeats`` rounds: the summary's ``loop_work_us`` (a step less its inference and env step, so the
-   shield's work is in it) p50/p99 each, and the median difference of the rounds.
+3. in the loop: the runtime library's control loop (``Runtime`` and ``ControlLoop``, what ``sac-edge run``
+   composes) at ``--rate-hz`` with the shield on and with the guards alone, in this one process,
+   alternating ``--seconds`` segments (the order swapped each round), ``--repeats`` rounds: the summary's
+   ``loop_work_us`` (a step less its inference and env step, so the shield's work is in it) p50/p99 each,
+   and the rounds' p50 differences (median and quartiles). A shared machine's speed drifts from one second
+   to the next (the env step's own p50, printed as ``env_p50``, shows it), so the comparison is made of
+   many short pairs, each pair's two segments next to each other in time.
 
 Prints one table per section, then one JSON line (``--out`` writes it to a file too).
 """
@@ -29,8 +33,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,6 @@ from sac_edge.common.latency import interleaved
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
 from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
-
-BIN = Path(sys.executable).parent
 
 
 def load(bundle_dir: Path) -> tuple[Envelope, np.ndarray, tuple[np.ndarray, np.ndarray], str]:
@@ -164,25 +164,35 @@ def detection(envelope: Envelope, states: np.ndarray, sigma: float) -> list[dict
 
 
 def loop_work(bundle: Path, env_id: str, args: argparse.Namespace) -> dict[str, Any]:
-    """``sac-edge run`` with and without the shield, alternating (section 3)."""
+    """The library's control loop with the shield on and with the guards alone, alternating (section 3)."""
+    from sac_edge.common.envs import make_env
+    from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
+    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+
+    def segment(mode: str) -> dict[str, float]:
+        env = make_env(env_id)
+        try:
+            space = env.observation_space
+            config = RunConfig.of(
+                str(bundle), backend="onnxruntime", precision="fp32", rate_hz=args.rate_hz, shield=mode
+            )
+            with Runtime(config, obs_low=space.low, obs_high=space.high) as runtime:  # type: ignore[attr-defined]
+                done = ControlLoop(env, runtime, LoopSettings(args.rate_hz, args.seconds)).run()
+        finally:
+            env.close()
+        return {**done.loop_work_us, "miss_rate": done.miss_rate, "env_p50": done.env_step_us["p50"]}
+
     runs: dict[str, list[dict[str, float]]] = {"on": [], "guards": []}
     for round_ in range(args.repeats):
         for mode in ("on", "guards") if round_ % 2 == 0 else ("guards", "on"):
-            cmd = [str(BIN / "sac-edge"), "run", str(bundle), "--env", env_id, "--backend", "onnxruntime",
-                   "--precision", "fp32", "--rate-hz", str(args.rate_hz), "--duration", str(args.seconds),
-                   "--shield", mode, "--json"]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise SystemExit(f"shield: {' '.join(cmd)} failed: {proc.stderr.strip()}")
-            summary = json.loads(proc.stdout.strip().splitlines()[-1])
-            runs[mode].append({**summary["loop_work_us"], "miss_rate": summary["miss_rate"]})
+            runs[mode].append(segment(mode))
     out: dict[str, Any] = {}
-    for mode, figures in runs.items():
-        out[f"{mode}_p50"] = round(float(np.median([f["p50"] for f in figures])), 2)
-        out[f"{mode}_p99"] = round(float(np.median([f["p99"] for f in figures])), 2)
-        out[f"{mode}_miss_rate"] = round(float(np.median([f["miss_rate"] for f in figures])), 5)
+    for mode, rounds in runs.items():
+        for key in ("p50", "p99", "miss_rate", "env_p50"):
+            out[f"{mode}_{key}"] = round(float(np.median([f[key] for f in rounds])), 5 if key == "miss_rate" else 2)
     diffs = [a["p50"] - b["p50"] for a, b in zip(runs["on"], runs["guards"])]
-    out["p50_difference"] = round(float(np.median(diffs)), 2)
+    low, mid, high = (round(v, 2) for v in np.percentile(np.asarray(diffs), [25.0, 50.0, 75.0]).tolist())
+    out.update(p50_difference=mid, difference_q1=low, difference_q3=high, rounds=len(diffs))
     return out
 
 
@@ -191,8 +201,8 @@ def main() -> None:
     parser.add_argument("bundles", nargs="+", type=Path)
     parser.add_argument("--sigma", type=float, default=8.0, help="spike size in standard deviations")
     parser.add_argument("--rate-hz", type=float, default=1000.0)
-    parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=0.5, help="length of each segment in the loop")
+    parser.add_argument("--repeats", type=int, default=30, help="rounds in the loop (0: skip section 3)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     result: dict[str, Any] = {"bench": "shield", "bundles": {}}

@@ -133,6 +133,7 @@ class Shield:
         high = [float(v) for v in action_high]
         self._bounds = list(zip(low, high))
         dim = len(low)
+        self._dims = range(dim)
         if settings.safe_action:
             safe = list(settings.safe_action)
         elif envelope is not None:
@@ -223,20 +224,26 @@ class Shield:
         ``action``, the guarded action as Python floats, inside the bounds. The runtime calls this: no
         conversion or bounds test is made twice."""
         self.steps += 1
-        counts = self.counts
-        cause = None
-        inside = not self._check or self.inside(obs, values)
+        if not self._check:
+            inside = True
+        elif values is None:
+            inside = self.inside(obs)
+        else:  # ``inside``'s score, inlined: the guard has found ``obs`` well formed and inside the bounds
+            w = self._w
+            self._a.dot(obs, out=w)
+            inside = _dist(w.tolist(), self._center) <= self._radius
         if inside:
             self._outside = 0
         else:
             self._outside += 1
-            counts.out_of_envelope += 1
+            self.counts.out_of_envelope += 1
+        cause = None
         if self._stuck_after:
             data = obs.tobytes() if isinstance(obs, np.ndarray) else None
             if data is not None and data == self._previous:
                 self._repeats += 1
                 if self._repeats >= self._stuck_after:
-                    counts.stuck += 1
+                    self.counts.stuck += 1
                     cause = "stuck"
             else:
                 self._repeats = 1
@@ -256,15 +263,30 @@ class Shield:
         if self._swaps != self._seen_swaps:
             self._swapped()
         if self._falling_back:
-            counts.fallback_steps += 1
+            self.counts.fallback_steps += 1
             action = self._fallback
         elif self._ramp_left:
             alpha = (self._ramp_total - self._ramp_left + 1) / self._ramp_total
             self._ramp_left -= 1
             action = self._blend(action, alpha)
-        sent, limited = self._shape_action(action)
+        # The slew limit against the action last sent, inlined (a call costs as much as the loop's work),
+        # by index (cheaper than a zip of three), copying ``action`` only when a value is limited. Both lie
+        # inside the bounds (the guarded action, the fallback, a clipped blend), so a limited value does too.
+        sent, last_sent, slew = action, self._sent, self.slew
+        for i in self._dims:
+            v, last, most = action[i], last_sent[i], slew[i]
+            if v > last + most:
+                v = last + most
+            elif v < last - most:
+                v = last - most
+            else:
+                continue
+            if sent is action:
+                sent = list(action)
+            sent[i] = v
+        limited = sent is not action
         if limited:
-            counts.slew_limited += 1
+            self.counts.slew_limited += 1
         self._sent = sent
         if inside and cause is None:
             self._held = sent
@@ -277,22 +299,6 @@ class Shield:
         bounds against rounding (no side effects)."""
         blend = [a + alpha * (b - a) for a, b in zip(self._ramp_from, action)]
         return [hi if v > hi else lo if v < lo else v for v, (lo, hi) in zip(blend, self._bounds)]
-
-    def _shape_action(self, target: list[float]) -> tuple[list[float], bool]:
-        """``target`` slew-limited against the action last sent (no side effects). Both lie inside the bounds
-        (the guarded action, the fallback, a clipped blend), so a limited value, between them, does too.
-
-        One pass of comparisons over Python floats (``min``/``max`` calls, or ``map`` chains of
-        ``operator`` functions, cost more than the work)."""
-        limited = False
-        sent = []
-        for v, last, most in zip(target, self._sent, self.slew):
-            if v > last + most:
-                v, limited = last + most, True
-            elif v < last - most:
-                v, limited = last - most, True
-            sent.append(v)
-        return sent, limited
 
     def rehearse(self, obs: object, values: list[float] | None, action: list[float]) -> None:
         """``shape`` without its effects, for the loop's rehearsal before the slot: run on a stand-in that

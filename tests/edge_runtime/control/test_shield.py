@@ -181,8 +181,9 @@ def test_settings_problems_name_the_flag() -> None:
 def test_the_runtime_path_on_the_guards_floats_matches_the_step_on_arrays(policy: str) -> None:
     """``shape`` on the guards' Python floats (the observation guard testing the envelope's bounds in its
     own pass, the action guard's ``take``: what ``Runtime.act`` runs) against ``step`` on the guarded
-    arrays: the same actions, counts and events on a stream of every fault, with declared bounds that cut
-    into the envelope's on one dimension (the guard's second pass) and lie outside it on the others."""
+    arrays: the same actions, counts and events on a stream of every fault and of states inside every bound
+    whose score lies either side of the threshold, with declared bounds that cut into the envelope's on one
+    dimension (the guard's second pass) and lie outside it on the others."""
     rng = np.random.default_rng(5)
     declared = (np.array([-5.0, -5.0, -5.0]), np.array([0.95, 5.0, 5.0]))
     settings = ShieldSettings(window=2, stuck_steps=3, ramp_steps=4, slew=(0.3, 0.2))
@@ -195,9 +196,11 @@ def test_the_runtime_path_on_the_guards_floats_matches_the_step_on_arrays(policy
         kind = rng.random()
         if kind < 0.1:
             obs = last.copy()  # stuck
+        elif kind < 0.25:  # near a corner: inside every bound, the score on either side of the threshold
+            obs = rng.choice([-1.0, 1.0], 3) * rng.uniform(0.8, 0.95, 3)
         else:
             obs = (rng.standard_normal(3) * rng.choice([0.2, 0.5, 3.0])).astype(rng.choice([np.float32, np.float64]))
-            if kind < 0.15:
+            if kind < 0.3:
                 obs[rng.integers(3)] = rng.choice([np.nan, np.inf, -np.inf])
         last = obs.astype(np.float32)
         raw = (rng.uniform(-3, 3, 2) if rng.random() < 0.9 else np.array([np.nan, 0.0])).astype(np.float32)
@@ -215,6 +218,7 @@ def test_the_runtime_path_on_the_guards_floats_matches_the_step_on_arrays(policy
         assert got.tolist() == expected.tolist(), t
     assert floats.summary() == arrays.summary() and events[0] == events[1]
     assert arrays.summary()["fallbacks"] > 10 and arrays.summary()["swap_ramps"] > 0
+    assert arrays.summary()["out_of_envelope"] > obs_guards[1].nonfinite + obs_guards[1].out_of_range
     counts = [(g.nonfinite, g.out_of_range, g.malformed) for g in obs_guards]
     assert counts[0] == counts[1] and min(counts[0][:2]) > 0
     assert (act_guards[0].nonfinite, act_guards[0].clipped) == (act_guards[1].nonfinite, act_guards[1].clipped)
