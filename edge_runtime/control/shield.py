@@ -187,24 +187,20 @@ class Shield:
         observation guard tests them in its own pass (``ObservationGuard(inner=...)``)."""
         return (self._low, self._high) if self._check else None
 
-    def inside(self, obs: object, values: list[float] | None = None) -> bool:
-        """Whether ``obs`` is inside the envelope (no side effects; True without an envelope). ``values``:
-        ``obs``'s own values as Python floats, given by a caller that found them inside ``obs_bounds``
-        (the observation guard): they vouch that ``obs`` is a well-formed array of the bundle's shape and
-        that only the score is left to compute."""
+    def inside(self, obs: object) -> bool:
+        """Whether ``obs`` is inside the envelope (no side effects; True without an envelope)."""
         if not self._check:
             return True
-        if values is None:
-            if not isinstance(obs, np.ndarray) or obs.shape != self._shape or obs.dtype.kind not in "fiu":
-                return False
-            # The bounds first (over Python floats up to PYTHON_CHECK_MAX dimensions, as the guard does): a
-            # non-finite value fails here (NaN compares false), so the product below only sees finite values.
-            if self._python:
-                for v, (lo, hi) in zip(obs.tolist(), self._obs_bounds):
-                    if not lo <= v <= hi:
-                        return False
-            elif not bool(((obs >= self._low) & (obs <= self._high)).all()):
-                return False
+        if not isinstance(obs, np.ndarray) or obs.shape != self._shape or obs.dtype.kind not in "fiu":
+            return False
+        # The bounds first (over Python floats up to PYTHON_CHECK_MAX dimensions, as the guard does): a
+        # non-finite value fails here (NaN compares false), so the product below only sees finite values.
+        if self._python:
+            for v, (lo, hi) in zip(obs.tolist(), self._obs_bounds):
+                if not lo <= v <= hi:
+                    return False
+        elif not bool(((obs >= self._low) & (obs <= self._high)).all()):
+            return False
         w = self._w
         self._a.dot(obs, out=w)  # the method with ``out``: no temporary, and less than np.dot's dispatch
         # |A obs - A mean| by math.dist over the product's floats: less than a numpy subtract and dot
@@ -228,7 +224,7 @@ class Shield:
             inside = True
         elif values is None:
             inside = self.inside(obs)
-        else:  # ``inside``'s score, inlined: the guard has found ``obs`` well formed and inside the bounds
+        else:  # ``inside``'s last three lines, inlined: the guard found ``obs`` well formed and in the bounds
             w = self._w
             self._a.dot(obs, out=w)
             inside = _dist(w.tolist(), self._center) <= self._radius
@@ -284,8 +280,7 @@ class Shield:
             if sent is action:
                 sent = list(action)
             sent[i] = v
-        limited = sent is not action
-        if limited:
+        if sent is not action:
             self.counts.slew_limited += 1
         self._sent = sent
         if inside and cause is None:
