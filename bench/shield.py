@@ -83,14 +83,26 @@ def rollout(bundle_dir: Path, env_id: str, steps: int = 256) -> tuple[list[np.nd
     return observations, actions
 
 
+def declared(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The observation bounds most envs declare (Pendulum's and HalfCheetah's included): none."""
+    return np.full(dim, -np.inf), np.full(dim, np.inf)
+
+
+def runtime_path(
+    envelope: Envelope, bounds: tuple[np.ndarray, np.ndarray]
+) -> tuple[Shield, ObservationGuard, ActionGuard]:
+    """The shield and the guards as ``Runtime.act`` composes them with the shield on."""
+    low, high = bounds
+    shield = Shield(ShieldSettings(), low.tolist(), high.tolist(), envelope)
+    return shield, ObservationGuard(*declared(envelope.obs_dim), "clip", shield.obs_bounds), ActionGuard(low, high)
+
+
 def step_cost(
     envelope: Envelope, bounds: tuple[np.ndarray, np.ndarray], obs: list[np.ndarray], actions: list[np.ndarray]
 ) -> dict[str, Any]:
     low, high = bounds
-    shield = Shield(ShieldSettings(), low.tolist(), high.tolist(), envelope)
-    declared = (np.full(envelope.obs_dim, -np.inf), np.full(envelope.obs_dim, np.inf))  # as most envs declare
-    plain_obs, plain_act = ObservationGuard(*declared), ActionGuard(low, high)
-    obs_guard, act_guard = ObservationGuard(*declared, "clip", shield.obs_bounds), ActionGuard(low, high)
+    shield, obs_guard, act_guard = runtime_path(envelope, bounds)
+    plain_obs, plain_act = ObservationGuard(*declared(envelope.obs_dim)), ActionGuard(low, high)
     n = len(obs)
     i = 0
 
@@ -196,6 +208,25 @@ def loop_work(bundle: Path, env_id: str, args: argparse.Namespace) -> dict[str, 
     return out
 
 
+def shape_calls(bundle: Path, calls: int) -> None:
+    """``Shield.shape`` ``calls`` times (after 300 to warm up) on what the guards hand it on the policy's
+    rollout, nothing else in the loop: what an instruction count of the shield's step runs."""
+    from sac_edge.edge_runtime.control.loop import paused_gc
+
+    envelope, _, bounds, env_id = load(bundle)
+    shield, obs_guard, act_guard = runtime_path(envelope, bounds)
+    inputs = []
+    for o, a in zip(*rollout(bundle, env_id)):  # the backend is closed before the calls: no threads beside them
+        checked = obs_guard.check(o)
+        inputs.append((checked, obs_guard.values, act_guard.take(a)))
+    n = len(inputs)
+    with paused_gc():  # as in the control loop, which collects at a known point outside the step's work
+        for j in range(300 + calls):
+            checked, values, action = inputs[j % n]
+            shield.shape(checked, values, action, True)
+    print(f"shield: {calls} calls of Shield.shape on {bundle}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundles", nargs="+", type=Path)
@@ -204,7 +235,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.5, help="length of each segment in the loop")
     parser.add_argument("--repeats", type=int, default=30, help="rounds in the loop (0: skip section 3)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--shape-calls",
+        type=int,
+        help="only call Shield.shape this many times on the guards' floats of the rollout, untimed, and exit: "
+        "for an instruction count, under valgrind with N and with 0 (the difference over N)",
+    )
     args = parser.parse_args()
+    if args.shape_calls is not None:
+        for bundle in args.bundles:
+            shape_calls(bundle, args.shape_calls)
+        return
     result: dict[str, Any] = {"bench": "shield", "bundles": {}}
     for bundle in args.bundles:
         envelope, states, bounds, env_id = load(bundle)

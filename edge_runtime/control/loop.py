@@ -196,8 +196,8 @@ class ControlLoop:
 
     def run(self) -> ScheduleSummary:
         """Run (once) until the duration ends or ``stop``; the cyclic GC is paused meanwhile (see
-        ``_paused_gc``)."""
-        with _paused_gc():
+        ``paused_gc``)."""
+        with paused_gc():
             return self._run()
 
     def _run(self) -> ScheduleSummary:
@@ -412,7 +412,7 @@ def error_line(err: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _paused_gc() -> Iterator[None]:
+def paused_gc() -> Iterator[None]:
     """Keep Python's cyclic garbage collector out of the control loop.
 
     A full collection can stall for milliseconds, a missed deadline at 1 kHz. Everything alive at start-up

@@ -202,10 +202,10 @@ def test_onnxruntime_run_never_imports_torch(pendulum_bundle: Path) -> None:
 def test_cyclic_gc_is_paused_during_the_loop_and_restored() -> None:
     import gc
 
-    from sac_edge.edge_runtime.control.loop import _paused_gc
+    from sac_edge.edge_runtime.control.loop import paused_gc
 
     assert gc.isenabled()
-    with _paused_gc():
+    with paused_gc():
         assert not gc.isenabled() and gc.get_freeze_count() > 0
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
