@@ -14,8 +14,9 @@ from sac_edge.common.atomic import atomic_write_bytes
 from sac_edge.common.bundle_format import CALIB_CACHE, INT8_CPU_ONNX, INT8_ONNX
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.spec import PolicySpec
+from sac_edge.common.trt.calib_cache import TRT_VERSION, write_cache
 
-from .cache import TRT_VERSION, cache_scales, cache_tensors, write_cache
+from .cache import cache_scales, cache_tensors
 from .calibrators import compute_amax
 from .check import check_qdq
 from .gate import MAX_MEAN_ERROR_FRAC, GateReport, action_errors, render_table, run_gate

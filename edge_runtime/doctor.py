@@ -84,8 +84,8 @@ def python_rows(ctx: Context) -> Iterable[Row]:
 
 
 def tensorrt_row(version: str) -> Row:
-    """The installed TensorRT and the code path its generation takes (``export/trt_generations.py``)."""
-    from sac_edge.export.trt_generations import generation
+    """The installed TensorRT and the code path its generation takes (``common/trt/generations.py``)."""
+    from sac_edge.common.trt.generations import generation
 
     try:
         gen = generation(version)
@@ -102,8 +102,8 @@ def tensorrt_row(version: str) -> Row:
 
 
 def accelerator_rows(ctx: Context) -> Iterable[Row]:
-    from sac_edge.export.tensorrt import cuda_device, cuda_problem
-    from sac_edge.export.trt_api import import_problem
+    from sac_edge.common.trt.api import import_problem
+    from sac_edge.common.trt.builder import cuda_device, cuda_problem
 
     problem = import_problem()
     if problem is not None and importlib.util.find_spec("tensorrt") is None:

@@ -38,6 +38,14 @@ from sac_edge.common.manifest import MAX_MANIFEST_BYTES, files_table, is_sac_edg
 from sac_edge.common.releases import RELEASE, new_release
 from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
 from sac_edge.common.tolerance import tolerance
+from sac_edge.common.trt.builder import (
+    BuildSettings,
+    EngineSource,
+    build_engine,
+    engine_inputs,
+    tensorrt_unavailable,
+    tensorrt_version,
+)
 from sac_edge.common.versions import installed_version
 from sac_edge.train.checkpoint import save_tensors
 
@@ -54,7 +62,6 @@ from .parity import (
     require_parity,
 )
 from .source import PolicySource
-from .tensorrt import build_engine, engine_inputs, tensorrt_unavailable, tensorrt_version
 
 DEFERRED = "built on the device by sac-edge on first run"
 
@@ -218,13 +225,13 @@ def _engines(cfg: ExportConfig, stage: Path, int8: dict[str, Any] | None) -> dic
         else:
             onnx_path, cache = engine_inputs(stage, precision, tensorrt_version())
             info = build_engine(
-                onnx_path,
+                EngineSource(onnx_path, precision, calib_cache=cache),
                 stage / plan_name(precision),
-                precision,
-                calib_cache=cache,
-                batch=(1, 1, cfg.max_batch),
-                workspace_bytes=cfg.workspace_mb << 20,
-                timing_cache=stage / TIMING_CACHE,
+                BuildSettings(
+                    batch=(1, 1, cfg.max_batch),
+                    workspace_bytes=cfg.workspace_mb << 20,
+                    timing_cache=stage / TIMING_CACHE,
+                ),
             )
             engines[precision] = {"status": "built", **info.to_dict()}
     return engines

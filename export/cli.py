@@ -9,11 +9,11 @@ from sac_edge.common.config import parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
 from sac_edge.common.signing import load_private_key
 from sac_edge.common.summary import emit_json
+from sac_edge.common.trt.builder import tensorrt_unavailable
 
 from .bundle import ExportResult, check_out, write_bundle
 from .config import ExportConfig
 from .source import load_source
-from .tensorrt import tensorrt_unavailable
 
 PROG = "sac-export"
 GATE_SUMMARY = (

@@ -176,9 +176,9 @@ def fake_runner(version: str, monkeypatch: pytest.MonkeyPatch) -> tuple[types.Mo
     Returns the runner module, the names used and the pycuda."""
     from fake_tensorrt import fake_tensorrt
 
+    from sac_edge.common.trt import builder
     from sac_edge.edge_runtime.backends.trt import runner
     from sac_edge.edge_runtime.backends.trt.cuda import PyCuda
-    from sac_edge.export import tensorrt as builder
 
     trt, used = fake_tensorrt(version)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)

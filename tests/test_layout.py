@@ -1,7 +1,8 @@
 """The package layout's rules, read from the source with ``ast`` (nothing is imported).
 
-- Stages import one way: ``common`` <- ``train``, ``calibration`` <- ``export`` <- ``edge_runtime``;
-  ``sweep`` sits beside them on ``common`` and ``train``.
+- Stages import one way: ``common`` <- ``train``, ``calibration`` <- ``export``, and ``edge_runtime`` on
+  ``common``, ``train`` and ``calibration`` (never ``export``: the TensorRT builder both use is
+  ``common/trt/``); ``sweep`` sits beside them on ``common`` and ``train``.
 - Inside ``edge_runtime`` the four rooms import each other only downward (``control`` -> ``backends``;
   ``finetune`` -> ``backends``, ``budget``); only the composition root (``run.py``, ``bench.py``,
   ``cli.py``, ``compose.py``, ``config.py``, ``doctor.py``, ``runtime.py``) imports across all of them, and
@@ -29,7 +30,7 @@ STAGE_MAY_IMPORT = {
     "train": {"common"},
     "calibration": {"common"},
     "export": {"common", "train", "calibration"},
-    "edge_runtime": {"common", "train", "calibration", "export"},
+    "edge_runtime": {"common", "train", "calibration"},
     "sweep": {"common", "train"},
 }
 ROOMS = ("backends", "control", "budget", "finetune")
@@ -247,7 +248,7 @@ NOT_THE_FORMAT = {
     ("train/config.py", "fp16"): "an --amp mode (mixed-precision training), not a bundle precision",
     ("train/sac.py", "fp16"): "an --amp mode (mixed-precision training), not a bundle precision",
     ("export/cli.py", "int8"): "the --json summary's key for the INT8 gate figures (docs/CONTRACTS.md)",
-    ("export/tensorrt.py", "int8"): "a word searched for in TensorRT's engine-inspector JSON",
+    ("common/trt/builder.py", "int8"): "a word searched for in TensorRT's engine-inspector JSON",
     ("edge_runtime/finetune/finetuner.py", "int8"): "a key of the learner process's JSON messages",
     ("edge_runtime/finetune/learner_process.py", "int8"): "a key of the learner process's JSON messages",
 }

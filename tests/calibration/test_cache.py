@@ -7,10 +7,11 @@ import numpy as np
 import onnx
 import pytest
 
-from sac_edge.calibration.cache import cache_scales, cache_tensors, read_cache, scale_hex, write_cache
+from sac_edge.calibration.cache import cache_scales, cache_tensors
 from sac_edge.calibration.graph import constants, layer_name, linear_nodes
 from sac_edge.calibration.qdq import activation_scale, quantize_model
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.trt.calib_cache import read_cache, scale_hex, write_cache
 
 
 def test_scale_hex_is_big_endian_float32_bits() -> None:

@@ -17,7 +17,7 @@ from sac_edge.calibration.qdq import quantizable_tensors, quantize_model
 from sac_edge.calibration.session import collect_activations
 from sac_edge.calibration.states import StateSets
 from sac_edge.common.spec import PolicySpec
-from sac_edge.export.trt_generations import generation
+from sac_edge.common.trt.generations import generation
 
 
 def _build_qdq(trt: Any, model: onnx.ModelProto, obs_dim: int) -> Any:

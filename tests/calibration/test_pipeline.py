@@ -6,7 +6,8 @@ import numpy as np
 import onnx
 import pytest
 
-from sac_edge.calibration.cache import cache_tensors, read_cache
+from sac_edge.calibration.cache import cache_tensors
+from sac_edge.common.trt.calib_cache import read_cache
 from sac_edge.calibration.check import check_qdq
 from sac_edge.calibration.pipeline import calibrate_and_gate, quantize_and_gate
 from sac_edge.calibration.session import OnnxPolicy

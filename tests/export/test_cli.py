@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import read_manifest
+from sac_edge.common.trt.builder import tensorrt_unavailable
 from sac_edge.export.cli import main
-from sac_edge.export.tensorrt import tensorrt_unavailable
 from sac_edge.train.checkpoint import CALIB_STATES, CHECKPOINT, CONFIG
 
 
@@ -177,7 +177,7 @@ def test_missing_run_dir_and_help(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_import_is_lazy() -> None:
     """Importing the CLI loads neither TensorRT nor the calibration package."""
     code = (
-        "import sys, sac_edge.export.cli, sac_edge.export.bundle, sac_edge.export.tensorrt; "
+        "import sys, sac_edge.export.cli, sac_edge.export.bundle, sac_edge.common.trt.builder; "
         "bad = [m for m in ('tensorrt', 'sac_edge.calibration') if m in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )

@@ -11,11 +11,19 @@ import pytest
 from sac_edge.common.bundle_format import TIMING_CACHE, plan_name
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.tolerance import tolerance
+from sac_edge.common.trt.builder import (
+    BuildSettings,
+    EngineSource,
+    build_engine,
+    cuda_device,
+    engine_inputs,
+    tensorrt_unavailable,
+    tensorrt_version,
+)
+from sac_edge.common.trt.generations import generation
 from sac_edge.export.fp16_onnx import write_fp16
 from sac_edge.export.onnx_export import export_policy
 from sac_edge.export.source import load_source
-from sac_edge.export.tensorrt import build_engine, cuda_device, engine_inputs, tensorrt_unavailable, tensorrt_version
-from sac_edge.export.trt_generations import generation
 
 # Pendulum's action range [-2, 2]: the product's own engine tolerances (an fp32 engine may use TF32, on by
 # default on Ampere/Orin and later, and reorder sums, so 1e-4 would refuse correct engines there).
@@ -39,9 +47,9 @@ def test_without_tensorrt_build_is_a_clear_error(tmp_path: Path) -> None:
     if reason is None:
         pytest.skip("TensorRT and a GPU are present here")
     with pytest.raises(SacEdgeError, match="cannot build a TensorRT engine"):
-        build_engine(tmp_path / "policy.onnx", tmp_path / "policy.fp16.plan", "fp16")
+        build_engine(EngineSource(tmp_path / "policy.onnx", "fp16"), tmp_path / "policy.fp16.plan")
     with pytest.raises(SacEdgeError, match="unknown precision"):
-        build_engine(tmp_path / "policy.onnx", tmp_path / "x.plan", "int4")
+        build_engine(EngineSource(tmp_path / "policy.onnx", "int4"), tmp_path / "x.plan")
 
 
 def test_cuda_device_query_is_safe() -> None:
@@ -86,7 +94,9 @@ def _ort(path: Path, obs: np.ndarray) -> np.ndarray:
 def test_build_engine_matches_onnxruntime(onnx_file: Path, precision: str, tol: float) -> None:
     plan = onnx_file.with_name(plan_name(precision))
     source, _ = engine_inputs(onnx_file.parent, precision, tensorrt_version())
-    info = build_engine(source, plan, precision, batch=(1, 1, 64), workspace_bytes=64 << 20)
+    info = build_engine(
+        EngineSource(source, precision), plan, BuildSettings(batch=(1, 1, 64), workspace_bytes=64 << 20)
+    )
     assert plan.is_file() and (plan.parent / TIMING_CACHE).is_file()
     assert "REFIT" not in info.flags and info.profile == {"obs": [1, 1, 64]} and info.profiles == 2
     assert info.io_tensors == ("obs", "action") and info.tensorrt_version and info.compute_capability
@@ -98,7 +108,7 @@ def test_build_engine_matches_onnxruntime(onnx_file: Path, precision: str, tol: 
 @pytest.mark.tensorrt
 def test_engine_non_finite_observation_gives_finite_action(onnx_file: Path) -> None:
     plan = onnx_file.with_name("nan.plan")
-    build_engine(onnx_file, plan, "fp32", workspace_bytes=64 << 20)
+    build_engine(EngineSource(onnx_file, "fp32"), plan, BuildSettings(workspace_bytes=64 << 20))
     obs = np.array([[np.nan, 0.1, 0.2], [np.inf, -np.inf, np.nan], [0.3, 0.4, 0.5]], np.float32)
     got = _run_engine(plan, obs)
     assert np.all(np.isfinite(got))
@@ -110,7 +120,7 @@ def test_engine_is_refittable_by_onnx_initializer_names(onnx_file: Path) -> None
     import tensorrt as trt
 
     plan = onnx_file.with_name("refit.plan")
-    build_engine(onnx_file, plan, "fp32", workspace_bytes=64 << 20, refit=True)
+    build_engine(EngineSource(onnx_file, "fp32"), plan, BuildSettings(workspace_bytes=64 << 20, refit=True))
     logger = trt.Logger(trt.Logger.WARNING)
     engine = trt.Runtime(logger).deserialize_cuda_engine(plan.read_bytes())
     names = set(trt.Refitter(engine, logger).get_all_weights())
@@ -129,7 +139,7 @@ def test_int8_engine_from_bundle(pendulum_run: Path, tmp_path: Path) -> None:
         pytest.skip("the gate rejected INT8 for this policy")
     onnx_path, cache = engine_inputs(bundle, "int8", tensorrt_version())
     plan = tmp_path / "policy.int8.plan"
-    info = build_engine(onnx_path, plan, "int8", calib_cache=cache, workspace_bytes=64 << 20)
+    info = build_engine(EngineSource(onnx_path, "int8", cache), plan, BuildSettings(workspace_bytes=64 << 20))
     assert info.int8_source == ("calib.cache" if cache else "explicit Q/DQ")
     # the INT8 flag only where the generation has precision flags (none on 10.12+ and 11: strongly typed)
     assert ("INT8" in info.flags) == generation(info.tensorrt_version).precision_flags

@@ -1,4 +1,4 @@
-"""The TensorRT API pieces every generation shares (``export/trt_api.py``): the dtype map, the logger and its
+"""The TensorRT API pieces every generation shares (``common/trt/api.py``): the dtype map, the logger and its
 severity floor, creating Builder/Runtime where TensorRT cannot, and an installed tensorrt that does not import.
 
 ``trt`` is each generation's fake here (``fake_tensorrt``: failures raise as the real modules do without a
@@ -15,8 +15,8 @@ import pytest
 from fake_tensorrt import NO_DEVICE, NULLPTR, VERSIONS, fake_tensorrt, plant_broken_tensorrt
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.export import tensorrt as builder
-from sac_edge.export.trt_api import NUMPY_TYPES, create, import_problem, make_logger, numpy_type
+from sac_edge.common.trt import builder
+from sac_edge.common.trt.api import NUMPY_TYPES, create, import_problem, make_logger, numpy_type
 
 
 def test_numpy_types_of_the_data_types_numpy_has() -> None:
@@ -76,7 +76,7 @@ def test_build_without_a_device_is_one_line_with_the_warning(tmp_path: Path, mon
     monkeypatch.setattr(builder, "cuda_device", lambda index=0: builder.CudaDevice("GPU", "7.2"))
     (tmp_path / "policy.onnx").write_bytes(b"graph")
     with pytest.raises(SacEdgeError) as err:
-        builder.build_engine(tmp_path / "policy.onnx", tmp_path / "x.plan", "fp32")
+        builder.build_engine(builder.EngineSource(tmp_path / "policy.onnx", "fp32"), tmp_path / "x.plan")
     assert f"could not create a builder: {NO_DEVICE}" in str(err.value) and err.value.exit_code == 2
 
 

@@ -15,10 +15,10 @@ import pytest
 from api_surface import load
 from fake_tensorrt import REMOVED_IN_11, VERSIONS, fake_tensorrt
 
-from sac_edge.calibration.cache import read_cache, trt_version_code, write_cache
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.export import tensorrt as builder
-from sac_edge.export.trt_generations import TRT8, TRT10, TRT10_STRONG, TRT11, generation
+from sac_edge.common.trt import builder
+from sac_edge.common.trt.calib_cache import read_cache, trt_version_code, write_cache
+from sac_edge.common.trt.generations import TRT8, TRT10, TRT10_STRONG, TRT11, generation
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,8 @@ def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, precis
     monkeypatch.setattr(builder, "cuda_device", lambda index=0: builder.CudaDevice("Fake GPU", "9.0"))
     root = _bundle(tmp_path)
     onnx, cache = builder.engine_inputs(root, precision, version)
-    info = builder.build_engine(onnx, root / f"{precision}.plan", precision, calib_cache=cache, refit=True)
+    source = builder.EngineSource(onnx, precision, cache)
+    info = builder.build_engine(source, root / f"{precision}.plan", builder.BuildSettings(refit=True))
     return info, used
 
 
@@ -151,12 +152,12 @@ def test_refit_is_off_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(builder, "tensorrt_unavailable", lambda: None)
     monkeypatch.setattr(builder, "cuda_device", lambda index=0: builder.CudaDevice("Fake GPU", "9.0"))
     root = _bundle(tmp_path)
-    info = builder.build_engine(root / "policy.onnx", root / "x.plan", "fp32")
+    info = builder.build_engine(builder.EngineSource(root / "policy.onnx", "fp32"), root / "x.plan")
     assert not info.refit and "REFIT" not in info.flags and "set_flag:BuilderFlag.REFIT" not in used
 
 
 def test_calib_cache_header_follows_the_tensorrt_version(tmp_path: Path) -> None:
-    from sac_edge.calibration.cache import for_tensorrt
+    from sac_edge.common.trt.calib_cache import for_tensorrt
 
     assert (trt_version_code("8.5.2.2"), trt_version_code("8.6.1"), trt_version_code("8.4.1")) == (8502, 8601, 8401)
     write_cache(tmp_path / "calib.cache", {"obs": 0.5})

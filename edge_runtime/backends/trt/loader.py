@@ -14,8 +14,8 @@ from .runner import TensorRTBackend
 def _unavailable() -> str | None:
     if importlib.util.find_spec("tensorrt") is None:
         return "the Python package 'tensorrt' is not installed (TensorRT >= 8.5: sudo apt install python3-libnvinfer)"
-    from sac_edge.export.tensorrt import cuda_problem
-    from sac_edge.export.trt_api import import_problem
+    from sac_edge.common.trt.api import import_problem
+    from sac_edge.common.trt.builder import cuda_problem
 
     problem = import_problem() or cuda_problem()
     if problem is not None:

@@ -30,7 +30,7 @@ class PlanKey(NamedTuple):
     precision: str
     calib_sha256: str = ""  # the calib.cache an implicit-INT8 (8.x) plan was built with, "" for none
     refit: bool = False  # built with BuilderFlag.REFIT (only when fine-tuning asks for it)
-    profiles: int = 2  # optimisation profiles: one per execution context (export.tensorrt.PROFILES)
+    profiles: int = 2  # optimisation profiles: one per execution context (common.trt.builder.PROFILES)
 
     def tag(self) -> str:
         """File-name key: ``trt10.8.0-nvidia-h200-sm90`` (``-refit`` for a refittable plan)."""

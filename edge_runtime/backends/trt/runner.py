@@ -1,8 +1,8 @@
 """TensorRT engine backend: plans built on the target from the bundle's ONNX, cached, proven before they serve.
 
 A plan is loaded only when its record matches this machine (``plans.py``); anything else is rebuilt
-from the ONNX the TensorRT generation takes (``export.trt_generations``) with
-``sac_edge.export.tensorrt.build_engine`` and cached as ``BUNDLE/engines/policy.<precision>.<tag>.plan``
+from the ONNX the TensorRT generation takes (``common.trt.generations``) with
+``sac_edge.common.trt.builder.build_engine`` and cached as ``BUNDLE/engines/policy.<precision>.<tag>.plan``
 (+ ``.json``). Every engine, built or cached, then goes through the parity gate (``parity_gate.py``; the
 registry runs it, since the kind declares every precision gated); one that disagrees with the fp32 ONNX is
 not served, a cached plan is deleted and the figures stay in its sidecar (``parity_checked``).
@@ -22,7 +22,7 @@ deserialises a fresh engine from the plan, refits it, checks it with the parity 
 with the same weights, and publishes it with one assignment. An INT8 swap whose set the refitter cannot
 take completely (per-channel scales it does not know, weights it reports missing) is rebuilt from the
 graph with the new initializers instead, never half-applied. From TensorRT 11.3 (a REFIT build can drop a
-matrix-multiply bias, ``trt_generations.refit_is_safe``) plans are built without REFIT and every swap is such
+matrix-multiply bias, ``generations.refit_is_safe``) plans are built without REFIT and every swap is such
 a rebuild.
 """
 
@@ -69,9 +69,9 @@ class TensorRTBackend(Backend):
 
     def __init__(self, bundle: Bundle, precision: str, options: BackendOptions) -> None:
         super().__init__(bundle.spec)
-        from sac_edge.export.tensorrt import PROFILES, cuda_device, cuda_problem, engine_inputs
-        from sac_edge.export.trt_api import create, import_tensorrt, make_logger, numpy_type
-        from sac_edge.export.trt_generations import generation, refit_is_safe
+        from sac_edge.common.trt.api import create, import_tensorrt, make_logger, numpy_type
+        from sac_edge.common.trt.builder import PROFILES, cuda_device, cuda_problem, engine_inputs
+        from sac_edge.common.trt.generations import generation, refit_is_safe
 
         trt = import_tensorrt()
         self.trt, self.precision, self.bundle = trt, precision, bundle
@@ -149,19 +149,14 @@ class TensorRTBackend(Backend):
     def _build_plan(self, onnx: Path, plan: Path, refit: bool, source: bytes) -> Any:
         """Export's builder on this thread's CUDA context from ``source`` (``onnx``'s verified bytes, or a
         graph made in memory): batch 1..MAX_BATCH, REFIT only if asked."""
-        from sac_edge.export.tensorrt import build_engine
+        from sac_edge.common.trt.builder import BuildSettings, EngineSource, build_engine
 
         with self.cuda.current():
+            calib_bytes = None if self.calib is None else self.bundle.read(self.calib)
             return build_engine(
-                onnx,
+                EngineSource(onnx, self.precision, self.calib, onnx_bytes=source, calib_bytes=calib_bytes),
                 plan,
-                self.precision,
-                calib_cache=self.calib,
-                batch=(1, 1, MAX_BATCH),
-                timing_cache=self.engine_dir / TIMING_CACHE,
-                refit=refit,
-                onnx_bytes=source,
-                calib_bytes=None if self.calib is None else self.bundle.read(self.calib),
+                BuildSettings(batch=(1, 1, MAX_BATCH), timing_cache=self.engine_dir / TIMING_CACHE, refit=refit),
             )
 
     def _load(self, weights: Mapping[str, np.ndarray] | None) -> _Engine:
@@ -196,7 +191,7 @@ class TensorRTBackend(Backend):
         _ok(refitter.refit_cuda_engine(), "refit the engine")
 
     def _refitter(self, engine: Any) -> Any:
-        from sac_edge.export.trt_api import create
+        from sac_edge.common.trt.api import create
 
         return create(self.trt.Refitter, engine, self.logger, logger=self.logger, what="create a refitter")
 

@@ -18,12 +18,12 @@ import pytest
 
 from sac_edge.common.bundle import open_bundle
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.trt import builder
+from sac_edge.common.trt.api import NUMPY_TYPES, create, import_problem, make_logger, numpy_type
+from sac_edge.common.trt.generations import TRT10, TRT11, generation
 from sac_edge.edge_runtime.backends.base import BackendOptions
 from sac_edge.edge_runtime.config import DoctorConfig
 from sac_edge.edge_runtime.doctor import doctor_command
-from sac_edge.export import tensorrt as builder
-from sac_edge.export.trt_api import NUMPY_TYPES, create, import_problem, make_logger, numpy_type
-from sac_edge.export.trt_generations import TRT10, TRT11, generation
 
 RELEASE = os.environ.get("SAC_EDGE_REAL_TRT", "")
 LIBS = os.environ.get("SAC_EDGE_REAL_TRT_LIBS", "1") != "0"
@@ -133,7 +133,7 @@ def test_build_and_runner_fail_in_one_line_naming_the_reason(
 
     monkeypatch.setattr(builder, "_probe_cuda", lambda index=0: builder.CudaDevice("GPU", "8.7"))
     with pytest.raises(SacEdgeError, match=f"could not create a builder: {NO_DEVICE}"):
-        builder.build_engine(pendulum_bundle / "policy.onnx", tmp_path / "x.plan", "fp32")
+        builder.build_engine(builder.EngineSource(pendulum_bundle / "policy.onnx", "fp32"), tmp_path / "x.plan")
     with pytest.raises(SacEdgeError) as err:
         TensorRTBackend(open_bundle(pendulum_bundle), "fp32", BackendOptions(engine_dir=tmp_path))
     assert str(err.value).startswith(f"TensorRT could not create a runtime: {NO_DEVICE}")

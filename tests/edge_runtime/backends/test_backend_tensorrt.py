@@ -174,8 +174,8 @@ def test_tensorrt_plan_that_disagrees_is_deleted_and_not_served(tmp_path: Path, 
     import onnx
     from onnx import numpy_helper
 
+    from sac_edge.common.trt.builder import BuildSettings, EngineSource, build_engine
     from sac_edge.edge_runtime.backends.parity_gate import ParityError
-    from sac_edge.export.tensorrt import build_engine
 
     root = tmp_path / "bundle"
     shutil.copytree(pendulum_bundle, root)
@@ -187,7 +187,7 @@ def test_tensorrt_plan_that_disagrees_is_deleted_and_not_served(tmp_path: Path, 
     bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + np.float32(0.5), bias.name))
     wrong = tmp_path / "wrong.onnx"
     onnx.save(model, str(wrong))
-    build_engine(wrong, plan, "fp32", batch=(1, 1, 64))
+    build_engine(EngineSource(wrong, "fp32"), plan, BuildSettings(batch=(1, 1, 64)))
     write_sidecar(plan, key, {"note": "built from a perturbed graph"})
     with pytest.raises(ParityError, match="plan deleted, not served"):
         open_backend(open_bundle(root), "tensorrt", "fp32")
@@ -228,7 +228,7 @@ def _fake_device(monkeypatch: pytest.MonkeyPatch, version: str, device: bool) ->
     """``version``'s fake tensorrt; libcuda reports a GPU, which TensorRT can use only when ``device``."""
     from fake_tensorrt import fake_tensorrt
 
-    from sac_edge.export import tensorrt as export_trt
+    from sac_edge.common.trt import builder as export_trt
 
     trt, _ = fake_tensorrt(version, device=device)
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
@@ -250,8 +250,8 @@ def test_runner_names_why_tensorrt_cannot_start(
 
 
 def test_runner_and_registry_without_a_cuda_device(monkeypatch: pytest.MonkeyPatch, pendulum_bundle: Path) -> None:
+    from sac_edge.common.trt import builder as export_trt
     from sac_edge.edge_runtime.backends.trt.runner import TensorRTBackend
-    from sac_edge.export import tensorrt as export_trt
 
     _fake_device(monkeypatch, "10.3.0", device=False)
     gone = "no CUDA device usable: libcuda.so.1 is not installed (no NVIDIA driver)"
@@ -272,7 +272,7 @@ def test_refit_only_where_tensorrt_builds_it_safely(
     from fake_pycuda import fake_runner
     from onnx import numpy_helper
 
-    from sac_edge.export.trt_generations import refit_is_safe
+    from sac_edge.common.trt.generations import refit_is_safe
 
     assert [refit_is_safe(v) for v in ("8.5.2", "10.13.3.9", "11.2.0", "11.3.0", "11.4.0.106")] == [
         True,

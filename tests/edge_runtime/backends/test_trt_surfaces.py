@@ -1,6 +1,6 @@
 """Every TensorRT use of the product against each generation's real API surface (``tests/trt_surfaces/``).
 
-The build (``export/tensorrt.py``) and the runner (``backends/trt/runner.py``: open, act, act_batch, a
+The build (``common/trt/builder.py``) and the runner (``backends/trt/runner.py``: open, act, act_batch, a
 refit swap) run on each release's ``fake_tensorrt``, which raises on a name the release lacks, a method
 read as a property, a property it cannot set and an argument count no overload takes. A scan of the
 product's source then checks that every ``trt.X.Y`` it writes was reached by those runs, so no use escapes
@@ -22,13 +22,13 @@ from fake_pycuda import fake_runner
 from fake_tensorrt import fake_tensorrt
 
 from sac_edge.common.bundle import open_bundle
+from sac_edge.common.trt.generations import refit_is_safe
 from sac_edge.edge_runtime.backends.base import BackendOptions
-from sac_edge.export.trt_generations import refit_is_safe
 
 ROOT = Path(__file__).resolve().parents[3]
 PRODUCT = (
-    "export/tensorrt.py",
-    "export/trt_api.py",
+    "common/trt/builder.py",
+    "common/trt/api.py",
     "edge_runtime/backends/trt/runner.py",
     "edge_runtime/backends/trt/loader.py",
     "edge_runtime/doctor.py",
@@ -37,8 +37,8 @@ PRODUCT = (
 
 def run_product(version: str, root: Path, bundle: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The build of every precision and the runner's open, act, act_batch and swap on ``version``'s fake."""
-    from sac_edge.calibration.cache import write_cache
-    from sac_edge.export import tensorrt as builder
+    from sac_edge.common.trt import builder
+    from sac_edge.common.trt.calib_cache import write_cache
 
     runner, used, _ = fake_runner(version, monkeypatch)
     for name in ("policy.onnx", "policy.fp16.onnx", "policy.int8.onnx"):
@@ -46,7 +46,8 @@ def run_product(version: str, root: Path, bundle: Path, monkeypatch: pytest.Monk
     write_cache(root / "calib.cache", {"obs": 0.01})
     for precision in ("fp32", "fp16", "int8"):
         onnx, cache = builder.engine_inputs(root, precision, version)
-        builder.build_engine(onnx, root / f"{precision}.plan", precision, calib_cache=cache, refit=True)
+        source = builder.EngineSource(onnx, precision, cache)
+        builder.build_engine(source, root / f"{precision}.plan", builder.BuildSettings(refit=True))
     options = BackendOptions(refit=True, engine_dir=root / f"engines-{version}")
     backend = runner.TensorRTBackend(open_bundle(bundle), "fp32", options)
     backend.act(np.zeros(3, np.float32))

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from sac_edge.common.bundle_format import FP16, FP16_ONNX, INT8, INT8_ONNX, POLICY_ONNX
-from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.versions import parse_version
+from ..bundle_format import FP16, FP16_ONNX, INT8, INT8_ONNX, POLICY_ONNX
+from ..errors import SacEdgeError
+from ..versions import parse_version
 
 SUPPORTED = "8.5/8.6, 10.x or 11.x"
 

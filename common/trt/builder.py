@@ -1,14 +1,15 @@
 """TensorRT engines from the bundle's ONNX, with the TensorRT Python API: 8.5/8.6 (JetPack 5), 10.x and 11.x.
 
-``sac-export`` calls ``build_engine`` when tensorrt and a CUDA device are present; the edge runtime calls
-the same function on the device on first run (engines are specific to a GPU and a TensorRT version).
-The generation (``trt_generations.py``) decides the ONNX, the precision flags and the INT8 source; every
+``sac-export`` calls ``build_engine`` (an ``EngineSource`` and ``BuildSettings``) when tensorrt and a CUDA
+device are present; the edge runtime calls the same function on the device on first run (engines are
+specific to a GPU and a TensorRT version).
+The generation (``generations.py``) decides the ONNX, the precision flags and the INT8 source; every
 engine gets two optimisation profiles for batch 1..64 (profile 0 for ``act``'s context, profile 1 for
 ``act_batch``'s: on 8.5 a second context on a one-profile engine has no profile and its enqueues fail,
 NvInferRuntime.h / NVIDIA/TensorRT#1590), a workspace limit, a timing cache loaded from and saved beside
 the plan, detailed profiling verbosity so the engine inspector can say which layers run INT8, and the
 REFIT flag only when asked for (on-device fine-tuning) and never from 11.3, whose release notes list a
-known issue where REFIT drops a GEMM bias (``trt_generations.refit_is_safe``: swaps rebuild there); every
+known issue where REFIT drops a GEMM bias (``generations.refit_is_safe``: swaps rebuild there); every
 engine is compared with the ONNX before it serves anyway (the edge runtime's parity gate).
 
 Every TensorRT call whose result can fail (parse, profile, timing cache, build, deserialise) is checked;
@@ -21,15 +22,15 @@ from __future__ import annotations
 import ctypes
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sac_edge.common.atomic import atomic_write_bytes
-from sac_edge.common.bundle_format import CALIB_CACHE, FP16, FP32, INT8, INT8_ONNX, PRECISIONS, TIMING_CACHE
-from sac_edge.common.errors import InternalError, SacEdgeError
-
-from .trt_api import create, import_problem, make_logger, reason
-from .trt_generations import Generation, generation
+from ..atomic import atomic_write_bytes
+from ..bundle_format import CALIB_CACHE, FP16, FP32, INT8, INT8_ONNX, PRECISIONS, TIMING_CACHE
+from ..errors import InternalError, SacEdgeError
+from .api import create, import_problem, make_logger, reason
+from .generations import Generation, generation
 
 DEFAULT_WORKSPACE = 512 << 20
 PROFILES = 2  # profile 0: act's context, profile 1: act_batch's context
@@ -128,45 +129,122 @@ def engine_inputs(bundle: Path, precision: str, version: str) -> tuple[Path, Pat
     return onnx, cache if gen.uses_calib_cache(precision, has_cache) else None
 
 
-def build_engine(
-    onnx_path: Path,
-    plan_path: Path,
-    precision: str,
-    *,
-    calib_cache: Path | None = None,
-    batch: tuple[int, int, int] = (1, 1, 64),
-    workspace_bytes: int = DEFAULT_WORKSPACE,
-    timing_cache: Path | None = None,
-    refit: bool = False,
-    onnx_bytes: bytes | None = None,
-    calib_bytes: bytes | None = None,
-) -> EngineInfo:
-    """Build ``plan_path`` from ``onnx_path`` at ``precision`` (fp32|fp16|int8); batch = (min, opt, max).
+@dataclass(frozen=True)
+class EngineSource:
+    """What an engine is built from: ``onnx`` at ``precision`` (fp32|fp16|int8), with ``calib_cache`` for
+    implicit INT8 (8.x only).
 
-    ``onnx_path`` must be what ``engine_inputs`` names for this TensorRT (``policy.fp16.onnx`` for fp16 on
-    11.x, the Q/DQ graph for int8 on 10/11); ``calib_cache`` is implicit INT8 (8.x only). The timing cache
-    defaults to ``timing.cache`` beside the plan. ``refit`` adds ``BuilderFlag.REFIT`` (fine-tuning only).
-    ``onnx_bytes`` and ``calib_bytes``, when given, are the files' contents as already read and verified
-    (the runtime's bundle bytes): the build then never reopens the files, so a file swapped after its
-    checksum was checked is not built. A parse or build failure is an InternalError carrying TensorRT's
-    own messages.
+    ``onnx`` must be what ``engine_inputs`` names for this TensorRT (``policy.fp16.onnx`` for fp16 on 11.x, the
+    Q/DQ graph for int8 on 10/11). ``onnx_bytes`` and ``calib_bytes``, when given, are the files' contents as
+    already read and verified (the runtime's bundle bytes): the build then never reopens the files, so a file
+    swapped after its checksum was checked is not built.
     """
-    if precision not in PRECISIONS:
-        raise SacEdgeError(f"unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
-    problem = tensorrt_unavailable()
-    if problem is not None:
-        raise SacEdgeError(f"cannot build a TensorRT engine: {problem}")
+
+    onnx: Path
+    precision: str
+    calib_cache: Path | None = None
+    onnx_bytes: bytes | None = None
+    calib_bytes: bytes | None = None
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """How an engine is built."""
+
+    batch: tuple[int, int, int] = (1, 1, 64)
+    """(min, opt, max) batch of every optimisation profile."""
+    workspace_bytes: int = DEFAULT_WORKSPACE
+    """The builder's workspace memory limit."""
+    timing_cache: Path | None = None
+    """Loaded before and saved after the build; ``timing.cache`` beside the plan when None."""
+    refit: bool = False
+    """Add ``BuilderFlag.REFIT`` (on-device fine-tuning only)."""
+
+
+class _Network(NamedTuple):
+    """The parsed graph; the parser holds the weights the network points to, so it lives as long."""
+
+    builder: Any
+    network: Any
+    parser: Any
+
+
+class _Config(NamedTuple):
+    """The builder config and what it was given; the calibrator must outlive the build."""
+
+    config: Any
+    shapes: dict[str, list[int]]
+    flags: list[str]
+    calibrator: Any
+    calib_header: str | None
+
+
+def build_engine(source: EngineSource, plan_path: Path, settings: BuildSettings | None = None) -> EngineInfo:
+    """Build ``plan_path`` from ``source`` with ``settings`` (the defaults when None): check the request,
+    parse the graph, configure the builder, build and load the engine, then write the plan and the timing
+    cache. A parse or build failure is an InternalError carrying TensorRT's own messages."""
+    settings = settings or BuildSettings()
+    _check_source(source)
     import tensorrt as trt
 
     gen = generation(trt.__version__)
     device = cuda_device()
     assert device is not None
-    if onnx_bytes is None and not onnx_path.is_file():
-        raise SacEdgeError(f"{onnx_path} is missing; re-export the bundle with this sac-export to build {precision}")
-    if calib_cache is not None and not gen.implicit_int8:
-        raise SacEdgeError(f"TensorRT {gen.name} has no implicit INT8 calibration; build int8 from policy.int8.onnx")
+    _check_inputs(source, gen)
     started = time.perf_counter()
     logger = make_logger(trt)
+    parsed = _parse(trt, gen, source, logger)
+    configured = _configure(trt, gen, parsed, source, settings, logger)
+    cache_path = settings.timing_cache or plan_path.with_name(TIMING_CACHE)
+    _use_timing_cache(configured.config, cache_path, logger)
+    plan, engine = _build(trt, parsed, configured.config, source.precision, logger)
+    atomic_write_bytes(plan_path, plan)
+    atomic_write_bytes(cache_path, bytes(configured.config.get_timing_cache().serialize()))
+    layers, int8_layers = _inspect(trt, engine)
+    return EngineInfo(
+        plan_path,
+        source.precision,
+        trt.__version__,
+        gen.name,
+        device.name,
+        device.compute_capability,
+        source.onnx.name,
+        tuple(configured.flags),
+        settings.refit,
+        _int8_source(source.precision, configured.calibrator),
+        configured.calib_header,
+        configured.shapes,
+        int(engine.num_optimization_profiles),
+        settings.workspace_bytes,
+        tuple(engine.get_tensor_name(i) for i in range(engine.num_io_tensors)),
+        layers,
+        int8_layers,
+        len(plan),
+        round(time.perf_counter() - started, 3),
+    )
+
+
+def _check_source(source: EngineSource) -> None:
+    """A known precision, and TensorRT and a CUDA device here (before tensorrt is imported)."""
+    if source.precision not in PRECISIONS:
+        raise SacEdgeError(f"unknown precision {source.precision!r}; choose from {', '.join(PRECISIONS)}")
+    problem = tensorrt_unavailable()
+    if problem is not None:
+        raise SacEdgeError(f"cannot build a TensorRT engine: {problem}")
+
+
+def _check_inputs(source: EngineSource, gen: Generation) -> None:
+    """The graph is there, and a calibration cache only where ``gen`` reads one."""
+    if source.onnx_bytes is None and not source.onnx.is_file():
+        raise SacEdgeError(
+            f"{source.onnx} is missing; re-export the bundle with this sac-export to build {source.precision}"
+        )
+    if source.calib_cache is not None and not gen.implicit_int8:
+        raise SacEdgeError(f"TensorRT {gen.name} has no implicit INT8 calibration; build int8 from policy.int8.onnx")
+
+
+def _parse(trt: Any, gen: Generation, source: EngineSource, logger: Any) -> _Network:
+    """A builder and the network TensorRT's ONNX parser makes of the graph."""
     builder = create(trt.Builder, logger, logger=logger, what="create a builder")
     flags = 0
     if gen.explicit_batch_flag:
@@ -175,64 +253,61 @@ def build_engine(
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = _require(builder.create_network(flags), logger, "create a network")
     parser = create(trt.OnnxParser, network, logger, logger=logger, what="create an ONNX parser")
-    if not parser.parse(onnx_path.read_bytes() if onnx_bytes is None else onnx_bytes):
+    if not parser.parse(source.onnx.read_bytes() if source.onnx_bytes is None else source.onnx_bytes):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise InternalError(f"TensorRT cannot parse {onnx_path.name}: {errors or reason(logger)}")
-    config = _require(builder.create_builder_config(), logger, "create a builder config")
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
+        raise InternalError(f"TensorRT cannot parse {source.onnx.name}: {errors or reason(logger)}")
+    return _Network(builder, network, parser)
+
+
+def _configure(
+    trt: Any, gen: Generation, parsed: _Network, source: EngineSource, settings: BuildSettings, logger: Any
+) -> _Config:
+    """The builder config: workspace, detailed profiling, the profiles, precision flags, REFIT, calibrator."""
+    config = _require(parsed.builder.create_builder_config(), logger, "create a builder config")
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, settings.workspace_bytes)
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    shapes, profile = _add_profiles(builder, network, config, batch, logger)
-    used = _set_precision(trt, gen, config, network, precision, onnx_path)
-    if refit:
+    shapes, profile = _add_profiles(parsed.builder, parsed.network, config, settings.batch, logger)
+    used = _set_precision(trt, gen, config, parsed.network, source.precision, source.onnx)
+    if settings.refit:
         config.set_flag(trt.BuilderFlag.REFIT)
         used.append("REFIT")
-    calibrator, header = None, None  # the calibrator must outlive the build
-    if calib_cache is not None and precision == INT8:
-        from sac_edge.calibration.cache import for_tensorrt
+    calibrator, header = None, None
+    if source.calib_cache is not None and source.precision == INT8:
+        from .calib_cache import for_tensorrt
 
-        data = for_tensorrt(calib_cache, trt.__version__, calib_bytes)
+        data = for_tensorrt(source.calib_cache, trt.__version__, source.calib_bytes)
         header = data.split(b"\n", 1)[0].decode()
         calibrator = _cache_calibrator(trt, data)
         config.int8_calibrator = calibrator
         _check(config.set_calibration_profile(profile), logger, "set the calibration profile")
-    int8_source = None if precision != INT8 else (CALIB_CACHE if calibrator is not None else "explicit Q/DQ")
-    cache_path = timing_cache or plan_path.with_name(TIMING_CACHE)
+    return _Config(config, shapes, used, calibrator, header)
+
+
+def _int8_source(precision: str, calibrator: Any) -> str | None:
+    """Where an INT8 engine's scales came from (None for fp32/fp16)."""
+    if precision != INT8:
+        return None
+    return CALIB_CACHE if calibrator is not None else "explicit Q/DQ"
+
+
+def _use_timing_cache(config: Any, cache_path: Path, logger: Any) -> None:
+    """The timing cache at ``cache_path`` when TensorRT accepts it, else an empty one."""
     cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.is_file() else b"")
     if cache is None or not config.set_timing_cache(cache, False):
         cache = _require(config.create_timing_cache(b""), logger, "create an empty timing cache")
         _check(config.set_timing_cache(cache, False), logger, f"use a timing cache ({cache_path.name} is ignored)")
-    serialized = builder.build_serialized_network(network, config)
+
+
+def _build(trt: Any, parsed: _Network, config: Any, precision: str, logger: Any) -> tuple[bytes, Any]:
+    """The serialised plan, and the engine it loads as (a plan TensorRT cannot load is not written)."""
+    serialized = parsed.builder.build_serialized_network(parsed.network, config)
     if serialized is None:
         raise InternalError(f"TensorRT could not build the {precision} engine: {reason(logger)}")
     plan = bytes(serialized)
     engine = create(trt.Runtime, logger, logger=logger, what="create a runtime").deserialize_cuda_engine(plan)
     if engine is None:
         raise InternalError(f"TensorRT cannot load the {precision} engine it just built: {reason(logger)}")
-    atomic_write_bytes(plan_path, plan)
-    atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
-    io_tensors = tuple(engine.get_tensor_name(i) for i in range(engine.num_io_tensors))
-    layers, int8_layers = _inspect(trt, engine)
-    return EngineInfo(
-        plan_path,
-        precision,
-        trt.__version__,
-        gen.name,
-        device.name,
-        device.compute_capability,
-        onnx_path.name,
-        tuple(used),
-        refit,
-        int8_source,
-        header,
-        shapes,
-        int(engine.num_optimization_profiles),
-        workspace_bytes,
-        io_tensors,
-        layers,
-        int8_layers,
-        len(plan),
-        round(time.perf_counter() - started, 3),
-    )
+    return plan, engine
 
 
 def _add_profiles(

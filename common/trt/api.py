@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from sac_edge.common.errors import SacEdgeError
+from ..errors import SacEdgeError
 
 # TensorRT DataType name -> numpy dtype; types numpy lacks (BF16, FP8, INT4, FP4, E8M0) have no entry.
 NUMPY_TYPES = {
