@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,69 +48,57 @@ class Int8Result(NamedTuple):
         }
 
 
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """How the INT8 model is calibrated and gated (``sac-export --calib-method``, ``--calib-overrides``,
+    ``--gate-episodes``, ``--seed``)."""
+
+    method: str = "entropy"
+    """minmax | percentile | entropy, for every tensor."""
+    method_overrides: Mapping[str, str] | None = None
+    """A method per tensor name, over ``method``."""
+    percentile: float = 99.99
+    """The percentile method's percentile."""
+    gate_episodes: int = 10
+    """Seeded episodes of the bundle's env the gate compares fp32 and INT8 on."""
+    seed: int = 0
+    """The gate's episodes' (and the rollout states') seed."""
+    keep_float: Collection[str] = ()
+    """MatMul/Gemm node names to leave in float from the start."""
+    trt_version: int = TRT_VERSION
+    """The TensorRT version ``calib.cache``'s header names."""
+
+
 def quantize_and_gate(
     fp32_onnx: Path,
     out_dir: Path,
     replay: np.ndarray | None,
     spec: PolicySpec,
+    options: CalibrationOptions | None = None,
     *,
     calib_samples: int = 2048,
     holdout_samples: int = 2048,
-    method: str = "entropy",
-    method_overrides: Mapping[str, str] | None = None,
-    percentile: float = 99.99,
-    gate_episodes: int = 10,
-    seed: int = 0,
-    keep_float: Collection[str] = (),
-    trt_version: int = TRT_VERSION,
 ) -> Int8Result:
     """``sac-export --int8``: build the state sets (``replay`` = the run's ``calib_states.npy`` or None, plus
-    rollouts of ``fp32_onnx``), then ``calibrate_and_gate``."""
+    rollouts of ``fp32_onnx``), then ``calibrate_and_gate`` with ``options``."""
+    options = options or CalibrationOptions()
     states = build_state_sets(
-        fp32_onnx, spec, calib_samples=calib_samples, holdout_samples=holdout_samples, replay=replay, seed=seed
+        fp32_onnx, spec, calib_samples=calib_samples, holdout_samples=holdout_samples, replay=replay, seed=options.seed
     )
-    return calibrate_and_gate(
-        fp32_onnx,
-        out_dir,
-        states,
-        spec,
-        method=method,
-        method_overrides=method_overrides,
-        percentile=percentile,
-        gate_episodes=gate_episodes,
-        seed=seed,
-        keep_float=keep_float,
-        trt_version=trt_version,
-    )
+    return calibrate_and_gate(fp32_onnx, out_dir, states, spec, options)
 
 
 def calibrate_and_gate(
-    fp32_onnx: Path,
-    out_dir: Path,
-    states: StateSets,
-    spec: PolicySpec,
-    *,
-    method: str = "entropy",
-    method_overrides: Mapping[str, str] | None = None,
-    percentile: float = 99.99,
-    gate_episodes: int = 10,
-    seed: int = 0,
-    keep_float: Collection[str] = (),
-    trt_version: int = TRT_VERSION,
+    fp32_onnx: Path, out_dir: Path, states: StateSets, spec: PolicySpec, options: CalibrationOptions | None = None
 ) -> Int8Result:
     """Calibrate ``fp32_onnx`` on ``states.calibration``, gate the Q/DQ model on ``states.holdout`` and
-    ``gate_episodes`` seeded episodes of ``spec.env_id``, and write ``policy.int8.onnx`` and ``calib.cache``
-    into ``out_dir`` (atomically) only when the gate accepts it; then ``policy.int8-cpu.onnx``, the same
-    model in integer storage for onnxruntime's CPU provider, when it passes the gate's action-error rule on
-    the same held-out states.
-
-    ``method``: minmax | percentile | entropy for every tensor, ``method_overrides`` per tensor name;
-    ``keep_float``: MatMul/Gemm node names to leave in float from the start.
+    ``options.gate_episodes`` seeded episodes of ``spec.env_id``, and write ``policy.int8.onnx`` and
+    ``calib.cache`` into ``out_dir`` (atomically) only when the gate accepts it; then ``policy.int8-cpu.onnx``,
+    the same model in integer storage for onnxruntime's CPU provider, when it passes the gate's action-error
+    rule on the same held-out states.
     """
-    try:
-        model = onnx.load(str(fp32_onnx))
-    except (OSError, DecodeError) as err:
-        raise SacEdgeError(f"{fp32_onnx}: cannot read the fp32 ONNX model ({str(err).splitlines()[0]})") from None
+    options = options or CalibrationOptions()
+    model = _load_fp32(fp32_onnx)
     calibration = validate_states(states.calibration, spec.obs_dim, "calibration states")
     holdout = validate_states(states.holdout, spec.obs_dim, "held-out states")
     layers = [layer_name(n) for n in linear_nodes(model)]
@@ -117,7 +106,10 @@ def calibrate_and_gate(
         raise SacEdgeError(f"{fp32_onnx}: no MatMul/Gemm layers to quantise")
     tensors = list(dict.fromkeys([*quantizable_tensors(model), *cache_tensors(model)]))
     amax = compute_amax(
-        collect_activations(model, calibration, tensors), method, overrides=method_overrides, percentile=percentile
+        collect_activations(model, calibration, tensors),
+        options.method,
+        overrides=options.method_overrides,
+        percentile=options.percentile,
     )
 
     def build(float_layers: frozenset[str]) -> onnx.ModelProto:
@@ -128,27 +120,51 @@ def calibrate_and_gate(
         return candidate
 
     report, accepted = run_gate(
-        model, build, layers, holdout, spec, gate_episodes=gate_episodes, seed=seed, keep_float=keep_float
+        model,
+        build,
+        layers,
+        holdout,
+        spec,
+        gate_episodes=options.gate_episodes,
+        seed=options.seed,
+        keep_float=options.keep_float,
     )
     facts: dict[str, Any] = {
-        "method": method,
-        "method_overrides": dict(method_overrides or {}),
-        "percentile": percentile,
+        "method": options.method,
+        "method_overrides": dict(options.method_overrides or {}),
+        "percentile": options.percentile,
         "states": dict(states.counts),
         "amax": amax,
-        "trt_cache_version": trt_version,
+        "trt_cache_version": options.trt_version,
     }
     if accepted is None:
         return Int8Result(report, None, None, facts)
     int8_path, cache_path = out_dir / INT8_ONNX, out_dir / CALIB_CACHE
     atomic_write_bytes(int8_path, accepted.SerializeToString())
-    write_cache(cache_path, cache_scales(model, amax, report.float_layers), trt_version)
+    write_cache(cache_path, cache_scales(model, amax, report.float_layers), options.trt_version)
+    facts["cpu_graph"], cpu_path = _write_cpu_graph(model, accepted, holdout, spec, out_dir)
+    return Int8Result(report, int8_path, cache_path, facts, cpu_path)
+
+
+def _load_fp32(fp32_onnx: Path) -> onnx.ModelProto:
+    """The fp32 graph, or one line saying why it cannot be read."""
+    try:
+        return onnx.load(str(fp32_onnx))
+    except (OSError, DecodeError) as err:
+        raise SacEdgeError(f"{fp32_onnx}: cannot read the fp32 ONNX model ({str(err).splitlines()[0]})") from None
+
+
+def _write_cpu_graph(
+    model: onnx.ModelProto, accepted: onnx.ModelProto, holdout: np.ndarray, spec: PolicySpec, out_dir: Path
+) -> tuple[dict[str, Any], Path | None]:
+    """``policy.int8-cpu.onnx`` (the accepted model in integer storage) when its actions on the held-out
+    states pass the gate's mean action-error rule; its facts, and its path (None when it failed)."""
     cpu_graph = integer_graph(accepted)
     _, _, max_frac, mean_frac = action_errors(
         OnnxPolicy(model), OnnxPolicy(cpu_graph), holdout, spec.action_low, spec.action_high
     )
     cpu_passed = bool(np.isfinite(mean_frac) and mean_frac <= MAX_MEAN_ERROR_FRAC)
-    facts["cpu_graph"] = {
+    facts = {
         "file": INT8_CPU_ONNX if cpu_passed else None,
         "mean_action_error_frac": mean_frac,
         "max_action_error_frac": max_frac,
@@ -157,4 +173,4 @@ def calibrate_and_gate(
     cpu_path = out_dir / INT8_CPU_ONNX if cpu_passed else None
     if cpu_path is not None:
         atomic_write_bytes(cpu_path, cpu_graph.SerializeToString())
-    return Int8Result(report, int8_path, cache_path, facts, cpu_path)
+    return facts, cpu_path

@@ -176,18 +176,16 @@ def _fp16(stage: Path, source: PolicySource, states: np.ndarray, origin: str) ->
 
 def _int8(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any]:
     """Calibration, ``policy.int8.onnx``, ``calib.cache`` and the accuracy gate (calibration/)."""
-    from sac_edge.calibration.pipeline import quantize_and_gate
+    from sac_edge.calibration.pipeline import CalibrationOptions, quantize_and_gate
 
-    result = quantize_and_gate(
-        stage / POLICY_ONNX,
-        stage,
-        source.replay_states,
-        source.spec,
-        calib_samples=cfg.calib_samples,
+    options = CalibrationOptions(
         method=cfg.calib_method,
         method_overrides=calib_overrides(cfg.calib_overrides),
         gate_episodes=cfg.gate_episodes,
         seed=cfg.seed,
+    )
+    result = quantize_and_gate(
+        stage / POLICY_ONNX, stage, source.replay_states, source.spec, options, calib_samples=cfg.calib_samples
     )
     if result.int8_onnx is not None:
         check_tensorrt_ops(onnx.load(str(result.int8_onnx)))

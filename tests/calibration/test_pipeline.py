@@ -7,19 +7,21 @@ import onnx
 import pytest
 
 from sac_edge.calibration.cache import cache_tensors
-from sac_edge.common.trt.calib_cache import read_cache
 from sac_edge.calibration.check import check_qdq
-from sac_edge.calibration.pipeline import calibrate_and_gate, quantize_and_gate
+from sac_edge.calibration.pipeline import CalibrationOptions, calibrate_and_gate, quantize_and_gate
 from sac_edge.calibration.session import OnnxPolicy
 from sac_edge.calibration.states import StateSets
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.spec import PolicySpec
+from sac_edge.common.trt.calib_cache import read_cache
 
 
 def test_calibrate_and_gate_writes_checked_artefacts(
     fp32_onnx: Path, states: StateSets, spec: PolicySpec, tmp_path: Path
 ) -> None:
-    result = calibrate_and_gate(fp32_onnx, tmp_path, states, spec, method="entropy", gate_episodes=2)
+    result = calibrate_and_gate(
+        fp32_onnx, tmp_path, states, spec, CalibrationOptions(method="entropy", gate_episodes=2)
+    )
     assert result.report.accepted
     assert result.int8_onnx == tmp_path / "policy.int8.onnx" and result.calib_cache == tmp_path / "calib.cache"
     model = onnx.load(str(result.int8_onnx))
@@ -42,7 +44,8 @@ def test_calibrate_and_gate_writes_checked_artefacts(
 
 
 def test_rejected_int8_writes_nothing(fp32_onnx: Path, states: StateSets, spec: PolicySpec, tmp_path: Path) -> None:
-    result = calibrate_and_gate(fp32_onnx, tmp_path, states, spec, method="percentile", percentile=0.5, gate_episodes=1)
+    options = CalibrationOptions(method="percentile", percentile=0.5, gate_episodes=1)
+    result = calibrate_and_gate(fp32_onnx, tmp_path, states, spec, options)
     assert result.report.verdict == "rejected"
     assert len(result.report.attempts) == 3  # full INT8, then 1 and 2 most sensitive layers in float
     assert result.int8_onnx is None and result.calib_cache is None and result.int8_cpu_onnx is None
@@ -52,9 +55,8 @@ def test_rejected_int8_writes_nothing(fp32_onnx: Path, states: StateSets, spec: 
 def test_quantize_and_gate_builds_its_states(
     fp32_onnx: Path, replay: np.ndarray, spec: PolicySpec, tmp_path: Path
 ) -> None:
-    result = quantize_and_gate(
-        fp32_onnx, tmp_path, replay, spec, calib_samples=256, holdout_samples=128, method="minmax", gate_episodes=1
-    )
+    options = CalibrationOptions(method="minmax", gate_episodes=1)
+    result = quantize_and_gate(fp32_onnx, tmp_path, replay, spec, options, calib_samples=256, holdout_samples=128)
     assert result.calibration["states"]["calibration_replay"] == 128
     assert (result.int8_onnx is not None) == result.report.accepted
 
@@ -63,7 +65,9 @@ def test_non_finite_states_fail_cleanly(fp32_onnx: Path, states: StateSets, spec
     bad = states.calibration.copy()
     bad[0, 1] = np.nan
     with pytest.raises(SacEdgeError, match="1 of 1024 rows with non-finite"):
-        calibrate_and_gate(fp32_onnx, tmp_path, states._replace(calibration=bad), spec, gate_episodes=1)
+        calibrate_and_gate(
+            fp32_onnx, tmp_path, states._replace(calibration=bad), spec, CalibrationOptions(gate_episodes=1)
+        )
     assert not list(tmp_path.iterdir())
     with pytest.raises(SacEdgeError, match="cannot read the fp32 ONNX"):
-        calibrate_and_gate(tmp_path / "missing.onnx", tmp_path, states, spec, gate_episodes=1)
+        calibrate_and_gate(tmp_path / "missing.onnx", tmp_path, states, spec, CalibrationOptions(gate_episodes=1))
