@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -190,6 +190,7 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
     sigma = envelope.scale if envelope is not None else np.ones(spec.obs_dim)
     original, swapped = _actor_sets(bundle, cfg.seed) if "swap" in faults else (None, None)
     low, high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
+    setting = _FaultSetting(env_name, sigma, low, high, swapped, original)
     rows = []
     for mode in MODES:
         options = RunConfig(
@@ -204,7 +205,7 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
         )
         with Runtime(options, obs_low=obs_space.low, obs_high=obs_space.high, log=log) as runtime:
             for fault in faults:
-                row = _run_fault(runtime, fault, cfg, env_name, sigma, low, high, swapped, original)
+                row = _run_fault(runtime, fault, cfg, setting)
                 rows.append({"fault": fault, "shield": mode, **row})
     result = {
         "bundle": str(bundle.path),
@@ -243,96 +244,147 @@ def _actor_sets(bundle: Bundle, seed: int) -> tuple[dict[str, np.ndarray], dict[
     return original, perturbed
 
 
-def _run_fault(
-    runtime: Runtime,
-    fault: str,
-    cfg: DrillConfig,
-    env_name: str,
-    sigma: np.ndarray,
-    low: np.ndarray,
-    high: np.ndarray,
-    swapped: dict[str, np.ndarray] | None,
-    original: dict[str, np.ndarray] | None,
-) -> dict[str, Any]:
+class _FaultSetting(NamedTuple):
+    """What every fault of a drill shares: the env, the envelope's scale (``sigma``), the action bounds and the
+    actor weights a swap installs (``swapped``) and puts back afterwards (``original``)."""
+
+    env_name: str
+    sigma: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    swapped: dict[str, np.ndarray] | None
+    original: dict[str, np.ndarray] | None
+
+    def rest(self) -> np.ndarray:
+        """The action at rest before an episode's first step (what the first jump is measured from)."""
+        return np.clip(np.zeros_like(self.low), self.low, self.high)
+
+
+@dataclass
+class _FaultTally:
+    """One fault's counts over its episodes, turned into the row's figures by ``row``."""
+
+    steps: int = 0
+    nonfinite: int = 0
+    out_of_bounds: int = 0
+    nominal_steps: int = 0
+    false_alarms: int = 0
+    fallbacks: int = 0
+    missed: int = 0
+    to_fallback: list[int] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    jumps: list[float] = field(default_factory=lambda: [0.0])
+    start_jumps: list[float] = field(default_factory=lambda: [0.0])
+    swap_jumps: list[float] = field(default_factory=lambda: [0.0])
+
+    def action(
+        self, action: np.ndarray, previous: np.ndarray, setting: _FaultSetting, t: int, swap_at: int | None
+    ) -> None:
+        """A bad action, and the jump from the previous one (``swap_at``: the swap's onset, None without one)."""
+        self.steps += 1
+        finite = bool(np.isfinite(action).all())
+        if not finite:
+            self.nonfinite += 1
+        elif np.any(action < setting.low) or np.any(action > setting.high):
+            self.out_of_bounds += 1
+        jump = float(np.max(np.abs(action - previous))) if finite else math.inf
+        self.jumps.append(jump)
+        if t < START_STEPS:
+            self.start_jumps.append(jump)
+        if swap_at is not None and swap_at <= t < swap_at + START_STEPS:
+            self.swap_jumps.append(jump)
+
+    def fallbacks_entered(self, entered: int, faulty: bool) -> None:
+        """The shield's fallbacks entered this step; before the onset (or without a fault) they are false alarms."""
+        self.fallbacks += entered
+        if not faulty:
+            self.false_alarms += entered
+
+    def episode_done(self, total: float, onset: int | None, first: int | None, fault: str) -> None:
+        """An episode's return, and how long after the onset the shield fell back (or that it never did)."""
+        self.returns.append(total)
+        if onset is not None and fault != "swap":
+            if first is None:
+                self.missed += 1
+            else:
+                self.to_fallback.append(first)
+
+    def row(self, fault: str, episodes: int, shielded: bool) -> dict[str, Any]:
+        """The figures of one row of the drill's table (the shield's columns None without a shield)."""
+        return {
+            "episodes": episodes,
+            "steps": self.steps,
+            "nonfinite_actions": self.nonfinite,
+            "out_of_bound_actions": self.out_of_bounds,
+            "fallbacks": self.fallbacks if shielded else None,
+            "steps_to_fallback": max(self.to_fallback) if self.to_fallback else None,
+            "episodes_without_fallback": self.missed if shielded and fault not in ("none", "swap") else None,
+            "false_alarms": self.false_alarms if shielded else None,
+            "nominal_steps": self.nominal_steps,
+            "false_alarm_rate": self.false_alarms / self.nominal_steps if shielded and self.nominal_steps else None,
+            "mean_return": float(np.mean(self.returns)) if self.returns else None,
+            "max_action_jump": max(self.jumps),
+            "start_jump": max(self.start_jumps),
+            "swap_jump": max(self.swap_jumps) if fault == "swap" else None,
+        }
+
+
+def _run_fault(runtime: Runtime, fault: str, cfg: DrillConfig, setting: _FaultSetting) -> dict[str, Any]:
     """``cfg.episodes`` seeded episodes of one fault on ``runtime``; the row's figures."""
-    shield = runtime.shield
-    rest = np.clip(np.zeros_like(low), low, high)
-    steps = nonfinite = out_of_bounds = nominal_steps = false_alarms = fallbacks = 0
-    to_fallback: list[int] = []
-    missed = 0
-    returns, jumps, start_jumps, swap_jumps = [], [0.0], [0.0], [0.0]
+    tally = _FaultTally()
     for episode in range(cfg.episodes):
         seed = cfg.seed + episode
-        env = FaultInjector(make_env(env_name), fault, cfg, sigma, np.random.default_rng(seed))
-        onset = env.onset
+        env = FaultInjector(make_env(setting.env_name), fault, cfg, setting.sigma, np.random.default_rng(seed))
         try:
-            obs, _ = env.reset(seed=seed)
-            limit = cfg.max_steps or (env.spec.max_episode_steps if env.spec else None) or 1000
-            total, previous, first = 0.0, rest, None
-            before = shield.counts.fallbacks if shield is not None else 0
-            for t in range(limit):
-                if fault == "swap" and t == onset:
-                    assert swapped is not None
-                    runtime.backend.swap_weights(swapped)
-                    if shield is not None:
-                        shield.weights_swapped()
-                action = np.array(runtime.act(obs), dtype=np.float64)
-                steps += 1
-                if not np.isfinite(action).all():
-                    nonfinite += 1
-                elif np.any(action < low) or np.any(action > high):
-                    out_of_bounds += 1
-                jump = float(np.max(np.abs(action - previous))) if np.isfinite(action).all() else math.inf
-                jumps.append(jump)
-                if t < START_STEPS:
-                    start_jumps.append(jump)
-                if fault == "swap" and onset is not None and onset <= t < onset + START_STEPS:
-                    swap_jumps.append(jump)
-                previous = action
-                faulty = onset is not None and t >= onset
-                if shield is not None:
-                    entered = shield.counts.fallbacks - before
-                    before = shield.counts.fallbacks
-                    fallbacks += entered
-                    if not faulty:
-                        false_alarms += entered
-                    if faulty and fault != "swap" and first is None and shield.falling_back:
-                        first = t - onset  # type: ignore[operator]
-                if not faulty:
-                    nominal_steps += 1
-                next_obs, reward, terminated, truncated, _ = env.step(action.astype(np.float32))
-                total += float(reward)
-                done = bool(terminated or truncated) or t == limit - 1
-                runtime.observe(obs, action, float(reward), next_obs, bool(terminated), done)
-                obs = next_obs
-                if done:
-                    break
-            returns.append(total)
-            if onset is not None and fault != "swap":
-                if first is None:
-                    missed += 1
-                else:
-                    to_fallback.append(first)
+            _run_episode(runtime, env, fault, cfg, setting, seed, tally)
         finally:
             env.close()
-            if fault == "swap" and original is not None:
-                runtime.backend.swap_weights(original)
-    return {
-        "episodes": cfg.episodes,
-        "steps": steps,
-        "nonfinite_actions": nonfinite,
-        "out_of_bound_actions": out_of_bounds,
-        "fallbacks": fallbacks if shield is not None else None,
-        "steps_to_fallback": max(to_fallback) if to_fallback else None,
-        "episodes_without_fallback": missed if shield is not None and fault not in ("none", "swap") else None,
-        "false_alarms": false_alarms if shield is not None else None,
-        "nominal_steps": nominal_steps,
-        "false_alarm_rate": false_alarms / nominal_steps if shield is not None and nominal_steps else None,
-        "mean_return": float(np.mean(returns)) if returns else None,
-        "max_action_jump": max(jumps),
-        "start_jump": max(start_jumps),
-        "swap_jump": max(swap_jumps) if fault == "swap" else None,
-    }
+            if fault == "swap" and setting.original is not None:
+                runtime.backend.swap_weights(setting.original)
+    return tally.row(fault, cfg.episodes, runtime.shield is not None)
+
+
+def _run_episode(
+    runtime: Runtime,
+    env: FaultInjector,
+    fault: str,
+    cfg: DrillConfig,
+    setting: _FaultSetting,
+    seed: int,
+    tally: _FaultTally,
+) -> None:
+    """One seeded episode of ``fault`` through ``runtime.act`` and ``observe``, counted into ``tally``."""
+    shield = runtime.shield
+    onset = env.onset
+    obs, _ = env.reset(seed=seed)
+    limit = cfg.max_steps or (env.spec.max_episode_steps if env.spec else None) or 1000
+    total, previous, first = 0.0, setting.rest(), None
+    before = shield.counts.fallbacks if shield is not None else 0
+    for t in range(limit):
+        if fault == "swap" and t == onset:
+            assert setting.swapped is not None
+            runtime.backend.swap_weights(setting.swapped)
+            if shield is not None:
+                shield.weights_swapped()
+        action = np.array(runtime.act(obs), dtype=np.float64)
+        tally.action(action, previous, setting, t, onset if fault == "swap" else None)
+        previous = action
+        faulty = onset is not None and t >= onset
+        if shield is not None:
+            tally.fallbacks_entered(shield.counts.fallbacks - before, faulty)
+            before = shield.counts.fallbacks
+            if faulty and fault != "swap" and first is None and shield.falling_back:
+                first = t - onset  # type: ignore[operator]
+        if not faulty:
+            tally.nominal_steps += 1
+        next_obs, reward, terminated, truncated, _ = env.step(action.astype(np.float32))
+        total += float(reward)
+        done = bool(terminated or truncated) or t == limit - 1
+        runtime.observe(obs, action, float(reward), next_obs, bool(terminated), done)
+        obs = next_obs
+        if done:
+            break
+    tally.episode_done(total, onset, first, fault)
 
 
 def _checks(rows: Sequence[dict[str, Any]], cfg: DrillConfig) -> dict[str, Any]:
