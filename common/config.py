@@ -23,7 +23,7 @@ import math
 import re
 import sys
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -295,12 +295,14 @@ def config_from_flags(cls: type[C], flags: Mapping[str, Any], source: str) -> C:
     """A ``cls`` instance from settings named as their flags (``rate_hz=100`` for ``--rate-hz 100``), each
     put in its section; a name that is no flag of ``cls`` is a one-line error naming ``source``."""
     by_dest = {o.dest: o for o in options(cls)}
-    unknown = sorted(set(flags) - set(by_dest))
-    if unknown:
-        raise SacEdgeError(
-            f"{source}: {', '.join(unknown)} is no setting of {cls.__name__}; check the spelling against the "
+    _refuse_unknown(
+        flags,
+        by_dest,
+        lambda names: (
+            f"{source}: {names} is no setting of {cls.__name__}; check the spelling against the "
             "command's --help (its flags' names, dashes as underscores)"
-        )
+        ),
+    )
     nested: dict[str, Any] = {}
     for dest, value in flags.items():
         *outer, name = by_dest[dest].path
@@ -317,12 +319,14 @@ def config_from_dict(cls: type[C], values: Mapping[str, Any], source: str) -> C:
     number: no setting takes one (a NaN compares false with every bound, so range checks after this one
     would let it through)."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise SacEdgeError(
-            f"{source}: unknown setting(s) {', '.join(unknown)} (written by another sac-edge version?); "
+    _refuse_unknown(
+        values,
+        fields,
+        lambda names: (
+            f"{source}: unknown setting(s) {names} (written by another sac-edge version?); "
             "remove them or rerun without the saved settings"
-        )
+        ),
+    )
     out: dict[str, Any] = {}
     for name, value in values.items():
         tp = _field_type(cls, fields[name].type)
@@ -334,6 +338,13 @@ def config_from_dict(cls: type[C], values: Mapping[str, Any], source: str) -> C:
             raise SacEdgeError(f"{flag} must be a finite number, got {value}; pass a finite value")
         out[name] = tuple(value) if isinstance(value, list) else value
     return cls(**out)
+
+
+def _refuse_unknown(given: Iterable[str], known: Container[str], message: Callable[[str], str]) -> None:
+    """A one-line error, ``message`` of the sorted names in ``given`` that ``known`` lacks, if there are any."""
+    unknown = sorted(name for name in set(given) if name not in known)
+    if unknown:
+        raise SacEdgeError(message(", ".join(unknown)))
 
 
 def _finite(value: Any) -> bool:

@@ -39,9 +39,14 @@ def run_cli(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequen
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # one line, never a traceback, for anything unforeseen
-        message = str(err).splitlines()[0] if str(err) else ""
-        print(f"{prog}: internal error: {type(err).__name__}: {printable(message)}", file=sys.stderr)
+        print(f"{prog}: internal error: {printable(one_line(err))}", file=sys.stderr)
         return 1
+
+
+def one_line(err: BaseException) -> str:
+    """``Type: first line of the message``: an unforeseen error as a summary line, a log entry or a message."""
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}"
 
 
 def printable(text: str) -> str:

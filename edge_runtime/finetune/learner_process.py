@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from sac_edge.common.bundle import reopen_bundle
-from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.errors import SacEdgeError, one_line
 from sac_edge.common.spec import PolicySpec
 from sac_edge.edge_runtime.budget.memory import read_process_memory
 
@@ -95,12 +95,6 @@ def read_candidate(
     n = int(weights[N_STATES])
     int8 = {k[len(INT8) :]: v for k, v in weights.copy(int8_names).items()}
     return weights.copy(tensor_names), int8, weights[STATES][:n].copy()
-
-
-def one_line(err: BaseException) -> str:
-    """``Type: first line of the message``."""
-    text = str(err).splitlines()[0] if str(err) else ""
-    return f"{type(err).__name__}: {text}"
 
 
 def _send(conn: Any, message: Mapping[str, Any]) -> None:

@@ -183,31 +183,50 @@ class _RailSensor(PowerSensor):
         )
 
 
-class Ina3221IioSensor(_RailSensor):
-    """INA3221 through the JetPack 4 ``ina3221x`` iio driver (power read from ``in_powerN_input``)."""
+class _Ina3221Sensor(_RailSensor):
+    """INA3221 rails through one kernel driver (``driver``, under ``driver_dir``), found once under ``root``."""
+
+    driver = ""
+    driver_dir = Path()
+    jetpack = ""
 
     def __init__(
         self, root: Path = Path("/"), clock: Clock = time.monotonic, warn: Callable[[str], None] = _stderr
     ) -> None:
-        rails = find_iio_rails(root)
+        rails = self._find_rails(root)
         if not rails:
-            raise SensorError(f"no INA3221 iio rails under {root / IIO_DRIVER_DIR} (not a JetPack 4 Jetson?)")
-        super().__init__(rails, "ina3221-iio", clock, warn)
-        self.where = sorted({str(r.voltage_mv.parent.relative_to(root)) for r in rails.values()})
-
-
-class Ina3221HwmonSensor(_RailSensor):
-    """INA3221 through the JetPack 5+ mainline hwmon driver (power = bus mV * mA)."""
-
-    def __init__(
-        self, root: Path = Path("/"), clock: Clock = time.monotonic, warn: Callable[[str], None] = _stderr
-    ) -> None:
-        rails = find_hwmon_rails(root)
-        if not rails:
-            raise SensorError(f"no INA3221 hwmon rails under {root / HWMON_DRIVER_DIR} (not a JetPack 5 Jetson?)")
-        super().__init__(rails, "ina3221-hwmon", clock, warn)
+            raise SensorError(
+                f"no INA3221 {self.driver} rails under {root / self.driver_dir} (not a {self.jetpack} Jetson?)"
+            )
+        super().__init__(rails, f"ina3221-{self.driver}", clock, warn)
         #: the monitor folders read, relative to ``root`` (one per INA3221 on the board)
         self.where = sorted({str(r.voltage_mv.parent.relative_to(root)) for r in rails.values()})
+
+    def _find_rails(self, root: Path) -> dict[str, Rail]:
+        raise NotImplementedError
+
+
+class Ina3221IioSensor(_Ina3221Sensor):
+    """INA3221 through the JetPack 4 ``ina3221x`` iio driver (power read from ``in_powerN_input``)."""
+
+    driver, driver_dir, jetpack = "iio", IIO_DRIVER_DIR, "JetPack 4"
+
+    def _find_rails(self, root: Path) -> dict[str, Rail]:
+        return find_iio_rails(root)
+
+
+class Ina3221HwmonSensor(_Ina3221Sensor):
+    """INA3221 through the JetPack 5+ mainline hwmon driver (power = bus mV * mA)."""
+
+    driver, driver_dir, jetpack = "hwmon", HWMON_DRIVER_DIR, "JetPack 5"
+
+    def __init__(
+        self, root: Path = Path("/"), clock: Clock = time.monotonic, warn: Callable[[str], None] = _stderr
+    ) -> None:
+        super().__init__(root, clock, warn)
         intervals = [hw / "update_interval" for hw in find_hwmon_dirs(root) if (hw / "update_interval").is_file()]
         #: the monitor's conversion time; reading faster than this returns the same figures
         self.update_interval_ms: float | None = max(read_number(p) for p in intervals) if intervals else None
+
+    def _find_rails(self, root: Path) -> dict[str, Rail]:
+        return find_hwmon_rails(root)
