@@ -79,9 +79,14 @@ def _label(path: Path) -> str:
         return ""
 
 
-def _unique(name: str, device: Path, rails: dict[str, Rail]) -> str:
-    """A second board monitor with the same rail name (rare) is keyed by its I2C device too."""
-    return name if name not in rails else f"{name}@{device.name}"
+def _add_rail(
+    rails: dict[str, Rail], device: Path, label: Path, voltage_mv: Path, current_ma: Path, power_mw: Path | None = None
+) -> None:
+    """The rail ``label`` names, with its files, unless the label is absent or NC; a second board monitor with
+    the same rail name (rare) is keyed by its I2C device too."""
+    name = _label(label)
+    if name and name != "NC":
+        rails[name if name not in rails else f"{name}@{device.name}"] = Rail(name, voltage_mv, current_ma, power_mw)
 
 
 def find_iio_rails(root: Path) -> dict[str, Rail]:
@@ -91,18 +96,10 @@ def find_iio_rails(root: Path) -> dict[str, Rail]:
         for iio in sorted(device.glob("iio:device*")):
             for entry in sorted(iio.iterdir()):
                 match = _IIO_RAIL.match(entry.name)
-                if not match:
-                    continue
-                n = match.group(1)
-                name = _label(entry)
-                if not name or name == "NC":
-                    continue
-                rails[_unique(name, device, rails)] = Rail(
-                    name=name,
-                    voltage_mv=iio / f"in_voltage{n}_input",
-                    current_ma=iio / f"in_current{n}_input",
-                    power_mw=iio / f"in_power{n}_input",
-                )
+                if match:
+                    n = match.group(1)
+                    files = (iio / f"in_voltage{n}_input", iio / f"in_current{n}_input", iio / f"in_power{n}_input")
+                    _add_rail(rails, device, entry, *files)
     return rails
 
 
@@ -123,15 +120,9 @@ def find_hwmon_rails(root: Path) -> dict[str, Rail]:
         device = hwmon.parent.parent
         for entry in sorted(hwmon.iterdir()):
             match = _HWMON_LABEL.match(entry.name)
-            if not match or not 1 <= int(match.group(1)) <= 3:  # in4-6 are shunt voltages, in7 their sum
-                continue
-            n = match.group(1)
-            name = _label(entry)
-            if not name or name == "NC":
-                continue
-            rails[_unique(name, device, rails)] = Rail(
-                name=name, voltage_mv=hwmon / f"in{n}_input", current_ma=hwmon / f"curr{n}_input"
-            )
+            if match and 1 <= int(match.group(1)) <= 3:  # in4-6 are shunt voltages, in7 their sum
+                n = match.group(1)
+                _add_rail(rails, device, entry, hwmon / f"in{n}_input", hwmon / f"curr{n}_input")
     return rails
 
 
