@@ -631,7 +631,7 @@ def run_step(rootfs: Path, step: Step, work: Path, cpuinfos: Mapping[str, Path])
 
 
 def x86_actions(site: Path, bundle: Path, out: Path, log: Path) -> None:
-    """The actions on this machine, from the x86_64 twin of an install (no site-packages of the venv)."""
+    """The actions on this machine, from the x86_64 copy of an install (the same pins; no site-packages of the venv)."""
     env = {**os.environ, "PYTHONPATH": str(site)}
     run([sys.executable, "-S", str(Path(__file__).resolve()), "actions", str(bundle), str(out)], log=log, env=env)
 
@@ -706,7 +706,7 @@ def judge_actions(bundle_dir: Path, actions: Path, lanes: Sequence[Lane]) -> lis
         for cpu in lane.action_cpus:
             arm, meta = load_actions(actions / f"{name}-{cpu}.npz")
             if meta["machine"] != "aarch64" or meta["onnxruntime"] != x86_meta["onnxruntime"]:
-                raise SystemExit(f"test-aarch64: {name}-{cpu}: {meta} is not the aarch64 twin of x86's {x86_meta}")
+                raise SystemExit(f"test-aarch64: {name}-{cpu}: {meta} is not the aarch64 run of x86's {x86_meta}")
             unloadable = {**json.loads(x86_meta["unloadable"]), **json.loads(meta["unloadable"])}
             rows += compare(bundle, arm, x86, cpu, meta["onnxruntime"], unloadable)
     print("actions on the parity states, aarch64 (qemu CPU model) against x86_64, same onnxruntime:")

@@ -3,7 +3,7 @@
 - Stages import one way: ``common`` <- ``train``, ``calibration`` <- ``export``, and ``edge_runtime`` on
   ``common``, ``train`` and ``calibration`` (never ``export``: the TensorRT builder both use is
   ``common/trt/``); ``sweep`` sits beside them on ``common`` and ``train``.
-- Inside ``edge_runtime`` the four rooms import each other only downward (``control`` -> ``backends``;
+- Inside ``edge_runtime`` the four subpackages import each other only downward (``control`` -> ``backends``;
   ``finetune`` -> ``backends``, ``budget``); only the composition root (``run.py``, ``bench.py``,
   ``cli.py``, ``compose.py``, ``config.py``, ``doctor.py``, ``runtime.py``) imports across all of them, and
   only ``cli.py`` imports ``run.py``.
@@ -33,8 +33,8 @@ STAGE_MAY_IMPORT = {
     "edge_runtime": {"common", "train", "calibration"},
     "sweep": {"common", "train"},
 }
-ROOMS = ("backends", "control", "budget", "finetune")
-ROOM_MAY_IMPORT = {
+SUBPACKAGES = ("backends", "control", "budget", "finetune")
+SUBPACKAGE_MAY_IMPORT = {
     "backends": set(),
     "budget": set(),
     "control": {"backends"},
@@ -92,11 +92,11 @@ def _stage(module: str) -> str:
     return module.split(".")[1]
 
 
-def _room(module: str) -> str | None:
+def _subpackage(module: str) -> str | None:
     parts = module.split(".")
     if parts[1] != "edge_runtime" or len(parts) < 3:
         return None
-    return parts[2] if parts[2] in ROOMS else "root"
+    return parts[2] if parts[2] in SUBPACKAGES else "root"
 
 
 def test_the_graph_was_read() -> None:
@@ -111,13 +111,13 @@ def test_stages_import_one_way(module: str) -> None:
     assert not bad, f"{module} ({stage}) may import {sorted(STAGE_MAY_IMPORT[stage])} only, imports {bad}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _room(m) in ROOMS))
-def test_rooms_import_only_downward(module: str) -> None:
-    room = _room(module)
-    assert room is not None
-    allowed = {room} | ROOM_MAY_IMPORT[room]
-    bad = sorted(m for m in GRAPH[module] if _room(m) is not None and _room(m) not in allowed)
-    assert not bad, f"{module} (room {room}) may import rooms {sorted(allowed)} only, imports {bad}"
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _subpackage(m) in SUBPACKAGES))
+def test_subpackages_import_only_downward(module: str) -> None:
+    sub = _subpackage(module)
+    assert sub is not None
+    allowed = {sub} | SUBPACKAGE_MAY_IMPORT[sub]
+    bad = sorted(m for m in GRAPH[module] if _subpackage(m) is not None and _subpackage(m) not in allowed)
+    assert not bad, f"{module} ({sub}/) may import subpackages {sorted(allowed)} only, imports {bad}"
 
 
 def test_only_cli_imports_run() -> None:
@@ -128,8 +128,8 @@ def test_only_cli_imports_run() -> None:
 def test_edge_runtime_top_level_is_the_composition_root() -> None:
     top = {p.stem for p in (ROOT / "edge_runtime").glob("*.py")} - {"__init__"}
     assert top == COMPOSITION_ROOT
-    rooms = {p.name for p in (ROOT / "edge_runtime").iterdir() if (p / "__init__.py").is_file()}
-    assert rooms == set(ROOMS)
+    subpackages = {p.name for p in (ROOT / "edge_runtime").iterdir() if (p / "__init__.py").is_file()}
+    assert subpackages == set(SUBPACKAGES)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -188,9 +188,9 @@ def test_every_package_says_what_it_holds_and_may_import(package: str) -> None:
 
 
 def _unit(module: str) -> str:
-    """What relative imports may reach: one room of ``edge_runtime``, its composition root, or a stage."""
-    room = _room(module)
-    return f"{_stage(module)}.{room}" if room else _stage(module)
+    """What relative imports may reach: one subpackage of ``edge_runtime``, its composition root, or a stage."""
+    sub = _subpackage(module)
+    return f"{_stage(module)}.{sub}" if sub else _stage(module)
 
 
 def _imports_by_style(path: Path) -> Iterator[tuple[bool, str]]:
@@ -207,7 +207,7 @@ def _imports_by_style(path: Path) -> Iterator[tuple[bool, str]]:
 
 @pytest.mark.parametrize("path", list(source_files()), ids=lambda p: str(p.relative_to(ROOT)))
 def test_one_import_style(path: Path) -> None:
-    """Relative imports inside a unit (a stage, or one room or the root of edge_runtime), absolute across."""
+    """Relative imports inside a unit (a stage, or one subpackage or the root of edge_runtime), absolute across."""
     unit = _unit(module_name(path))
     for relative, target in _imports_by_style(path):
         if relative:

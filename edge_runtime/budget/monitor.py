@@ -1,6 +1,6 @@
 """The loop's once-a-second view of its budgets: memory and power readings, and the governor fed with them.
 
-Sensors and the governor live beside it in this room (``sensors/``, ``memory.py``, ``governor.py``); this only
+Sensors and the governor live beside it in ``budget/`` (``sensors/``, ``memory.py``, ``governor.py``); this only
 reads them, keeps a failed read from stopping the loop (it is reported as unknown), and turns the
 result into telemetry fields and the knobs to apply.
 """

@@ -1,7 +1,7 @@
 """The fine-tuning section of the run's configuration (``RunConfig.finetune``): one frozen dataclass, the same
 object in the main process and (sent as JSON, never pickled) in the learner process.
 
-The section is defined here rather than beside ``RunConfig`` so that this room never imports the command
+The section is defined here rather than beside ``RunConfig`` so that ``finetune/`` never imports the command
 layer; its field help is ``sac-edge run --help``'s fine-tuning group and ``check`` is where its flags are
 validated, before any work. ``FinetuneSettings`` is what the learner and the fine-tuner are handed: the
 section itself plus the few facts it works on from the rest of the run's config.

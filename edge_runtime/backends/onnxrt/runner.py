@@ -276,7 +276,9 @@ class OrtBackend(Backend):
         return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        self._obs[:] = obs  # (obs_dim,) or (1, obs_dim); a slice store is a third of copyto + reshape
+        # (obs_dim,) or (1, obs_dim), stored into the bound input in place (BENCHMARKS.md, "Edge: the action
+        # in the control loop", hot path)
+        self._obs[:] = obs
         self.entered += 1  # before reading the generation: a swap waits for this call to return
         runner = self._runner
         try:
