@@ -1,5 +1,5 @@
 """The threat model as tests: each file is one class of hostile or careless input (see
-docs/ARCHITECTURE.md "Threat model"). Hostile files are built in ``tmp_path`` from a clean bundle."""
+docs/THREATS.md). Hostile files are built in ``tmp_path`` from a clean bundle."""
 
 from __future__ import annotations
 
