@@ -8,7 +8,7 @@ layer quantised) and the most sensitive layers are kept in float, one more at a 
 criteria each time. (Ranking by this one-at-a-time sensitivity beat a greedy "which float copy helps most"
 search on a trained Pendulum actor: greedy kept the wrong layer first and rejected, ranking accepted.)
 When every mixed model with at least one INT8 layer fails, INT8 is rejected, with the fully quantised
-model's figures and every attempt in the report. Without an environment (an SB3 zip exported without
+model's action errors and returns, and every attempt in the report. Without an environment (an SB3 zip exported without
 ``--env``: ``spec.env_id`` empty) there are no episodes: criterion (a) alone decides, and the table says so.
 
 Worst return: for envs whose per-step reward has a known minimum it is that minimum times the episode
@@ -57,7 +57,7 @@ class LayerReport:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One candidate the gate tried: the layers it kept in float and its figures."""
+    """One candidate the gate tried: the layers it kept in float, its mean action error and return drop."""
 
     float_layers: tuple[str, ...]
     mean_action_error_frac: float
@@ -67,7 +67,7 @@ class Attempt:
 
 @dataclass(frozen=True)
 class GateReport:
-    """The gate's figures and verdict (for the terminal table and the manifest's ``gate`` entry)."""
+    """The gate's measurements and verdict (for the terminal table and the manifest's ``gate`` entry)."""
 
     env_id: str
     verdict: str  # "accepted" | "rejected"
@@ -99,12 +99,12 @@ class GateReport:
         return tuple(layer.name for layer in self.layers if layer.precision != INT8)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON values (non-finite figures become None)."""
+        """Plain JSON values (non-finite values become None)."""
         return _finite({**dataclasses.asdict(self), "float_layers": list(self.float_layers)})
 
 
 @dataclass(frozen=True)
-class Figures:
+class CandidateScore:
     """What one INT8 candidate scores against FP32."""
 
     max_error: float
@@ -177,22 +177,23 @@ def run_gate(
     fp32_mean = _mean(fp32_returns)
     allowed = MAX_RETURN_DROP_FRAC * max(fp32_mean - worst_value, 0.0) if has_env else math.nan
 
-    def score(float_layers: frozenset[str]) -> tuple[Figures, onnx.ModelProto, OnnxPolicy]:
+    def score(float_layers: frozenset[str]) -> tuple[CandidateScore, onnx.ModelProto, OnnxPolicy]:
         """Action errors of the candidate that keeps ``float_layers`` in float (no episodes yet)."""
         model = build_int8(float_layers)
         policy = OnnxPolicy(model)
-        return Figures(*action_errors(ref, policy, holdout, spec.action_low, spec.action_high), None), model, policy
+        errors = action_errors(ref, policy, holdout, spec.action_low, spec.action_high)
+        return CandidateScore(*errors, None), model, policy
 
-    def with_returns(fig: Figures, policy: OnnxPolicy) -> tuple[Figures, float | None]:
+    def with_returns(scored: CandidateScore, policy: OnnxPolicy) -> tuple[CandidateScore, float | None]:
         """The candidate's episode returns and return drop (None without an environment)."""
         if not has_env:
-            return fig, None
+            return scored, None
         returns = episode_returns(policy, spec.env_id, seeds)
-        return dataclasses.replace(fig, int8_returns=returns), fp32_mean - _mean(returns)
+        return dataclasses.replace(scored, int8_returns=returns), fp32_mean - _mean(returns)
 
-    def passes(fig: Figures, drop: float | None) -> bool:
+    def passes(scored: CandidateScore, drop: float | None) -> bool:
         returns_ok = drop is not None and drop <= allowed if has_env else True
-        return fig.mean_error_frac <= MAX_MEAN_ERROR_FRAC and returns_ok
+        return scored.mean_error_frac <= MAX_MEAN_ERROR_FRAC and returns_ok
 
     forced = frozenset(keep_float)
     first, model, policy = score(forced)
@@ -201,7 +202,7 @@ def run_gate(
         first, first_drop = with_returns(first, policy)
     ok = passes(first, first_drop)
     attempts = [Attempt(tuple(sorted(forced)), first.mean_error_frac, first_drop, ok)]
-    chosen, chosen_fig, chosen_float = (model if ok else None), first, forced
+    chosen, chosen_score, chosen_float = (model if ok else None), first, forced
     sensitivity: dict[str, float] = {}
     remaining = [name for name in layers if name not in forced]
     if not ok and len(remaining) > 1:
@@ -210,17 +211,17 @@ def run_gate(
         ranked = sorted(remaining, key=lambda n: sensitivity[n], reverse=True)
         for k in range(1, len(ranked)):  # keep the k most sensitive layers in float
             kept = forced | frozenset(ranked[:k])
-            fig, model, policy = score(kept)
+            scored, model, policy = score(kept)
             drop = None
-            if math.isfinite(fig.max_error) and fig.mean_error_frac <= MAX_MEAN_ERROR_FRAC:
-                fig, drop = with_returns(fig, policy)
-            ok = passes(fig, drop)
-            attempts.append(Attempt(tuple(sorted(kept)), fig.mean_error_frac, drop, ok))
+            if math.isfinite(scored.max_error) and scored.mean_error_frac <= MAX_MEAN_ERROR_FRAC:
+                scored, drop = with_returns(scored, policy)
+            ok = passes(scored, drop)
+            attempts.append(Attempt(tuple(sorted(kept)), scored.mean_error_frac, drop, ok))
             if ok:
-                chosen, chosen_fig, chosen_float = model, fig, kept
+                chosen, chosen_score, chosen_float = model, scored, kept
                 break
     final_float = chosen_float if chosen is not None else forced
-    shown = chosen_fig if chosen is not None else first
+    shown = chosen_score if chosen is not None else first
     int8_returns = shown.int8_returns or tuple(math.nan for _ in seeds)
     report = GateReport(
         env_id=spec.env_id,

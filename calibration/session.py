@@ -18,7 +18,7 @@ from sac_edge.common.errors import SacEdgeError
 
 
 def session(model: onnx.ModelProto | Path, threads: int = 1) -> ort.InferenceSession:
-    """A CPU session; one thread by default, so figures do not depend on what else the machine runs."""
+    """A CPU session; one thread by default, so its timings do not depend on what else the machine runs."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1

@@ -1,4 +1,4 @@
-"""Latency figures in one shape for the loop, telemetry, auto-selection and bench (microseconds)."""
+"""Latency summaries in one shape for the loop, telemetry, auto-selection and bench (microseconds)."""
 
 from __future__ import annotations
 
@@ -62,11 +62,11 @@ def interleaved(fns: dict[str, Callable[[], object]], calls: int = 2000, rounds:
 
 
 class LatencyHistogram:
-    """Whole-run latency figures in bounded memory: log-spaced buckets 1% wide plus the exact extremes.
+    """Whole-run latency percentiles in bounded memory: log-spaced buckets 1% wide plus the exact extremes.
 
     The control loop may run for days at 1 kHz; keeping every sample (8 bytes each, several series) would
     grow without bound on a device with a few GiB. This is HdrHistogram's idea in a few lines of numpy:
-    percentiles within 1% of the exact figure, max and mean exact, memory fixed (about 20 KiB).
+    percentiles within 1% of the exact value, max and mean exact, memory fixed (about 20 KiB).
     """
 
     STEP = 1.01

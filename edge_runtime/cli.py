@@ -1,4 +1,4 @@
-"""``sac-edge``: ``run`` (the control loop on a bundle), ``bench`` (backend x precision x batch figures) and
+"""``sac-edge``: ``run`` (the control loop on a bundle), ``bench`` (latency per backend x precision x batch) and
 ``doctor`` (what this device is and what will run on it).
 
 Conventions (docs/CONTRACTS.md): with ``--json`` the last stdout line is one JSON object; errors are one line on

@@ -185,7 +185,7 @@ def _clocks_row(root: Path) -> Row:
 
 
 def _power_value(sensor: PowerSensor) -> str:
-    """Where the figures come from, the board total and each rail (or why the read failed)."""
+    """Where the power readings come from, the board total and each rail (or why the read failed)."""
     where = getattr(sensor, "where", None)
     source = sensor.source + (f" ({', '.join(where)})" if where else "")
     try:

@@ -262,7 +262,7 @@ class _FaultSetting(NamedTuple):
 
 @dataclass
 class _FaultTally:
-    """One fault's counts over its episodes, turned into the row's figures by ``row``."""
+    """One fault's counts over its episodes, turned into the row by ``row``."""
 
     steps: int = 0
     nonfinite: int = 0
@@ -310,7 +310,7 @@ class _FaultTally:
                 self.to_fallback.append(first)
 
     def row(self, fault: str, episodes: int, shielded: bool) -> dict[str, Any]:
-        """The figures of one row of the drill's table (the shield's columns None without a shield)."""
+        """One row of the drill's table (the shield's columns None without a shield)."""
         return {
             "episodes": episodes,
             "steps": self.steps,
@@ -330,7 +330,7 @@ class _FaultTally:
 
 
 def _run_fault(runtime: Runtime, fault: str, cfg: DrillConfig, setting: _FaultSetting) -> dict[str, Any]:
-    """``cfg.episodes`` seeded episodes of one fault on ``runtime``; the row's figures."""
+    """``cfg.episodes`` seeded episodes of one fault on ``runtime``; the row."""
     tally = _FaultTally()
     for episode in range(cfg.episodes):
         seed = cfg.seed + episode

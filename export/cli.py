@@ -99,7 +99,7 @@ def report(result: ExportResult) -> str:
 
 
 def summary(result: ExportResult) -> dict[str, Any]:
-    """The --json line: bundle, parity, INT8 gate figures and verdict, engines."""
+    """The --json line: bundle, parity, INT8 gate errors and verdict, engines."""
     m = result.manifest
     out: dict[str, Any] = {
         "bundle": str(result.bundle),

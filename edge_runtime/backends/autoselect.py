@@ -2,7 +2,7 @@
 
 On a Jetson a tiny MLP can be faster on the CPU than through a GPU launch, so nothing is assumed: each
 candidate that passed the bundle's accuracy gate (int8 only when the gate accepted it) is opened, warmed
-up and timed for a moment, and the figures are logged with the choice.
+up and timed for a moment, and the timings are logged with the choice.
 """
 
 from __future__ import annotations
@@ -56,25 +56,25 @@ def autoselect(
     warmup: int = 50,
     log: Callable[[str], None] = lambda _: None,
 ) -> tuple[Backend, list[Measurement]]:
-    """Open, time and compare every usable candidate; return the winner (kept open) and all figures.
+    """Open, time and compare every usable candidate; return the winner (kept open) and every measurement.
 
     ``backends`` defaults to all but the torch reference: it is never faster than onnxruntime on a small
     MLP and importing it would cost the inference-only path ~300 MB.
     """
     backends = backends or [name for name in KINDS if name != "torch"]
     best: tuple[float, Backend] | None = None
-    figures = []
+    measurements = []
     for cand in candidates(bundle, backends, precisions):
         if cand.refusal is not None:
-            figures.append(Measurement(cand.backend, cand.precision, None, None, None, cand.refusal))
+            measurements.append(Measurement(cand.backend, cand.precision, None, None, None, cand.refusal))
             continue
         try:
             backend = open_backend(bundle, cand.backend, cand.precision, options)
         except SacEdgeError as err:  # a provider that falls back at session creation, a failed parity gate
-            figures.append(Measurement(cand.backend, cand.precision, None, None, None, str(err)))
+            measurements.append(Measurement(cand.backend, cand.precision, None, None, None, str(err)))
             continue
         lat = latency_us(time_backend(backend, calls, warmup))
-        figures.append(Measurement(cand.backend, cand.precision, lat["p50"], lat["p99"], lat["max"], None))
+        measurements.append(Measurement(cand.backend, cand.precision, lat["p50"], lat["p99"], lat["max"], None))
         if best is None or lat["p99"] < best[0]:
             if best is not None:
                 best[1].close()
@@ -82,15 +82,15 @@ def autoselect(
         else:
             backend.close()
     logged = set()
-    for m in figures:
+    for m in measurements:
         if (m.backend, m.refusal) in logged and m.refusal is not None:
             continue  # e.g. "not installed", once per backend rather than once per precision
         logged.add((m.backend, m.refusal))
         log("auto: " + m.line())
     if best is None:
         raise SacEdgeError(
-            "--backend auto: no backend can run this bundle here (" + "; ".join(m.line() for m in figures) + ")"
+            "--backend auto: no backend can run this bundle here (" + "; ".join(m.line() for m in measurements) + ")"
         )
     chosen = best[1]
-    log(f"auto: chose {chosen.name}/{chosen.precision} (lowest p99 of {sum(m.refusal is None for m in figures)})")
-    return chosen, figures
+    log(f"auto: chose {chosen.name}/{chosen.precision} (lowest p99 of {sum(m.refusal is None for m in measurements)})")
+    return chosen, measurements

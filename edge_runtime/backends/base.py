@@ -66,10 +66,10 @@ def gate_refusal(bundle: Bundle, precision: str) -> str | None:
     if verdict is None:
         return f"{precision} has no accuracy-gate verdict in the bundle (re-export it with --int8)"
     assert entry is not None
-    figures = ", ".join(
+    gate = ", ".join(
         f"{k}={v}" for k, v in sorted(entry.items()) if isinstance(v, (int, float, str)) and k != "verdict"
     )
-    return f"{precision} was {verdict} by the bundle's accuracy gate" + (f" ({figures[:200]})" if figures else "")
+    return f"{precision} was {verdict} by the bundle's accuracy gate" + (f" ({gate[:200]})" if gate else "")
 
 
 class SwapReport(NamedTuple):
@@ -148,7 +148,7 @@ class Backend(abc.ABC):
         self.spec = spec
         self.swaps = 0
         self.parity: dict[str, Any] | None = None
-        """The last engine parity gate's figures (``parity_gate.EngineParity.to_dict``), for gated backends."""
+        """The last engine parity gate's result (``parity_gate.EngineParity.to_dict``), for gated backends."""
         self._swap_check: SwapCheck | None = None
 
     @abc.abstractmethod
@@ -180,7 +180,7 @@ class Backend(abc.ABC):
             raise InternalError(f"backend {self.name!r}: its swaps are gated already")
         self._swap_check = check
 
-    def parity_checked(self, passed: bool, figures: Mapping[str, Any]) -> str:
+    def parity_checked(self, passed: bool, result: Mapping[str, Any]) -> str:
         """The gate's verdict at open, for a backend that records it (TensorRT's plan sidecar); returns what
         a failure does, for the error line."""
         return "not served"

@@ -11,7 +11,7 @@ and are compared with the fp32 ONNX reference through onnxruntime's CPU provider
   onnxruntime's CPU provider runs it with the same weights: mean abs action error <= ``INT8_KERNEL_FRAC``
   of the range, the room TensorRT's int8 kernels (other rounding, fusion, fp16 between layers) need.
   Its accuracy against fp32 was decided by the accuracy gate at export (or by the fine-tuner's re-check
-  for swapped weights); here it must stay within the Q/DQ graph's own figure on the same states plus
+  for swapped weights); here it must stay within the Q/DQ graph's own error on the same states plus
   that margin. Judging an int8 engine against fp32 with the gate's 1% would leave it no headroom: a
   bundle whose Q/DQ graph sits at 0.9% is refused on the device for kernel differences it is allowed.
   Every action must be finite. A bundle without the Q/DQ graph keeps the accuracy gate's rule against
@@ -22,9 +22,9 @@ enforced by the registry, the one way a backend is opened: ``gate_open`` before 
 ``SwapGate`` it attaches that every ``swap_weights`` passes before it publishes. A backend never runs the
 gate itself, so a new kind cannot forget it.
 
-A failure is a ``ParityError`` (a ``SacEdgeError``) whose one line names the figures; the caller does not
+A failure is a ``ParityError`` (a ``SacEdgeError``) whose one line names the errors; the caller does not
 serve that backend (``--backend auto`` goes on to the next candidate, a cached plan is deleted) and the
-figures go into the plan's sidecar, the telemetry and ``sac-edge doctor`` (``EngineParity.to_dict``).
+errors go into the plan's sidecar, the telemetry and ``sac-edge doctor`` (``EngineParity.to_dict``).
 This is the check that catches uninitialised batch outputs, stale engine caches, dropped biases and stale
 INT8 scales on a real device, where the code paths cannot be run here.
 """
@@ -66,7 +66,7 @@ class EngineParity(NamedTuple):
     value: float
     passed: bool
     # int8 against the Q/DQ reference: the engine's and the Q/DQ graph's mean error / range against fp32,
-    # and the engine's limit (the Q/DQ figure plus INT8_KERNEL_FRAC); None for other precisions
+    # and the engine's limit (the Q/DQ graph's error plus INT8_KERNEL_FRAC); None for other precisions
     fp32_value: float | None = None
     reference_fp32_value: float | None = None
     fp32_limit: float | None = None
@@ -90,7 +90,7 @@ class EngineParity(NamedTuple):
 
 
 class ParityError(InternalError):
-    """An engine or session that disagrees with the fp32 ONNX (exit 1); ``parity`` holds the figures."""
+    """An engine or session that disagrees with the fp32 ONNX (exit 1); ``parity`` holds the errors."""
 
     def __init__(self, parity: EngineParity, action: str) -> None:
         super().__init__(f"{parity.line()}; {action}")

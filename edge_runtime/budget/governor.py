@@ -154,7 +154,7 @@ class GovernorConfig:
 
 @dataclass(frozen=True)
 class GovernorEvent:
-    """One transition (or the one-off unmeetable report), with the figures that caused it."""
+    """One transition (or the one-off unmeetable report), with the readings that caused it."""
 
     time: float
     kind: EventKind
@@ -178,7 +178,7 @@ class GovernorEvent:
 
 
 class _Check(NamedTuple):
-    """One enforced budget and this sample's figure for it (None: unknown)."""
+    """One enforced budget and this sample's reading for it (None: unknown)."""
 
     label: str
     value: float | None
@@ -191,7 +191,7 @@ def _finite(value: float | None) -> float | None:
 
 
 class Governor:
-    """Pure decision logic: the caller reads the sensors and passes the figures and the time to ``tick``."""
+    """Pure decision logic: the caller reads the sensors and passes the readings and the time to ``tick``."""
 
     def __init__(self, config: GovernorConfig, ladder: Sequence[Level]) -> None:
         if not ladder:
@@ -237,10 +237,10 @@ class Governor:
         else:
             self._over = self._under = 0
 
-        figures = "; ".join(self._figure(c, power) for c in checks)
+        readings = "; ".join(self._reading(c, power) for c in checks)
         if self._over >= cfg.degrade_after:
             self._over = 0
-            why = f"{' and '.join(c.label for c in over)} over budget for {cfg.degrade_after} samples: {figures}"
+            why = f"{' and '.join(c.label for c in over)} over budget for {cfg.degrade_after} samples: {readings}"
             helps = self._level + 1 < len(self.levels) and (
                 self.levels[self._level + 1].step != "control_rate" or any(c.label != "memory" for c in over)
             )  # a lower control rate saves power, not memory: over memory alone, the rate steps cannot help
@@ -249,18 +249,18 @@ class Governor:
             if not self._unmeetable:
                 self._unmeetable = True
                 floor = self.levels[self._level].knobs
-                why = f"budget cannot be met at the lowest level {self._level} ({_describe(floor)}): {figures}"
+                why = f"budget cannot be met at the lowest level {self._level} ({_describe(floor)}): {readings}"
                 return self._emit(now, "unmeetable", self._level, why, power, mem)
         elif self._under >= cfg.recover_after:
             self._under = 0
             self._unmeetable = False
             if self._level > 0:
-                why = f"under budget less {cfg.headroom:.0%} headroom for {cfg.recover_after} samples: {figures}"
+                why = f"under budget less {cfg.headroom:.0%} headroom for {cfg.recover_after} samples: {readings}"
                 return self._emit(now, "recover", self._level - 1, why, power, mem)
         return []
 
     @staticmethod
-    def _figure(check: _Check, power: PowerReading | None) -> str:
+    def _reading(check: _Check, power: PowerReading | None) -> str:
         label, value, budget, unit = check
         shown = "unknown" if value is None else f"{value:.2f} {unit}"
         if label == "power" and power is not None:

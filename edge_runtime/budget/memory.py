@@ -1,4 +1,4 @@
-"""Memory figures the budget governor and the benchmarks use, read from ``root`` so fixtures work.
+"""Memory readings the budget governor and the benchmarks use, read from ``root`` so fixtures work.
 
 - Process: ``/proc/<pid>/status`` ``VmRSS`` (resident now) and ``VmHWM`` (peak resident, the high-water
   mark), in kB (proc(5)).
@@ -140,7 +140,7 @@ def read_nvmap(root: Path = Path("/")) -> NvMapTable | None:
 
 @dataclass(frozen=True)
 class MemorySample:
-    """One reading of every memory figure; ``budget_mb`` is what ``--mem-budget-mb`` is compared with."""
+    """One reading of every memory value; ``budget_mb`` is what ``--mem-budget-mb`` is compared with."""
 
     timestamp: float
     rss_mb: float
@@ -172,7 +172,7 @@ class MemorySample:
 
 
 class MemoryProbe:
-    """Reads a process's memory figures in one call (~0.1 ms: a few small proc files)."""
+    """Reads a process's memory values in one call (~0.1 ms: a few small proc files)."""
 
     def __init__(
         self,

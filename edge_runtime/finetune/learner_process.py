@@ -15,7 +15,7 @@ weight swaps):
 - weights: one shared block holds a full learner state, the int8 backends' re-quantised initializers
   (``INT8`` + name; laid out from the starting weights' set) and the recent states a candidate was checked
   on (``weights``); the main process writes the starting tensors before the child starts, the child writes
-  each candidate that passed its checks and then says so on the pipe (with the int8 figures); it writes
+  each candidate that passed its checks and then says so on the pipe (with the int8 check's result); it writes
   nothing more until the main process resolves that candidate, so the main process copies out a whole set
   and swaps it in. A candidate that fails the int8 check never reaches the block: the child reports it as
   an ``event`` (``int8_skipped``) and learns on. The child does not write into the arrays the serving

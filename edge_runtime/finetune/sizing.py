@@ -22,7 +22,7 @@ re-check) leaves a little more resident at first, less as the allocator's free l
 has to stay under the budget all run (``bench/finetune.py``'s tight-budget run checks exactly that).
 Choices, in order, until the estimate fits: the requested sizes; fewer replay rows (down to
 ``min_rows``); gradient checkpointing (where it saves memory); halving the batch (down to 32).
-If even that does not fit it is a one-line error with the figures. The update-to-data ratio is a compute
+If even that does not fit it is a one-line error with the sizes. The update-to-data ratio is a compute
 choice, not a memory one: :func:`choose_utd` caps it so the learner process uses at most ``learner_cpu``
 of one core at the control rate, from a timed update at the chosen batch.
 """

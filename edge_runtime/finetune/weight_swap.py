@@ -46,7 +46,7 @@ class Requantized(NamedTuple):
     seconds: float
 
     def facts(self) -> dict[str, Any]:
-        """The check's figures as telemetry reports them (JSON-ready)."""
+        """The check's result as telemetry reports them (JSON-ready)."""
         return {
             "mean_action_error_frac": self.mean_error_frac,
             "max_action_error_frac": self.max_error_frac,
@@ -116,7 +116,7 @@ class Int8Requantizer:
 
 class WeightSets(NamedTuple):
     """One actor weight set as each backend takes it: the actor tensors (fp32 / fp16 backends) and, where
-    an int8 backend is loaded, the re-quantised initializers and the check's figures (``int8_facts``)."""
+    an int8 backend is loaded, the re-quantised initializers and the check's result (``int8_facts``)."""
 
     actor: dict[str, np.ndarray]
     int8: dict[str, np.ndarray]

@@ -99,7 +99,7 @@ def write_sidecar(plan: Path, key: PlanKey, build: Mapping[str, Any]) -> None:
 
 
 def record_parity(plan: Path, parity: Mapping[str, Any], delete_plan: bool) -> None:
-    """Add the parity gate's figures to ``plan``'s sidecar; ``delete_plan`` removes a plan that failed, so
+    """Add the parity gate's result to ``plan``'s sidecar; ``delete_plan`` removes a plan that failed, so
     it is rebuilt next time while the sidecar keeps why (for ``sac-edge doctor``)."""
     sidecar = plan.with_suffix(".json")
     record = read_json_or_none(sidecar) or {}
@@ -109,7 +109,7 @@ def record_parity(plan: Path, parity: Mapping[str, Any], delete_plan: bool) -> N
 
 
 def parity_records(engine_dir: Path) -> list[dict[str, Any]]:
-    """Every cached plan's last parity-gate figures (for ``sac-edge doctor``), sorted by file name."""
+    """Every cached plan's last parity-gate result (for ``sac-edge doctor``), sorted by file name."""
     out = []
     for sidecar in sorted(engine_dir.glob("policy.*.json")) if engine_dir.is_dir() else []:
         record = read_json_or_none(sidecar)

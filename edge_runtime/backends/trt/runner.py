@@ -5,7 +5,7 @@ from the ONNX the TensorRT generation takes (``common.trt.generations``) with
 ``sac_edge.common.trt.builder.build_engine`` and cached as ``BUNDLE/engines/policy.<precision>.<tag>.plan``
 (+ ``.json``). Every engine, built or cached, then goes through the parity gate (``parity_gate.py``; the
 registry runs it, since the kind declares every precision gated); one that disagrees with the fp32 ONNX is
-not served, a cached plan is deleted and the figures stay in its sidecar (``parity_checked``).
+not served, a cached plan is deleted and the gate's result stays in its sidecar (``parity_checked``).
 
 Inference follows the TensorRT 8.5+/10/11 tensor API (``num_io_tensors``, ``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``): device buffers and pinned host buffers are allocated once.
@@ -131,11 +131,11 @@ class TensorRTBackend(Backend):
             self._bind(self._runner)
             self.opened_as = "build" if self.built else "cached plan"  # the registry gates it before it serves
 
-    def parity_checked(self, passed: bool, figures: Mapping[str, Any]) -> str:
-        """The gate's figures go into a cached plan's sidecar; a failing cached plan is deleted (sidecar kept)."""
+    def parity_checked(self, passed: bool, result: Mapping[str, Any]) -> str:
+        """The gate's result goes into a cached plan's sidecar; a failing cached plan is deleted (sidecar kept)."""
         cached = self.plan.parent == self.engine_dir
         if cached:
-            record_parity(self.plan, figures, delete_plan=not passed)
+            record_parity(self.plan, result, delete_plan=not passed)
         return "plan deleted, not served" if cached else "not served"
 
     def _build(self, onnx: Path, key: PlanKey) -> Path:

@@ -1,7 +1,7 @@
 """One interface for every power source, and an energy meter on top of it.
 
 A sensor's ``read()`` returns a :class:`PowerReading`: board (or package) total in watts, the rails it
-saw, whether the figure was measured by hardware or modelled, the source's name and a timestamp from
+saw, whether the value was measured by hardware or modelled, the source's name and a timestamp from
 the sensor's clock (``time.monotonic`` unless one is injected). Readers take ``root: Path`` so a test
 can point them at a fixture tree laid out like the real sysfs.
 """
@@ -212,7 +212,7 @@ class EnergyMeter:
 
     @property
     def measured(self) -> bool:
-        """True only when every reading was measured; an estimate anywhere makes the whole figure estimated."""
+        """True only when every reading was measured; an estimate anywhere makes the whole reading estimated."""
         return bool(self.readings) and all(r.measured for r in self.readings)
 
     def millijoules_per(self, count: int) -> float:

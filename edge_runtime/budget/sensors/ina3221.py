@@ -52,7 +52,7 @@ _IIO_RAIL = re.compile(r"^rail_name_(\d+)$")
 
 @dataclass(frozen=True)
 class Rail:
-    """Where one channel's figures live. ``power_mw`` is None in the hwmon layout (computed from V and I)."""
+    """Where one channel's files live. ``power_mw`` is None in the hwmon layout (computed from V and I)."""
 
     name: str
     voltage_mv: Path
@@ -216,7 +216,7 @@ class Ina3221HwmonSensor(_Ina3221Sensor):
     ) -> None:
         super().__init__(root, clock, warn)
         intervals = [hw / "update_interval" for hw in find_hwmon_dirs(root) if (hw / "update_interval").is_file()]
-        #: the monitor's conversion time; reading faster than this returns the same figures
+        #: the monitor's conversion time; reading faster than this returns the same values
         self.update_interval_ms: float | None = max(read_number(p) for p in intervals) if intervals else None
 
     def _find_rails(self, root: Path) -> dict[str, Rail]:
