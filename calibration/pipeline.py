@@ -104,13 +104,7 @@ def calibrate_and_gate(
     layers = [layer_name(n) for n in linear_nodes(model)]
     if not layers:
         raise SacEdgeError(f"{fp32_onnx}: no MatMul/Gemm layers to quantise")
-    tensors = list(dict.fromkeys([*quantizable_tensors(model), *cache_tensors(model)]))
-    amax = compute_amax(
-        collect_activations(model, calibration, tensors),
-        options.method,
-        overrides=options.method_overrides,
-        percentile=options.percentile,
-    )
+    amax = _calibrate(model, calibration, options)
 
     def build(float_layers: frozenset[str]) -> onnx.ModelProto:
         candidate = quantize_model(model, amax, float_layers=float_layers)
@@ -144,6 +138,17 @@ def calibrate_and_gate(
     write_cache(cache_path, cache_scales(model, amax, report.float_layers), options.trt_version)
     facts["cpu_graph"], cpu_path = _write_cpu_graph(model, accepted, holdout, spec, out_dir)
     return Int8Result(report, int8_path, cache_path, facts, cpu_path)
+
+
+def _calibrate(model: onnx.ModelProto, calibration: np.ndarray, options: CalibrationOptions) -> dict[str, float]:
+    """The amax of every tensor the Q/DQ model or ``calib.cache`` quantises, from the calibration states."""
+    tensors = list(dict.fromkeys([*quantizable_tensors(model), *cache_tensors(model)]))
+    return compute_amax(
+        collect_activations(model, calibration, tensors),
+        options.method,
+        overrides=options.method_overrides,
+        percentile=options.percentile,
+    )
 
 
 def _load_fp32(fp32_onnx: Path) -> onnx.ModelProto:

@@ -37,9 +37,10 @@ from sac_edge.common.atomic import atomic_write_json, check_output_path
 from sac_edge.common.bundle import Bundle, open_bundle
 from sac_edge.common.bundle_format import ENVELOPE_KIND, FP32, MANIFEST
 from sac_edge.common.config import config_dict
-from sac_edge.common.envelope import parse_envelope
+from sac_edge.common.envelope import Envelope, parse_envelope
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 
 from .config import BackendSection, DrillConfig, LoopSection, RunConfig, ShieldSection
@@ -166,25 +167,10 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
     bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
     spec = bundle.spec
     env_name = cfg.env or file_env(spec.env_id, str(bundle.path / MANIFEST))
-    probe = make_env(env_name)
-    try:
-        obs_space, act_space = probe.observation_space, probe.action_space
-        assert isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)
-        if obs_space.shape != (spec.obs_dim,) or act_space.shape != (spec.act_dim,):
-            raise SacEdgeError(
-                f"{env_name}: observation {obs_space.shape} / action {act_space.shape} do not match the bundle's "
-                f"spec (obs_dim={spec.obs_dim}, act_dim={spec.act_dim})"
-            )
-    finally:
-        probe.close()
+    obs_space, act_space = _env_spaces(env_name, spec)
     if cfg.fault_dim >= spec.obs_dim:
         raise SacEdgeError(f"--fault-dim must be below the bundle's obs_dim {spec.obs_dim}, got {cfg.fault_dim}")
-    names = bundle.files(ENVELOPE_KIND)
-    envelope = (
-        parse_envelope(bundle.read(bundle.path / names[0]), bundle.path / names[0], spec.obs_dim, spec.act_dim)
-        if names
-        else None
-    )
+    envelope = _envelope(bundle)
     if envelope is None:
         log(f"sac-edge drill: {bundle.path} has no envelope.json; the shield runs without the envelope check")
     sigma = envelope.scale if envelope is not None else np.ones(spec.obs_dim)
@@ -219,6 +205,31 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
         atomic_write_json(out, result)
         result["written"] = str(out)
     return result
+
+
+def _env_spaces(env_name: str, spec: PolicySpec) -> tuple[gym.spaces.Box, gym.spaces.Box]:
+    """The env's observation and action spaces, refused in one line unless they are the bundle's sizes."""
+    probe = make_env(env_name)
+    try:
+        obs_space, act_space = probe.observation_space, probe.action_space
+        assert isinstance(obs_space, gym.spaces.Box) and isinstance(act_space, gym.spaces.Box)
+        if obs_space.shape != (spec.obs_dim,) or act_space.shape != (spec.act_dim,):
+            raise SacEdgeError(
+                f"{env_name}: observation {obs_space.shape} / action {act_space.shape} do not match the bundle's "
+                f"spec (obs_dim={spec.obs_dim}, act_dim={spec.act_dim})"
+            )
+        return obs_space, act_space
+    finally:
+        probe.close()
+
+
+def _envelope(bundle: Bundle) -> Envelope | None:
+    """The bundle's observation envelope, from its verified bytes (None when it has none)."""
+    names = bundle.files(ENVELOPE_KIND)
+    if not names:
+        return None
+    spec = bundle.spec
+    return parse_envelope(bundle.read(bundle.path / names[0]), bundle.path / names[0], spec.obs_dim, spec.act_dim)
 
 
 def _actor_sets(bundle: Bundle, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
