@@ -2,7 +2,7 @@
 severity floor, creating Builder/Runtime where TensorRT cannot, and an installed tensorrt that does not import.
 
 ``trt`` is each generation's fake here (``fake_tensorrt``: failures raise as the real modules do without a
-device); ``test_trt_real.py`` runs the same code against NVIDIA's real modules.
+device); ``tests/edge_runtime/backends/test_trt_real.py`` runs the same code against NVIDIA's real modules.
 """
 
 from __future__ import annotations

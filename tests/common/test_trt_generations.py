@@ -3,7 +3,8 @@
 The build runs here against ``fake_tensorrt``, a module with exactly one real release's Python names and
 signatures (the committed surfaces): these tests check that no path touches a name its TensorRT lacks
 (e.g. the ``BuilderFlag.FP16`` that TensorRT 11 removed) and which flags and inputs each path chooses.
-Engines built for real are the ``tensorrt``-marked tests in test_tensorrt.py and the parity gate on a device.
+Engines built for real are the ``tensorrt``-marked tests in tests/export/test_tensorrt.py and the parity gate
+on a device.
 """
 
 from __future__ import annotations
