@@ -183,7 +183,7 @@ class _Checker(ast.NodeVisitor):
                     self.problems += [
                         f"{self.source.name}:{node.lineno}: {p}" for p in _takes(entry, keywords, func.attr)
                     ]
-            elif _is_self(owner) and func.attr not in self.own_methods or _is_super(owner):
+            elif (_is_self(owner) and func.attr not in self.own_methods) or _is_super(owner):
                 self._method(NODE_BASE, func.attr, keywords, node)
             else:
                 cls = self._type_of(owner)
