@@ -57,9 +57,11 @@ class Procs:
         self.procs[name] = (proc, out, err)
         return proc
 
-    def node(self, bundle: Path, *params: str, name: str = "node") -> subprocess.Popen[str]:
-        """``sac-edge ros2 BUNDLE --ros-args -p ...`` of the ROS venv."""
-        ros = [x for p in params for x in ("-p", p)]
+    def node(
+        self, bundle: Path, *params: str, name: str = "node", params_file: Path | None = None
+    ) -> subprocess.Popen[str]:
+        """``sac-edge ros2 BUNDLE --ros-args [--params-file FILE] -p ...`` of the ROS venv."""
+        ros = (["--params-file", str(params_file)] if params_file else []) + [x for p in params for x in ("-p", p)]
         return self.start(name, "-m", "sac_edge.edge_runtime.cli", "ros2", str(bundle), "--ros-args", *ros)
 
     def run(self, name: str, *args: str, timeout: float = 120) -> list[dict]:

@@ -22,7 +22,7 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Float64MultiArray
+from std_msgs.msg import Bool, Float64, Float64MultiArray
 
 
 def pendulum(state: list[float], u: float, g: float = 10.0, dt: float = 0.05) -> list[float]:
@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--rate-hz", type=float, default=200.0)
     ap.add_argument("--pause-at", type=float, default=-1.0)
     ap.add_argument("--pause-s", type=float, default=0.0)
+    ap.add_argument("--reward", action="store_true", help="a reward per command on /reward, /episode_end every 100")
+    ap.add_argument("--command-qos", choices=("reliable", "best_effort"), default="reliable")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -57,6 +59,8 @@ def main() -> None:
         state = {n: [0.1 * i, 0.0] for i, n in enumerate(names)}
     shown = args.names.split(",") if args.names else names
     pub = node.create_publisher(JointState, "/joint_states", 10)
+    reward_pub = node.create_publisher(Float64, "/reward", 10)
+    end_pub = node.create_publisher(Bool, "/episode_end", 10)
     record: dict = {"commands": [], "published": 0, "first_command_t": None, "pause": None}
     last_command = {"t": 0.0}
 
@@ -91,12 +95,16 @@ def main() -> None:
                 x, v = state[n]
                 v = 0.98 * v + 0.001 * u
                 state[n] = [x + 0.001 * v, v]
+        if args.reward:
+            reward_pub.publish(Float64(data=-abs(data[0])))
+            if len(record["commands"]) % 100 == 0:
+                end_pub.publish(Bool(data=False))
         if args.lockstep and not paused():
             publish()
 
     node.create_subscription(
         Float64MultiArray, "/forward_command_controller/commands", on_command,
-        QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE),
+        QoSProfile(depth=10, reliability=getattr(ReliabilityPolicy, args.command_qos.upper())),
     )  # fmt: skip
 
     def on_timer() -> None:

@@ -14,6 +14,7 @@ import pytest
 from harness import PYTHON, Procs, cpu_seconds, ros_children, shm, sockets, wait_for
 
 pytestmark = [pytest.mark.ros2, pytest.mark.timeout(240)]
+PARAMS_FILE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "sac_edge.params.yaml"
 EXACT = ("backend:=onnxruntime", "precision:=fp32", "rate_hz:=1.0")
 """Options that make the node's actions reproducible: one backend and precision (``auto`` times candidates),
 and a budget (half a 1 s period) no inference overruns on a busy machine (an overrun holds the last action)."""
@@ -73,9 +74,13 @@ def test_timer_mode_multi_joint_with_autostart_and_sigterm(
     procs: Procs, multi_layout_bundle: Path, tmp_path: Path, rate_hz: int
 ) -> None:
     sim_out = tmp_path / "sim.json"
-    procs.start("sim", "tests/ros2/sim.py", "--kind", "multi", "--rate-hz", str(rate_hz), "--out", str(sim_out))
-    procs.node(multi_layout_bundle, "autostart:=true", f"rate_hz:={rate_hz}.0", "backend:=onnxruntime",
-               "max_input_age_ms:=1000.0")  # fmt: skip
+    procs.start("sim", "tests/ros2/sim.py", "--kind", "multi", "--rate-hz", str(rate_hz), "--reward",
+                "--out", str(sim_out))  # fmt: skip
+    procs.node(
+        multi_layout_bundle, "autostart:=true", f"rate_hz:={rate_hz}.0", "max_input_age_ms:=1000.0",
+        "command_topic:=/forward_command_controller/commands", "reward_topic:=/reward", "episode_end_topic:=/episode_end",
+        "mem_budget_mb:=0.0", params_file=PARAMS_FILE,
+    )  # fmt: skip
     wait_for(lambda: "active: timer mode" in procs.text("node", "err"), 90, "the node to be active")
     time.sleep(3.0)
     assert procs.stop("node", signal.SIGTERM) == 0
@@ -86,6 +91,11 @@ def test_timer_mode_multi_joint_with_autostart_and_sigterm(
     assert summary["stopped_by_signal"] == "SIGTERM" and node["steps"] > 10 and node["rate_hz"] == rate_hz, node
     assert 0 <= node["deadline_misses"] < node["steps"] and node["step_p99_us"] > 0
     assert node["stale_steps"] == 0 and node["invalid_states"] == 0, node
+    runtime = summary["runtime"]  # the reward and episode-end topics fed Runtime.observe
+    assert (
+        runtime["transitions"] > 0 and runtime["episodes"] >= 1 and runtime["reward_invalid"] < runtime["transitions"]
+    )
+    assert runtime["shield"]["ramp_steps"] == 50 and runtime["backend"]["backend"] == "onnxruntime"  # the params file
     sim = _sim_record(sim_out, procs)
     commands = sim["commands"]
     # A Python sim on a busy 2-core machine may drop some of 1000 commands a second (its queue keeps 10): the
@@ -146,3 +156,17 @@ def test_without_rclpy_the_command_says_so_in_one_line(pendulum_layout_bundle: P
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "rclpy is not importable here: source the robot's ROS 2 first" in proc.stderr
+
+
+def test_an_incompatible_qos_peer_is_reported(procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path) -> None:
+    """A best-effort command publisher and a reliable subscriber never connect: the node says so."""
+    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", "50", "--out", str(tmp_path / "sim.json"))
+    procs.node(
+        pendulum_layout_bundle, "autostart:=true", "command_qos_reliability:=best_effort", "backend:=onnxruntime"
+    )
+    wait_for(
+        lambda: "QoS mismatch on /forward_command_controller/commands" in procs.text("node", "err"), 60, "a warning"
+    )
+    assert procs.stop("node", signal.SIGINT) == 0
+    assert _summary(procs)["node"]["qos_incompatible"] >= 1
+    assert "RELIABILITY" in procs.text("node", "err")
