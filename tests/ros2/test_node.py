@@ -78,8 +78,8 @@ def test_timer_mode_multi_joint_with_autostart_and_sigterm(
                 "--out", str(sim_out))  # fmt: skip
     procs.node(
         multi_layout_bundle, "autostart:=true", f"rate_hz:={rate_hz}.0", "max_input_age_ms:=1000.0",
-        "command_topic:=/forward_command_controller/commands", "reward_topic:=/reward", "episode_end_topic:=/episode_end",
-        "mem_budget_mb:=0.0", params_file=PARAMS_FILE,
+        "command_topic:=/forward_command_controller/commands", "reward_topic:=/reward",
+        "episode_end_topic:=/episode_end", "mem_budget_mb:=0.0", params_file=PARAMS_FILE,
     )  # fmt: skip
     wait_for(lambda: "active: timer mode" in procs.text("node", "err"), 90, "the node to be active")
     time.sleep(3.0)
