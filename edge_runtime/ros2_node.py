@@ -246,6 +246,9 @@ class SacEdgeNode(LifecycleNode):
             self._configure()
         except (SacEdgeError, InternalError) as err:
             self.get_logger().error(f"configure failed: {err}")
+            runtime, self._runtime = self._runtime, None
+            if runtime is not None:  # opened before the failure: its fine-tuning lock and threads go
+                runtime.close()
             self._release()
             return TransitionCallbackReturn.FAILURE
         self._state = "inactive"

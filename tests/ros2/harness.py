@@ -36,8 +36,7 @@ def ros_env() -> dict[str, str]:
     env.update(
         ROS_DOMAIN_ID=str(domain),
         RMW_IMPLEMENTATION="rmw_fastrtps_cpp",
-        FASTRTPS_DEFAULT_PROFILES_FILE=str(PROFILE),
-        FASTDDS_DEFAULT_PROFILES_FILE=str(PROFILE),
+        FASTDDS_DEFAULT_PROFILES_FILE=str(PROFILE),  # Humble's Fast DDS 2.6 reads FASTRTPS_DEFAULT_PROFILES_FILE
         PYTHONUNBUFFERED="1",
     )
     return env
