@@ -45,6 +45,7 @@ from std_msgs.msg import Bool, Float64, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from sac_edge.common.atomic import atomic_write_json
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.config import options, parse_value
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.io_layout import bundle_layout
@@ -54,7 +55,6 @@ from sac_edge.edge_runtime.ros2.compat import event_callbacks
 from sac_edge.edge_runtime.ros2.qos import incompatible_warning, profile
 from sac_edge.edge_runtime.ros2.recorder import Recorder
 
-from .compose import verified_bundle
 from .config import RunConfig
 from .runtime import Runtime, RuntimeSummary
 
@@ -265,11 +265,12 @@ class SacEdgeNode(LifecycleNode):
         if mode not in MODES:
             raise SacEdgeError(f"mode must be timer or message, got {mode!r}")
         options = self.options()
-        bundle = verified_bundle(options)
+        bundle = open_bundle(str(self._param("bundle")), self._param("trusted_keys") or None,
+                             allow_downgrade=bool(self._param("allow_downgrade")))  # fmt: skip
         layout = bundle_layout(bundle)
         if layout is None:
             raise SacEdgeError(
-                f"{options.bundle} has no layout: export it with sac-export --layout FILE (docs/CONTRACTS.md)"
+                f"{bundle.path} has no layout: export it with sac-export --layout FILE (docs/CONTRACTS.md)"
             )
         self._layout = layout
         state_topic = str(self._param("state_topic"))
@@ -300,7 +301,8 @@ class SacEdgeNode(LifecycleNode):
         self._pending_reward: float | None = None
         self._pending_end: bool | None = None
         self._previous: tuple[np.ndarray, np.ndarray] | None = None
-        self._period_ns = int(1e9 / options.loop.rate_hz)
+        self._rate_hz = float(self._param("rate_hz"))  # the parameter: the runtime's options stay opaque here
+        self._period_ns = int(1e9 / self._rate_hz)
         self._age_ns = int(float(self._param("max_input_age_ms")) * 1e6)
         self._message_mode = mode == "message"
         self._stale_now: str | None = None
@@ -369,7 +371,7 @@ class SacEdgeNode(LifecycleNode):
             self._timer = self.create_timer(self._period_ns / 1e9, self._on_timer)
         self._last_step_ns = 0
         self._event({"type": "lifecycle", "state": "active"})
-        self.get_logger().info(f"active: {self._param('mode')} mode at {self._runtime.options.loop.rate_hz:g} Hz")
+        self.get_logger().info(f"active: {self._param('mode')} mode at {self._rate_hz:g} Hz")
         return TransitionCallbackReturn.SUCCESS
 
     def on_deactivate(self, state: Any) -> Any:
@@ -544,7 +546,7 @@ class SacEdgeNode(LifecycleNode):
         if len(steps.took_ns) > 20000:
             del steps.took_ns[:10000]
         report = runtime.tick()
-        if not self._message_mode and report.rate_hz != 1e9 / self._period_ns:
+        if not self._message_mode and report.rate_hz != self._rate_hz:
             self._retime(report.rate_hz)
 
     def _note_stale(self, stale: str | None, t0: int, since: int) -> None:
@@ -590,6 +592,7 @@ class SacEdgeNode(LifecycleNode):
 
     def _retime(self, rate_hz: float) -> None:
         """The governor lowered (or restored) the rate: the timer follows."""
+        self._rate_hz = rate_hz
         self._period_ns = int(1e9 / rate_hz)
         if self._timer is not None:
             self._timer.cancel()
