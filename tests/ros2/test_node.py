@@ -114,7 +114,14 @@ def test_stale_input_falls_back_within_the_age_limit_and_ramps_back(
                 "--out", str(sim_out))  # fmt: skip
     procs.node(pendulum_layout_bundle, "autostart:=true", f"rate_hz:={rate}.0", f"max_input_age_ms:={limit_ms}",
                f"record:={record}", "backend:=onnxruntime", "ramp_steps:=5")  # fmt: skip
-    wait_for(lambda: "inputs fresh again" in procs.text("node", "err"), 90, "the sim's pause and its end")
+    wait_for(lambda: "active: timer mode" in procs.text("node", "err"), 90, "the node to be active")
+    time.sleep(2.2)  # the sim pauses 1.0 s after the first command, for 0.6 s
+
+    def recovered() -> bool:
+        err = procs.text("node", "err")
+        return 1 <= err.count("is stale") <= err.count("inputs fresh again")
+
+    wait_for(recovered, 60, "the sim's pause and its end")
     time.sleep(0.3)
     assert procs.stop("node", signal.SIGINT) == 0
     node = _summary(procs)["node"]
