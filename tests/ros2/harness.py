@@ -125,11 +125,10 @@ def sockets(pids: list[int]) -> list[str]:
 
 
 def shm() -> set[str]:
-    return (
-        {p.name for p in Path("/dev/shm").iterdir() if "fastdds" in p.name or "fastrtps" in p.name}
-        if Path("/dev/shm").is_dir()
-        else set()
-    )
+    """What /dev/shm holds, but lttng-ust's per-user wait files (``lttng-ust-wait-UID``, 4 KiB, made once per user
+    by the tracing library the ROS wheels load, and reused: not a per-process leftover)."""
+    root = Path("/dev/shm")
+    return {p.name for p in root.iterdir() if not p.name.startswith("lttng-ust-wait-")} if root.is_dir() else set()
 
 
 def cpu_seconds(pid: int) -> float:
