@@ -8,7 +8,7 @@ DEMO := runs/demo
 # what `make test` sees (tests/test_clean_clone.py checks this recipe).
 DEMO_BUNDLE := runs/demo-bundle
 
-.PHONY: venv test test-device test-trt85 device-suite test-aarch64 aarch64-suite lint typecheck docs unit demo bench clean
+.PHONY: venv venv-ros2 test test-device test-trt85 device-suite test-aarch64 aarch64-suite lint typecheck docs unit demo bench clean
 
 # The pinned CPU torch goes in first: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -32,7 +32,27 @@ docs: venv
 unit: venv
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck unit test-device test-aarch64
+test: lint typecheck venv-ros2 unit test-device test-aarch64
+
+# Real ROS 2 for tests/ros2 (the node, a simulated robot and a lifecycle driver in their own processes): the
+# PyPI wheels of ROS 2 Kilted (x86_64, CPython 3.10+) in a venv of their own, never in .venv or .venv-device
+# (their .pth re-executes every interpreter of the venv), with sac-edge itself torch-free. Where they cannot be
+# installed it says why in one line and the ROS tests skip with that reason (tests/ros2/harness.py).
+ROS2 := .venv-ros2
+ROS2_STAMP := $(ROS2)/.installed-stamp
+ROS2_PINS := "ros-rclpy[fastrtps]==9.1.2" ros-std-msgs==5.5.1 ros-sensor-msgs==5.5.1 ros-diagnostic-msgs==5.5.1 \
+	ros-lifecycle-msgs ros-trajectory-msgs==5.5.1 mcap==1.6.0 mcap-ros2-support==0.6.0
+
+$(ROS2_STAMP): pyproject.toml
+	rm -rf $(ROS2) && $(PY) -m venv $(ROS2)
+	$(ROS2)/bin/python -m pip install -q $(ROS2_PINS) -e .
+	touch $(ROS2_STAMP)
+
+venv-ros2:
+	@if [ "$$(uname -m)" != x86_64 ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then \
+		echo "venv-ros2: skipped: ROS 2's PyPI wheels need x86_64 and Python >= 3.10 (tests/ros2 skip)"; \
+	else $(MAKE) --no-print-directory $(ROS2_STAMP) > .venv-ros2.log 2>&1 || \
+		{ rm -rf $(ROS2); echo "venv-ros2: skipped: installing ROS 2's wheels failed (.venv-ros2.log; tests/ros2 skip)"; }; fi
 
 # The JetPack 5 generation (Xavier NX): Python 3.8 and `pip install .` as a user would (no torch; checked),
 # onnxruntime 1.16.3 (the oldest JetPack 5 onnxruntime-gpu build) and pyproject's other floors, then the
@@ -107,7 +127,7 @@ bench: venv
 	$(BIN)/python bench/edge_loop.py
 
 clean:
-	rm -rf runs bundles sweeps $(DEVICE) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf runs bundles sweeps $(DEVICE) $(ROS2) .pytest_cache .mypy_cache .ruff_cache
 
 # The real TensorRT 8.5.3.1 wheel (JetPack 5.1's generation; 525 MB, kept in .cache/) on the Python 3.8 install:
 # doctor prints its whole report with TensorRT saying no CUDA device is usable, run --backend tensorrt exits 2

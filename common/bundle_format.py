@@ -31,6 +31,7 @@ PARITY_STATES = "parity_states.npy"  # held-out states the runtime's engine pari
 LEARNER = "learner.safetensors"
 EXPORT_CONFIG = "export_config.json"
 ENVELOPE = "envelope.json"
+LAYOUT = "layout.json"  # the robot's I/O layout (``sac-export --layout``; ``io_layout.py``)
 TIMING_CACHE = "timing.cache"  # TensorRT's tactic timings, beside the plans they sped up (here and in ENGINES_DIR)
 
 # The manifest's ``files[name]["kind"]`` values.
@@ -41,6 +42,7 @@ PARITY_STATES_KIND = "parity-states"
 LEARNER_KIND = "learner"
 CONFIG_KIND = "config"
 ENVELOPE_KIND = "envelope"
+LAYOUT_KIND = "io-layout"
 TIMING_CACHE_KIND = "tensorrt-timing-cache"
 PLAN_KIND = "tensorrt-engine"
 GRAPH_KINDS = (ONNX_KIND, ONNX_CPU_KIND)
@@ -74,6 +76,7 @@ FILE_KINDS: dict[str, tuple[str, str | None]] = {
     LEARNER: (LEARNER_KIND, FP32),
     EXPORT_CONFIG: (CONFIG_KIND, None),
     ENVELOPE: (ENVELOPE_KIND, None),
+    LAYOUT: (LAYOUT_KIND, None),
     TIMING_CACHE: (TIMING_CACHE_KIND, None),
     **{plan_name(p): (PLAN_KIND, p) for p in PRECISIONS},
 }

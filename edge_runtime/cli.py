@@ -19,13 +19,16 @@ from sac_edge.common.summary import emit_json
 from .config import BenchConfig, DoctorConfig, DrillConfig, RunConfig
 
 PROG = "sac-edge"
-USAGE = f"""usage: {PROG} {{run,bench,drill,doctor}} BUNDLE [options] | {PROG} keygen NAME
+USAGE = f"""usage: {PROG} {{run,bench,drill,doctor}} BUNDLE [options] | {PROG} ros2 BUNDLE [--ros-args ...] |
+       {PROG} keygen NAME
 
   run     drive an environment with the bundle's policy at a fixed rate, within budgets
   bench   latency, throughput, energy and memory per backend x precision x batch
   drill   inject sensor faults (NaN, stuck, spikes, drops, delay, OOD start, weight swap) and measure the
           policy with and without the safety shield on the same seeds
   doctor  Python, onnxruntime, TensorRT, CUDA, Jetson release, sensors, permissions; what the bundle can run
+  ros2    the bundle's policy as a ROS 2 lifecycle node on the robot's topics (the system's rclpy, Humble
+          or newer; settings are ROS parameters: docs/ROS2.md)
   keygen  write an Ed25519 key pair: NAME (private, for sac-export --sign-key) and NAME.pub (for a
           --trusted-keys directory)
 
@@ -100,6 +103,20 @@ def _keygen(argv: Sequence[str]) -> int:
     return 0
 
 
+def _ros2(argv: Sequence[str]) -> int:
+    ours = argv[: list(argv).index("--ros-args")] if "--ros-args" in argv else argv
+    if any(a in ("-h", "--help") for a in ours):
+        print(f"usage: {PROG} ros2 BUNDLE [--ros-args -p name:=value ... --params-file FILE]\n\n"
+              "The bundle's policy as a ROS 2 lifecycle node (docs/ROS2.md lists its parameters).")  # fmt: skip
+        return 0
+    from sac_edge.edge_runtime.ros2.compat import require_rclpy
+
+    require_rclpy()  # one line where ROS 2 is not sourced or too old, before the node's module imports it
+    from .ros2_node import main as ros2_main
+
+    return ros2_main(argv)
+
+
 def _doctor(argv: Sequence[str]) -> int:
     from .doctor import doctor_command, doctor_json, doctor_table
 
@@ -127,7 +144,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return _keygen(rest)
     if command == "doctor":
         return _doctor(rest)
-    raise SacEdgeError(f"unknown command {command!r}; use run, bench, drill, doctor or keygen ({PROG} --help)")
+    if command == "ros2":
+        return _ros2(rest)
+    raise SacEdgeError(f"unknown command {command!r}; use run, bench, drill, doctor, ros2 or keygen ({PROG} --help)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

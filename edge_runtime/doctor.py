@@ -147,6 +147,21 @@ def accelerator_rows(ctx: Context) -> Iterable[Row]:
     )
 
 
+def ros2_rows(ctx: Context) -> Iterable[Row]:
+    """Whether ``sac-edge ros2`` can run here: the system's rclpy (Humble or newer) and its middleware."""
+    from sac_edge.edge_runtime.ros2.compat import ros2_status
+
+    status, detail = ros2_status()
+    fixes = {
+        "missing": "source /opt/ros/humble/setup.bash (only for sac-edge ros2)",
+        "old": "use ROS 2 Humble or newer",
+        "broken": "source the ROS 2 setup in this shell",
+    }
+    yield Row(
+        "software", "ros 2 (sac-edge ros2)", detail, {"ok": OK, "missing": INFO}.get(status, NO), fixes.get(status, "")
+    )
+
+
 def jetson_rows(ctx: Context) -> Iterable[Row]:
     yield Row("device", "model", board_model(ctx.root) or platform.machine())
     release = l4t_release(ctx.root)
@@ -321,7 +336,7 @@ def bundle_rows(ctx: Context) -> Iterable[Row]:
                 yield Row("bundle", item, cand.refusal, NO, _fix(cand.refusal))
 
 
-PROBES: list[Probe] = [python_rows, accelerator_rows, jetson_rows, sensor_rows, permission_rows, bundle_rows]
+PROBES: list[Probe] = [python_rows, accelerator_rows, ros2_rows, jetson_rows, sensor_rows, permission_rows, bundle_rows]
 
 
 def doctor_command(cfg: DoctorConfig) -> list[Row]:

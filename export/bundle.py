@@ -24,6 +24,7 @@ from sac_edge.common.bundle_format import (
     FP16,
     FP16_ONNX,
     INT8,
+    LAYOUT,
     LEARNER,
     MANIFEST,
     PARITY_STATES,
@@ -33,6 +34,7 @@ from sac_edge.common.bundle_format import (
 )
 from sac_edge.common.config import save_config
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.io_layout import load_layout
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.manifest import MAX_MANIFEST_BYTES, files_table, is_sac_edge_manifest, write_manifest
 from sac_edge.common.releases import RELEASE, new_release
@@ -108,7 +110,12 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
     replaced), signing its manifest with ``sign_key`` when given."""
     out = Path(cfg.out)
     check_out(cfg)
+    layout = load_layout(cfg.layout) if cfg.layout is not None else None
+    if layout is not None:  # before the slow work: a layout that does not fit the policy is refused at once
+        layout.check_dims(source.spec.obs_dim, source.spec.act_dim, f"--layout {cfg.layout}")
     with atomic_dir(out, replace=cfg.force) as stage:
+        if layout is not None:
+            atomic_write_json(stage / LAYOUT, layout.to_dict())
         onnx_info = export_policy(source.policy, source.spec.obs_dim, stage / POLICY_ONNX)
         states, origin = held_out_states(
             source.replay_states, stage / POLICY_ONNX, source.spec, cfg.parity_states, cfg.seed, source.states_name

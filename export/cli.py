@@ -7,6 +7,7 @@ from typing import Any
 
 from sac_edge.common.config import parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
+from sac_edge.common.io_layout import load_layout
 from sac_edge.common.signing import load_private_key
 from sac_edge.common.summary import emit_json
 from sac_edge.common.trt.builder import tensorrt_unavailable
@@ -43,6 +44,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if reason is not None:
             raise SacEdgeError(f"--engine always: {reason}; use --engine auto to defer engines to the device")
     check_out(cfg)  # before the slow work: a refused --out is known at once
+    if cfg.layout is not None:
+        load_layout(cfg.layout)  # its syntax before the source is read; its sizes are checked against the policy
     key = load_private_key(cfg.sign_key) if cfg.sign_key else None
     source = load_source(cfg.run, cfg.env, cfg.vecnormalize)
     result = write_bundle(cfg, source, key)

@@ -62,6 +62,13 @@ class ExportConfig:
     envelope_episodes: int = field(
         default=4, metadata={"help": "seeded rollouts of the exported policy added to the envelope's states (0: none)"}
     )
+    layout: str | None = field(
+        default=None,
+        metadata={
+            "help": "the robot's I/O layout (JSON or YAML; docs/CONTRACTS.md, Layout): joints and fields per "
+            "observation slot, the action's joints and interface; checked against the policy and stored in the bundle"
+        },
+    )
     engine: str = field(
         default="auto",
         metadata={

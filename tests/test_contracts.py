@@ -78,7 +78,8 @@ def test_train_export_run_bench_doctor_keep_the_contracts(tmp_path: Path) -> Non
     subprocess.run([str(BIN / "sac-edge"), "keygen", str(key)], check=True, capture_output=True, timeout=60)
     export = _json([
         str(BIN / "sac-export"), str(run), "--out", str(bundle), "--fp16", "--int8", "--calib-samples", "256",
-        "--gate-episodes", "2", "--sign-key", str(key), "--json",
+        "--gate-episodes", "2", "--sign-key", str(key), "--layout", str(ROOT / "docs/examples/pendulum.layout.json"),
+        "--json",
     ], tmp_path)  # fmt: skip
     assert export["bundle"] == str(bundle) and export["parity_max_abs"] <= 1e-5
     _both_ways(set(export), "sac-export --json")

@@ -10,7 +10,7 @@ import pytest
 
 import sac_edge
 
-OPTIONAL = {"torch", "tqdm", "matplotlib", "onnxslim", "tensorrt", "pycuda", "cuda", "mujoco", "pynvml"}
+OPTIONAL = {"torch", "tqdm", "matplotlib", "onnxslim", "tensorrt", "pycuda", "cuda", "mujoco", "pynvml", "rclpy"}
 MODULES = sorted(
     m.name
     for pkg in ("common", "train", "export", "calibration", "edge_runtime")

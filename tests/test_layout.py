@@ -33,14 +33,15 @@ STAGE_MAY_IMPORT = {
     "edge_runtime": {"common", "train", "calibration"},
     "sweep": {"common", "train"},
 }
-SUBPACKAGES = ("backends", "control", "budget", "finetune")
+SUBPACKAGES = ("backends", "control", "budget", "finetune", "ros2")
 SUBPACKAGE_MAY_IMPORT = {
     "backends": set(),
     "budget": set(),
     "control": {"backends"},
     "finetune": {"backends", "budget"},
+    "ros2": set(),
 }
-COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "drill", "runtime"}
+COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "drill", "ros2_node", "runtime"}
 
 
 def module_name(path: Path) -> str:

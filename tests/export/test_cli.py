@@ -209,3 +209,27 @@ def test_signed_export_runs_only_under_its_trusted_key(pendulum_run: Path, tmp_p
     assert signature_state(out, trusted).state == TRUSTED
     run = ["run", str(out), "--duration", "0.05", "--backend", "onnxruntime", "--trusted-keys", str(trusted)]
     assert edge_main(run) == 0
+
+
+def test_layout_is_checked_against_the_policy_and_stored_under_the_checksums(
+    pendulum_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sac_edge.common.bundle import open_bundle
+    from sac_edge.common.io_layout import bundle_layout
+
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "pendulum.layout.json"
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"observation": [{"source": "joint_states", "field": "position", "joints": ["a", "b"]}],
+                                 "action": {"interface": "effort", "joints": ["a"]}}))  # fmt: skip
+    out = tmp_path / "bundle"
+    assert main([str(pendulum_run), "--out", str(out), "--layout", str(wrong)]) == 2
+    _one_line_error(capsys, "the layout's observation has 2 values (2) but the policy takes 3")
+    _no_bundle(out)
+    assert main([str(pendulum_run), "--out", str(out), "--layout", str(example)]) == 0
+    manifest = read_manifest(out)
+    assert manifest["files"]["layout.json"]["kind"] == "io-layout"
+    layout = bundle_layout(open_bundle(out))
+    assert layout is not None and layout.action.joints == ("pendulum",) and layout.obs_dim == 3
+    (out / "layout.json").write_text((out / "layout.json").read_text().replace("pendulum", "pendulun"))
+    with pytest.raises(SacEdgeError, match=r"layout\.json"):
+        open_bundle(out)  # its checksum no longer matches

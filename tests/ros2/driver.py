@@ -1,0 +1,74 @@
+"""Steps a lifecycle node through its transitions over ``~/change_state`` (no ``ros2`` CLI), in its own
+process (the ROS venv). ``driver.py NODE configure activate sleep:2 deactivate cleanup`` prints one JSON line
+per step ({"step", "ok", "state"}); ``diagnostics:N`` waits for N /diagnostics messages and prints the last."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
+from rclpy.node import Node
+
+IDS = {
+    "configure": Transition.TRANSITION_CONFIGURE,
+    "activate": Transition.TRANSITION_ACTIVATE,
+    "deactivate": Transition.TRANSITION_DEACTIVATE,
+    "cleanup": Transition.TRANSITION_CLEANUP,
+    "shutdown": Transition.TRANSITION_INACTIVE_SHUTDOWN,
+}
+
+
+def call(node: Node, client, request, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    future = client.call_async(request)
+    rclpy.spin_until_future_complete(node, future, timeout_sec=timeout)
+    return future.result()
+
+
+def main() -> None:
+    target, steps = sys.argv[1], sys.argv[2:]
+    rclpy.init()
+    node = Node("driver")
+    change = node.create_client(ChangeState, f"{target}/change_state")
+    get = node.create_client(GetState, f"{target}/get_state")
+    t0 = time.monotonic()
+    if not change.wait_for_service(timeout_sec=60.0):
+        print(json.dumps({"step": "wait", "ok": False}), flush=True)
+        sys.exit(1)
+    print(json.dumps({"step": "wait", "ok": True, "s": round(time.monotonic() - t0, 3)}), flush=True)
+    for step in steps:
+        t = time.monotonic()
+        if step.startswith("sleep:"):
+            end = t + float(step.split(":")[1])
+            while time.monotonic() < end:
+                rclpy.spin_once(node, timeout_sec=0.05)
+            continue
+        if step.startswith("diagnostics:"):
+            seen: list = []
+            node.create_subscription(DiagnosticArray, "/diagnostics", seen.append, 10)
+            while len(seen) < int(step.split(":")[1]) and time.monotonic() - t < 30:
+                rclpy.spin_once(node, timeout_sec=0.05)
+            last = seen[-1].status[0] if seen else None
+            values = {kv.key: kv.value for kv in last.values} if last else {}
+            level = last.level[0] if last else None
+            message = last.message if last else None
+            out = {"step": step, "ok": bool(seen), "count": len(seen), "level": level, "message": message}
+            print(json.dumps({**out, "values": values}), flush=True)
+            continue
+        request = ChangeState.Request()
+        request.transition.id = IDS[step]
+        result = call(node, change, request)
+        state = call(node, get, GetState.Request())
+        label = state.current_state.label if state else None
+        ok = bool(result and result.success)
+        print(json.dumps({"step": step, "ok": ok, "state": label, "s": round(time.monotonic() - t, 3)}), flush=True)
+    node.destroy_node()
+    rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    main()

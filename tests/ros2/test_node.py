@@ -1,0 +1,196 @@
+"""``sac-edge ros2`` against real ROS 2 (Kilted's PyPI wheels in .venv-ros2): a simulated robot, the node and a
+lifecycle driver, each in its own process on the loopback (harness.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness import PYTHON, Procs, cpu_seconds, ros_children, shm, sockets, wait_for
+
+pytestmark = [pytest.mark.ros2, pytest.mark.timeout(240)]
+PARAMS_FILE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "sac_edge.params.yaml"
+EXACT = ("backend:=onnxruntime", "precision:=fp32", "rate_hz:=1.0")
+"""Options that make the node's actions reproducible: one backend and precision (``auto`` times candidates),
+and a budget (half a 1 s period) no inference overruns on a busy machine (an overrun holds the last action)."""
+
+
+def _summary(procs: Procs, name: str = "node") -> dict:
+    lines = procs.json_lines(name)
+    assert lines, procs.text(name, "err")[-2000:]
+    return lines[-1]
+
+
+def _sim_record(path: Path, procs: Procs) -> dict:
+    procs.stop("sim")
+    return json.loads(path.read_text())
+
+
+def test_lockstep_actions_equal_the_runtimes_bit_for_bit_on_the_loopback(
+    procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
+) -> None:
+    shm_before = shm()
+    record, sim_out = tmp_path / "run.mcap", tmp_path / "sim.json"
+    node = procs.node(pendulum_layout_bundle, "mode:=message", "max_input_age_ms:=5000.0", f"record:={record}", *EXACT)
+    procs.start("sim", "tests/ros2/sim.py", "--lockstep", "--out", str(sim_out))
+    wait_for(lambda: "ready, unconfigured" in procs.text("node", "err"), 60, "the node")
+    idle0, t0 = sum(cpu_seconds(p) for p in ros_children(node)), time.monotonic()
+    time.sleep(2.0)  # unconfigured: the node spins on its services only
+    idle = (sum(cpu_seconds(p) for p in ros_children(node)) - idle0) / (time.monotonic() - t0)
+    assert idle < 0.1, f"an idle node used {idle:.0%} of a core"
+    steps = procs.run(
+        "driver", "tests/ros2/driver.py", "/sac_edge", "configure", "activate", "sleep:3", "diagnostics:1"
+    )
+    assert [s["ok"] for s in steps] == [True] * 4, steps
+    addresses = sockets(procs.pids() + [c for n in ("node", "sim") for c in ros_children(procs.procs[n][0])])
+    assert addresses and all(a.startswith(("127.0.0.1:", "239.255.0.1:")) for a in addresses), addresses
+    diagnostics = steps[-1]
+    assert diagnostics["level"] == 0 and diagnostics["values"]["backend"] == "onnxruntime", diagnostics
+    assert int(diagnostics["values"]["steps"]) > 0 and diagnostics["values"]["precision"] == "fp32"
+    assert procs.stop("node", signal.SIGINT) == 0
+    summary = _summary(procs)
+    assert summary["stopped_by_signal"] == "SIGINT" and summary["runtime"]["closed"], summary
+    sim = _sim_record(sim_out, procs)
+    assert summary["node"]["steps"] >= len(sim["commands"]) - 1 > 50, (summary["node"]["steps"], len(sim["commands"]))
+    replay = subprocess.run(
+        [str(PYTHON), "tests/ros2/replay.py", str(pendulum_layout_bundle), str(record),
+         "backend=onnxruntime", "precision=fp32", "rate_hz=1.0"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2], check=True,
+        env=procs.env,
+    )  # fmt: skip
+    result = json.loads(replay.stdout.splitlines()[-1])
+    assert result["compared"] == summary["node"]["steps"], result
+    assert result["equal"] == result["compared"], result["first_mismatch"]
+    assert shm() - shm_before == set()
+
+
+@pytest.mark.parametrize("rate_hz", [200, 1000])
+def test_timer_mode_multi_joint_with_autostart_and_sigterm(
+    procs: Procs, multi_layout_bundle: Path, tmp_path: Path, rate_hz: int
+) -> None:
+    sim_out = tmp_path / "sim.json"
+    procs.start("sim", "tests/ros2/sim.py", "--kind", "multi", "--rate-hz", str(rate_hz), "--reward",
+                "--out", str(sim_out))  # fmt: skip
+    procs.node(
+        multi_layout_bundle, "autostart:=true", f"rate_hz:={rate_hz}.0", "max_input_age_ms:=1000.0",
+        "command_topic:=/forward_command_controller/commands", "reward_topic:=/reward",
+        "episode_end_topic:=/episode_end", "mem_budget_mb:=0.0", params_file=PARAMS_FILE,
+    )  # fmt: skip
+    wait_for(lambda: "active: timer mode" in procs.text("node", "err"), 90, "the node to be active")
+    time.sleep(3.0)
+    assert procs.stop("node", signal.SIGTERM) == 0
+    summary = _summary(procs)
+    node = summary["node"]
+    # No speed goal here (a busy 2-core machine runs late; bench/ros2_loop.py measures): the timer ran at the
+    # rate asked, its late steps counted
+    assert summary["stopped_by_signal"] == "SIGTERM" and node["steps"] > 10 and node["rate_hz"] == rate_hz, node
+    assert 0 <= node["deadline_misses"] < node["steps"] and node["step_p99_us"] > 0
+    # (a sim starved of CPU for a second on a loaded machine makes stale steps: allowed, they are counted)
+    assert node["invalid_states"] == 0 and node["stale_steps"] < node["steps"], node
+    runtime = summary["runtime"]  # the reward and episode-end topics fed Runtime.observe
+    assert (
+        runtime["transitions"] > 0 and runtime["episodes"] >= 1 and runtime["reward_invalid"] < runtime["transitions"]
+    )
+    assert runtime["shield"]["ramp_steps"] == 50 and runtime["backend"]["backend"] == "onnxruntime"  # the params file
+    sim = _sim_record(sim_out, procs)
+    commands = sim["commands"]
+    # A Python sim on a busy 2-core machine may drop some of 1000 commands a second (its queue keeps 10): the
+    # node's own count is the one asserted above
+    assert 0 < len(commands) <= node["steps"] + 1 and all(len(c) == 6 for c in commands)
+    assert all(abs(v) <= 10.0 for c in commands for v in c)  # the action bounds (+-1) times the layout's scale
+
+
+def test_stale_input_falls_back_within_the_age_limit_and_ramps_back(
+    procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
+) -> None:
+    sim_out, record = tmp_path / "sim.json", tmp_path / "run.mcap"
+    limit_ms, rate = 50.0, 200
+    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", str(rate), "--pause-at", "1.0", "--pause-s", "0.6",
+                "--out", str(sim_out))  # fmt: skip
+    procs.node(pendulum_layout_bundle, "autostart:=true", f"rate_hz:={rate}.0", f"max_input_age_ms:={limit_ms}",
+               f"record:={record}", "backend:=onnxruntime", "ramp_steps:=5")  # fmt: skip
+    wait_for(lambda: "active: timer mode" in procs.text("node", "err"), 90, "the node to be active")
+    time.sleep(2.2)  # the sim pauses 1.0 s after the first command, for 0.6 s
+
+    def recovered() -> bool:
+        err = procs.text("node", "err")
+        return 1 <= err.count("is stale") <= err.count("inputs fresh again")
+
+    wait_for(recovered, 60, "the sim's pause and its end")
+    time.sleep(0.3)
+    assert procs.stop("node", signal.SIGINT) == 0
+    node = _summary(procs)["node"]
+    assert node["stale_steps"] > 0 and node["stale_by"].get("state", 0) == node["stale_steps"], node
+    assert node["shield_fallbacks"] >= 1 and node["shield_ramps"] >= 1, node  # back through the ramp
+    replay = subprocess.run(
+        [str(PYTHON), "tests/ros2/replay.py", str(pendulum_layout_bundle), str(record), "backend=onnxruntime"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2], check=True,
+        env=procs.env,
+    )  # fmt: skip
+    # Every step checks the age: the step before each onset (after the first step, whose state may have aged
+    # since configure) saw a fresh state, so the fallback came within the limit plus that step's own period
+    # (as late as the machine ran it). The sim's pause is one of these onsets.
+    onsets = [e for e in json.loads(replay.stdout.splitlines()[-1])["stale"] if e["step"] > 1]
+    assert onsets and all(e["input"] == "state" for e in onsets), onsets
+    for e in onsets:
+        assert e["age_ms"] - e["since_previous_step_ms"] <= limit_ms < e["age_ms"], e
+    err = procs.text("node", "err")
+    assert "input state is stale" in err and "the shield's fallback" in err
+
+
+def test_a_wrong_joint_name_fails_configure_in_one_line(
+    procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
+) -> None:
+    procs.start("sim", "tests/ros2/sim.py", "--names", "pendulum_joint", "--out", str(tmp_path / "sim.json"))
+    procs.node(pendulum_layout_bundle, "backend:=onnxruntime")
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure")
+    assert steps[-1] == {**steps[-1], "step": "configure", "ok": False, "state": "unconfigured"}, steps
+    errors = [line for line in procs.text("node", "err").splitlines() if "[ERROR]" in line]
+    assert (
+        len(errors) == 1
+        and "joint 'pendulum' of the layout is missing (the robot publishes pendulum_joint)" in errors[0]
+    )
+
+
+def test_without_rclpy_the_command_says_so_in_one_line(pendulum_layout_bundle: Path) -> None:
+    """In the device runtime's venv (no ROS 2): exit 2, one line naming the fix."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sac_edge.edge_runtime.cli", "ros2", str(pendulum_layout_bundle)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "rclpy is not importable here: source the robot's ROS 2 first" in proc.stderr
+
+
+def test_an_incompatible_qos_peer_is_reported(procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path) -> None:
+    """A best-effort command publisher and a reliable subscriber never connect: the node says so."""
+    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", "50", "--out", str(tmp_path / "sim.json"))
+    procs.node(
+        pendulum_layout_bundle, "autostart:=true", "command_qos_reliability:=best_effort", "backend:=onnxruntime"
+    )
+    wait_for(
+        lambda: "QoS mismatch on /forward_command_controller/commands" in procs.text("node", "err"), 60, "a warning"
+    )
+    assert procs.stop("node", signal.SIGINT) == 0
+    assert _summary(procs)["node"]["qos_incompatible"] >= 1
+    assert "RELIABILITY" in procs.text("node", "err")
+
+
+def test_doctor_has_a_ros2_row(procs: Procs) -> None:
+    """Without ROS 2 (the device runtime's venv) the row says what to source; with it, rclpy and its middleware."""
+    rows = {}
+    for python in (sys.executable, str(PYTHON)):
+        proc = subprocess.run(
+            [python, "-m", "sac_edge.edge_runtime.cli", "doctor", "--json"],
+            capture_output=True, text=True, timeout=120, check=True, env=procs.env,
+        )  # fmt: skip
+        report = json.loads(proc.stdout.splitlines()[-1])
+        rows[python] = next(r for r in report["rows"] if r["item"] == "ros 2 (sac-edge ros2)")
+    without, with_ros = rows[sys.executable], rows[str(PYTHON)]
+    assert without["status"] == "info" and "source the robot's ROS 2 first" in without["value"], without
+    assert with_ros["status"] == "ok" and "rmw_fastrtps_cpp" in with_ros["value"], with_ros
