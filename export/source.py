@@ -16,7 +16,7 @@ from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import sha256_file
 from sac_edge.common.spec import PolicySpec
-from sac_edge.train.checkpoint import CALIB_STATES, CONFIG, inference_policy, learner_tensors, load_run
+from sac_edge.train.checkpoint import CALIB_STATES, CHECKPOINT, CONFIG, inference_policy, learner_tensors, load_run
 from sac_edge.train.policies import InferencePolicy
 
 from .sb3 import Box, is_sb3_zip, load_sb3_zip, sb3_reference
@@ -64,6 +64,11 @@ def torch_reference(policy: InferencePolicy) -> Reference:
 
 
 def _load_run_dir(path: Path, env: str) -> PolicySource:
+    for name in (CONFIG, CHECKPOINT, CALIB_STATES):  # a planted link would read a file outside the run dir
+        if (path / name).is_symlink():
+            raise SacEdgeError(
+                f"{path / name}: a symlink, which sac-export never follows inside a run dir; copy the file in"
+            )
     run = load_run(path)
     spec = run.spec
     if env:
