@@ -36,6 +36,8 @@ class Ref:
         return f"<{self.kind}>"
 
 
+#: The kind a caller gives a dict class (``collections.OrderedDict``): called without arguments, a dict.
+DICT = "dict"
 #: Plain numeric dtypes by numpy's type string, without byte order: no objects, strings, voids or records.
 PLAIN_DTYPES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8"}
 #: The largest integer a file may write (LONG1/LONG4 bytes); sizes fit in 8, a random seed state in 17.
@@ -103,9 +105,11 @@ class _Machine:
             raise PickleDataError(f"refused global {module[:60]}.{name[:60]}")
         return Ref(kind)
 
-    def call(self, func: Any, args: Any) -> Ref:
+    def call(self, func: Any, args: Any) -> Any:
         if not (isinstance(func, Ref) and func.args is None) or not isinstance(args, tuple):
             raise PickleDataError(f"a call of something other than an allowed global at byte {self.pos}")
+        if func.kind == DICT and args == ():  # a global the caller maps to DICT: an empty (ordered) dict
+            return {}
         return Ref(func.kind, args)
 
     @staticmethod
@@ -119,6 +123,8 @@ class _Machine:
 
     def build(self) -> None:
         state, target = self.pop(), self.top()
+        if isinstance(target, dict) and isinstance(state, dict):
+            return  # attributes of a dict subclass (a state dict's ``_metadata``): not kept
         if not isinstance(target, Ref) or target.built:
             raise PickleDataError("BUILD on something other than a fresh allowed record (built once only)")
         target.state, target.built = state, True

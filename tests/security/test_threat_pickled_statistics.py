@@ -194,3 +194,24 @@ def test_hostile_statistics_are_refused_in_one_line(
     assert "not a VecNormalize file this reader accepts" in err and says in err, err
     assert "pass the .pkl that VecNormalize.save wrote" in err
     assert not out.exists()
+
+
+def test_an_sb3_zip_is_exported_without_any_unpickler(
+    sb3_zip: Path, real_files: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The zip's tensor files too: ``torch.load``, even with ``weights_only=True``, is a (restricted)
+    unpickler; the export must not need it, nor ``pickle`` at all."""
+    import torch
+
+    from sac_edge.export.sb3 import load_sb3_zip
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("an unpickler was called")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    stats = load_vecnormalize(real_files[0])
+    model = load_sb3_zip(sb3_zip, "", None, stats)
+    assert model.spec.obs_dim == 3 and model.obs_norm is stats
+    assert model.sb3_state["actor.mu.weight"].shape == (1, 8)
