@@ -101,9 +101,12 @@ device-suite: $(DEVICE_STAMP)
 # wheels under neoverse-n1 (Orin), each the torch-free device suite and run/bench/doctor; every graph's
 # actions against x86_64's by the parity gate's rule. Where it cannot run (not root on Debian, no qemu),
 # `prepare` says why in one line and it succeeds.
+# As root on Debian this changes the host: apt-get installs qemu-user-static, binfmt-support and mmdebstrap,
+# and binfmt_misc's qemu-aarch64 handler is enabled (docs/TESTING.md). HOST_SETUP=0 changes nothing.
 AARCH64_WORK := runs/aarch64
+HOST_SETUP ?= 1
 test-aarch64: venv
-	@$(BIN)/python scripts/aarch64.py prepare; rc=$$?; if [ $$rc -eq 3 ]; then exit 0; fi; \
+	@$(BIN)/python scripts/aarch64.py prepare $(if $(filter 0,$(HOST_SETUP)),--no-host-setup); rc=$$?; if [ $$rc -eq 3 ]; then exit 0; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi; $(MAKE) --no-print-directory aarch64-suite
 
 aarch64-suite: venv

@@ -11,6 +11,7 @@ place (``/dev/zero``, a pipe nobody writes) would block or never end, and is ref
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import zipfile
@@ -22,6 +23,9 @@ from .errors import SacEdgeError
 MAX_JSON_BYTES = 16 << 20
 #: The largest member of an archive read whole (an SB3 ``policy.pth`` of a 1024x1024 MLP is ~30 MiB).
 MAX_MEMBER_BYTES = 512 << 20
+#: The most bytes a verified bundle holds in memory in all (``open_bundle`` keeps every listed file): a
+#: bundle of a 1024x1024 policy with every precision and engine is ~150 MiB.
+MAX_BUNDLE_BYTES = 1 << 30
 
 
 def open_regular(
@@ -69,6 +73,30 @@ def read_capped(path: Path, max_bytes: int, what: str, fix: str, *, follow: bool
     if len(data) > max_bytes:
         raise SacEdgeError(f"{path}: {what} is larger than {_size(max_bytes)}, not one sac-edge wrote; {fix}")
     return data
+
+
+def safetensors_shapes(path: Path, what: str, fix: str) -> dict[str, tuple[int, ...]]:
+    """The shape each tensor of a safetensors file declares, from its header alone (8-byte length, then at
+    most MAX_JSON_BYTES of JSON), so sizes can be checked before the file is mapped; one SacEdgeError line
+    for a header that is not one."""
+    with os.fdopen(open_regular(path, what, fix, follow=False), "rb") as fh:
+        head = fh.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < size <= MAX_JSON_BYTES:
+            raise SacEdgeError(f"{path}: {what} has no safetensors header of at most 16 MiB; {fix}")
+        raw = fh.read(size)
+    try:
+        header = json.loads(raw)
+        shapes = {
+            name: tuple(int(d) for d in info["shape"])
+            for name, info in header.items()
+            if name != "__metadata__" and all(type(d) is int and d >= 0 for d in info["shape"])
+        }
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        raise SacEdgeError(f"{path}: {what} has a malformed safetensors header; {fix}") from None
+    if len(shapes) != len(header) - ("__metadata__" in header):
+        raise SacEdgeError(f"{path}: {what} declares a tensor shape that is not a list of sizes; {fix}")
+    return shapes
 
 
 def read_zip_member(archive: zipfile.ZipFile, name: str, max_bytes: int, source: Path) -> bytes:

@@ -26,7 +26,10 @@ def read_json(
 
 
 def parse_json_object(raw: bytes, path: Path, what: str, fix: str) -> dict[str, Any]:
-    """The JSON object in ``raw`` (the bytes of ``path``), with ``read_json``'s one-line errors."""
+    """The JSON object in ``raw`` (the bytes of ``path``), with ``read_json``'s one-line errors; never more
+    than MAX_JSON_BYTES, whoever read the bytes (a 500 MB JSON file takes ~3 GB and seconds to parse)."""
+    if len(raw) > MAX_JSON_BYTES:
+        raise SacEdgeError(f"{path}: {what} is larger than {MAX_JSON_BYTES >> 20} MiB, not one sac-edge wrote; {fix}")
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

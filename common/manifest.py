@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .atomic import atomic_write_json
-from .bounded import MAX_MEMBER_BYTES, read_capped
+from .bounded import MAX_BUNDLE_BYTES, MAX_JSON_BYTES, MAX_MEMBER_BYTES, read_capped
 from .bundle_format import FILE_KINDS, FORMAT_VERSION, MANIFEST
 from .errors import SacEdgeError
 from .jsonfile import parse_json_object
@@ -167,15 +167,28 @@ def verify_files(root: Path, manifest: dict[str, Any], names: list[str] | None =
     to the bundle (``bundle_file``) before it is opened. Returns the bytes that were hashed, by name: serve
     those, never the file read again."""
     files = manifest.get("files", {})
-    verified = {}
-    for name in names if names is not None else sorted(files):
-        entry = files.get(name)
-        if entry is None:
+    wanted = names if names is not None else sorted(files)
+    targets = {}
+    for name in wanted:
+        if files.get(name) is None:
             raise SacEdgeError(f"{root}: {name} is not listed in the manifest; re-export the bundle")
-        target = bundle_file(root, name)
-        if not target.is_file():
+        targets[name] = bundle_file(root, name)
+        if not targets[name].is_file():
             raise SacEdgeError(f"{root}: {name} is listed in the manifest but missing; re-export the bundle")
-        data = read_capped(target, MAX_MEMBER_BYTES, "bundle file", "re-export the bundle")
+    # The total is checked by the files' sizes before any is read (sparse files count at their full size),
+    # and each read is capped by what is left of it, so a file growing meanwhile cannot get past it either.
+    left = MAX_BUNDLE_BYTES
+    if sum(target.stat().st_size for target in targets.values()) > left:
+        raise SacEdgeError(
+            f"{root}: the listed files hold more than {MAX_BUNDLE_BYTES >> 20} MiB in all, not a bundle sac-export "
+            "wrote; re-export the bundle"
+        )
+    verified = {}
+    for name in wanted:
+        entry, target = files[name], targets[name]
+        cap = min(MAX_JSON_BYTES if name.endswith(".json") else MAX_MEMBER_BYTES, left)
+        data = read_capped(target, cap, "bundle file", "re-export the bundle")
+        left -= len(data)
         if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
             raise SacEdgeError(f"{root}: checksum mismatch for {name} (file changed or corrupt); re-export the bundle")
         verified[name] = data

@@ -26,7 +26,7 @@ with warnings.catch_warnings():
     from cryptography.hazmat.primitives import serialization as ser
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .atomic import atomic_write_json
+from .atomic import atomic_path, atomic_write_json
 from .bounded import read_capped
 from .bundle_format import MANIFEST, SIGNATURE
 from .errors import SacEdgeError
@@ -68,16 +68,19 @@ def generate_keypair(out: str | Path) -> tuple[Path, Path]:
     private_path = Path(out)
     public_path = private_path.with_name(private_path.name + PUBLIC_SUFFIX)
     for path in (private_path, public_path):
-        if path.exists():
+        if os.path.lexists(path):  # a dangling symlink too: never written through
             raise SacEdgeError(f"{path} already exists; choose another name (keys are never overwritten)")
     if not private_path.parent.is_dir():
         raise SacEdgeError(f"{private_path.parent} is not a directory; create it first")
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(private_pem)
-    public_path.write_bytes(key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo))
+    public_pem = key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
+    # Each file is complete before it is claimed (a temp file, mode 0600 from mkstemp, linked in place only
+    # if nothing, not even a symlink, took the name meanwhile).
+    for path, data, mode in ((private_path, private_pem, 0o600), (public_path, public_pem, 0o644)):
+        with atomic_path(path, replace=False) as tmp:
+            tmp.write_bytes(data)
+            tmp.chmod(mode)
     return private_path, public_path
 
 

@@ -2,8 +2,8 @@
 
 The archive (SB3 ``save_to_zip_file``) holds ``policy.pth`` (the policy's state dict, a plain tensor
 ``torch.save``), ``pytorch_variables.pth`` (``log_ent_coef``) and ``data``: JSON in which objects that
-are not plain JSON are cloudpickled under a ``:serialized:`` key. Only the tensor files (read with
-``torch.load(weights_only=True)``) and plain JSON fields are used; ``:serialized:`` payloads are ignored.
+are not plain JSON are cloudpickled under a ``:serialized:`` key. Only the tensor files (read as data by
+``torch_data``, never unpickled) and plain JSON fields are used; ``:serialized:`` payloads are ignored.
 The observation and action spaces come from the Box fields SB3 writes beside each pickled space
 (``_shape``, ``low``, ``high``, ``bounded_below``, ``bounded_above``, numpy's str of each array), so no
 environment is needed; ``--env``, when given, must agree with them.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import pickle
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -35,6 +34,8 @@ from sac_edge.common.manifest import sha256_file
 from sac_edge.common.spec import PolicySpec
 from sac_edge.train.policies import ObsNormalizer
 
+from .pickle_data import PickleDataError
+from .torch_data import load_state_dict
 from .vecnormalize import VecNormStats
 
 
@@ -174,18 +175,16 @@ def _check_records(raw: bytes, path: Path, member: str) -> None:
 
 
 def _read_tensors(raw: bytes, path: Path, member: str) -> dict[str, torch.Tensor]:
-    """``torch.load(weights_only=True)``: tensors and containers only, no arbitrary unpickling, after the
-    records' sizes are checked (``_check_records``)."""
+    """The state dict in a ``torch.save`` file, read as data (``torch_data``: no unpickling, not even
+    ``torch.load(weights_only=True)``'s restricted unpickler), after the records' sizes are checked
+    (``_check_records``)."""
     _check_records(raw, path, member)
     try:
-        obj = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, AttributeError) as err:
+        return load_state_dict(raw)
+    except (PickleDataError, zipfile.BadZipFile, KeyError, RuntimeError) as err:
         raise SacEdgeError(
             f"{path}: {member} is corrupt or not a plain tensor file ({str(err).splitlines()[0][:160]})"
         ) from None
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise SacEdgeError(f"{path}: {member} is not a state dict of tensors")
-    return obj
 
 
 def _check_actor(state: dict[str, torch.Tensor], path: Path) -> tuple[int, ...]:

@@ -4,6 +4,7 @@ validated up front so a bad input is a one-line error before anything is written
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -12,11 +13,21 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from sac_edge.common.bounded import safetensors_shapes
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.jsonfile import read_json
 from sac_edge.common.manifest import sha256_file
 from sac_edge.common.spec import PolicySpec
-from sac_edge.train.checkpoint import CALIB_STATES, CONFIG, inference_policy, learner_tensors, load_run
+from sac_edge.train.checkpoint import (
+    CALIB_STATES,
+    CHECKPOINT,
+    CONFIG,
+    RESUME_ONLY_PREFIXES,
+    inference_policy,
+    learner_tensors,
+    load_run,
+)
 from sac_edge.train.policies import InferencePolicy
 
 from .sb3 import Box, is_sb3_zip, load_sb3_zip, sb3_reference
@@ -64,6 +75,12 @@ def torch_reference(policy: InferencePolicy) -> Reference:
 
 
 def _load_run_dir(path: Path, env: str) -> PolicySource:
+    for name in (CONFIG, CHECKPOINT, CALIB_STATES):  # a planted link would read a file outside the run dir
+        if (path / name).is_symlink():
+            raise SacEdgeError(
+                f"{path / name}: a symlink, which sac-export never follows inside a run dir; copy the file in"
+            )
+    _check_tensor_sizes(path)
     run = load_run(path)
     spec = run.spec
     if env:
@@ -90,6 +107,31 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
         "torch",
         provenance,
     )
+
+
+#: The most Q-networks a checkpoint's critic ensemble may hold (sac-train writes 2; REDQ-style ensembles 10).
+MAX_CRITICS = 16
+
+
+def _check_tensor_sizes(path: Path) -> None:
+    """Refuse, before the checkpoint is mapped, a tensor larger than any layer of the spec's networks can be
+    (a sparse file declaring a 3 GiB tensor would otherwise fail in the mapping, or fill memory). The resume-
+    only tensors (replay, optimiser) are never read by sac-export."""
+    fix = "export the run dir sac-train wrote"
+    if not ((path / CONFIG).is_file() and (path / CHECKPOINT).is_file()):
+        return  # load_run says which is missing
+    spec = PolicySpec.from_dict(read_json(path / CONFIG, "run config", fix).get("spec", {}), source=str(path / CONFIG))
+    # A layer's weight and bias fit in width^2; the critics are stored as one [n, in, out] ensemble.
+    width = max(spec.obs_dim + spec.act_dim, *spec.hidden) + 1
+    for name, shape in safetensors_shapes(path / CHECKPOINT, "checkpoint", fix).items():
+        if name.startswith(RESUME_ONLY_PREFIXES):
+            continue
+        count = math.prod(shape)
+        if count > MAX_CRITICS * width * width:
+            raise SacEdgeError(
+                f"{path / CHECKPOINT}: tensor {name[:60]} declares {count} values, more than any layer of a policy "
+                f"with obs_dim {spec.obs_dim}, act_dim {spec.act_dim} and hidden {spec.hidden} holds; {fix}"
+            )
 
 
 def _load_sb3(path: Path, env: str, vecnormalize: str) -> PolicySource:

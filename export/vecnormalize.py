@@ -1,10 +1,11 @@
 """Stable-Baselines3 ``VecNormalize`` statistics (``--vecnormalize FILE.pkl``, as rl-zoo saves them), read
-without executing pickled code.
+without unpickling anything.
 
-``VecNormalize.save`` pickles the whole wrapper. A restricted unpickler rebuilds only numpy arrays, dtypes
-and scalars (numpy's own reconstructors); the few classes such a file names (the wrapper, its
-``RunningMeanStd``, gymnasium's ``Box``, numpy's random generator state) become inert records of their
-pickled fields, and any other global refuses the file. Nothing from the file is ever called or imported.
+``VecNormalize.save`` pickles the whole wrapper. The file is read as data (``pickle_data``): the globals
+such a file names are only records (the wrapper, its ``RunningMeanStd``, gymnasium's ``Box``, numpy's random
+generator state, numpy's array and dtype reconstructors), and the two arrays this module needs are built
+from their raw bytes and declared plain dtype and shape. Any other global, an object or structured dtype,
+an oversized array or a damaged stream refuses the file; nothing from it is ever imported or called.
 
 SB3 normalises ``clip((obs - mean) / sqrt(var + epsilon), -clip_obs, clip_obs)``: the same form as
 sac-edge's ``ObsNormalizer``, so the statistics are baked into the exported graph unchanged.
@@ -12,8 +13,6 @@ sac-edge's ``ObsNormalizer``, so the statistics are baked into the exported grap
 
 from __future__ import annotations
 
-import io
-import pickle
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,32 +23,27 @@ from sac_edge.common.bounded import read_capped
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.train.policies import ObsNormalizer
 
-_NUMPY = {
-    ("numpy", "dtype"),
-    ("numpy", "ndarray"),
-    *((m, name) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for name in ("_reconstruct", "scalar")),
+from .pickle_data import PickleDataError, Ref, plain_array, plain_dtype, read_pickle
+
+_MODULES = {"numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric", "numpy._core.numeric"}
+_GLOBALS = {
+    ("numpy", "dtype"): "dtype",
+    ("numpy", "ndarray"): "ndarray",
+    **{(m, name): name for m in _MODULES for name in ("_reconstruct", "scalar", "_frombuffer")},
+    **{
+        key: "record"
+        for key in (
+            ("stable_baselines3.common.vec_env.vec_normalize", "VecNormalize"),
+            ("stable_baselines3.common.running_mean_std", "RunningMeanStd"),
+            ("gymnasium.spaces.box", "Box"),
+            ("numpy.random._pickle", "__generator_ctor"),
+            ("numpy.random._pickle", "__bit_generator_ctor"),
+            ("numpy.random._pcg64", "PCG64"),
+            ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),
+            ("numpy.random.bit_generator", "SeedSequence"),
+        )
+    },
 }
-_RECORDS = {
-    ("stable_baselines3.common.vec_env.vec_normalize", "VecNormalize"),
-    ("stable_baselines3.common.running_mean_std", "RunningMeanStd"),
-    ("gymnasium.spaces.box", "Box"),
-    ("numpy.random._pickle", "__generator_ctor"),
-    ("numpy.random._pickle", "__bit_generator_ctor"),
-    ("numpy.random._pcg64", "PCG64"),
-    ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),
-    ("numpy.random.bit_generator", "SeedSequence"),
-}
-
-
-class _Record:
-    """An inert stand-in for a pickled object: keeps its constructor arguments and state, runs nothing."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args, self.state = args, kwargs
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
 
 #: The file's size and its arrays' sizes are capped before anything is allocated: the statistics of a
 #: 65536-wide observation are 1 MiB, so 64 MiB is far past any real file.
@@ -57,48 +51,50 @@ MAX_FILE_BYTES = 64 << 20
 MAX_ARRAY_BYTES = 64 << 20
 
 
-def _checked_size(shape: Any, dtype: Any) -> None:
-    """Refuse an array of ``shape`` x ``dtype`` bigger than MAX_ARRAY_BYTES, before numpy allocates it."""
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not all(isinstance(d, int) and d >= 0 for d in dims):
-        raise pickle.UnpicklingError("array shape is not a tuple of sizes")
-    count = 1
-    for d in dims:
-        count *= d
-    if count * np.dtype(dtype).itemsize > MAX_ARRAY_BYTES:
-        raise pickle.UnpicklingError(f"an array of shape {str(dims)[:40]} is larger than {MAX_ARRAY_BYTES >> 20} MiB")
+def _dtype(value: Any) -> np.dtype[Any]:
+    if not (isinstance(value, Ref) and value.kind == "dtype"):
+        raise PickleDataError("an array whose dtype is not a numpy.dtype")
+    return plain_dtype("numpy.dtype", value.args, value.state)
 
 
-class _Ndarray:
-    """``numpy.ndarray`` as the pickle names it: built only after its size is checked."""
+def _array(value: Any) -> np.ndarray:
+    """The array a ``_reconstruct`` + BUILD (protocols 2-4) or ``_frombuffer`` (protocol 5) record
+    describes."""
+    if isinstance(value, Ref) and value.kind == "_reconstruct":
+        state = value.state
+        if not (isinstance(state, tuple) and len(state) == 5 and state[0] == 1 and isinstance(state[3], bool)):
+            raise PickleDataError("an array without the state numpy writes")
+        _, shape, dtype, fortran, data = state
+        return plain_array(_dtype(dtype), shape, data, fortran, MAX_ARRAY_BYTES)
+    if isinstance(value, Ref) and value.kind == "_frombuffer" and not value.built:
+        args = value.args or ()
+        if not (len(args) == 4 and args[3] in ("C", "F")):
+            raise PickleDataError("an array without the arguments numpy writes")
+        data, dtype, shape, order = args
+        return plain_array(_dtype(dtype), shape, data, order == "F", MAX_ARRAY_BYTES)
+    if isinstance(value, Ref) and value.kind == "ndarray" and value.args and len(value.args) == 2:
+        shape, dtype = value.args  # numpy.ndarray(shape, dtype): no data, refused after its size is checked
+        return plain_array(_dtype(dtype), shape if isinstance(shape, tuple) else (shape,), None, False, MAX_ARRAY_BYTES)
+    raise PickleDataError("statistics that are not a numpy array")
 
-    def __new__(cls, shape: Any, dtype: Any = float, *args: Any, **kwargs: Any) -> Any:
-        _checked_size(shape, dtype)
-        return np.ndarray(shape, dtype, *args, **kwargs)
+
+def _number(value: Any, default: float) -> float:
+    """A float field: a Python number, or a numpy scalar record of a plain dtype."""
+    if value is None:
+        return default
+    if isinstance(value, Ref) and value.kind == "scalar" and value.args and len(value.args) == 2:
+        return float(plain_array(_dtype(value.args[0]), (), value.args[1], False, 64)[()])
+    if isinstance(value, (int, float)):
+        return float(value)
+    raise PickleDataError("epsilon or clip_obs is not a number")
 
 
-def _guarded_reconstruct(reconstruct: Any) -> Any:
-    """numpy's ``_reconstruct`` with the size check (the data come in ``__setstate__``, whose length numpy
-    checks against the shape, so they are bounded by the file)."""
-
-    def build(subtype: Any, shape: Any, dtype: Any) -> Any:
-        _checked_size(shape, np.uint8 if isinstance(dtype, bytes) else dtype)
-        return reconstruct(np.ndarray if subtype is _Ndarray else subtype, shape, dtype)
-
-    return build
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("numpy", "ndarray"):
-            return _Ndarray
-        if name == "_reconstruct" and (module, name) in _NUMPY:
-            return _guarded_reconstruct(super().find_class(module, name))
-        if (module, name) in _NUMPY:
-            return super().find_class(module, name)
-        if (module, name) in _RECORDS:
-            return type(name, (_Record,), {})
-        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+def _fields(value: Any, what: str) -> dict[str, Any]:
+    if isinstance(value, dict):  # the wrapper's fields pickled as a plain dict
+        return value
+    if not (isinstance(value, Ref) and value.kind == "record" and isinstance(value.state, dict)):
+        raise PickleDataError(f"{what} is not a pickled object with fields")
+    return value.state
 
 
 class VecNormStats(NamedTuple):
@@ -129,28 +125,25 @@ def load_vecnormalize(path: Path) -> VecNormStats:
         raise SacEdgeError(f"{path}: VecNormalize file not found")
     raw = read_capped(path, MAX_FILE_BYTES, "VecNormalize file", "pass the .pkl that VecNormalize.save wrote")
     try:
-        top = _RestrictedUnpickler(io.BytesIO(raw)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
+        fields = _fields(read_pickle(raw, _GLOBALS), "the file")
+        if "obs_rms" not in fields or isinstance(fields["obs_rms"], dict):
+            raise SacEdgeError(
+                f"{path}: no 1-D observation statistics (obs_rms.mean/var); dict observations are not supported"
+            )
+        stats = _fields(fields["obs_rms"], "obs_rms")
+        mean, var = _array(stats.get("mean")), _array(stats.get("var"))
+        epsilon, clip_obs = _number(fields.get("epsilon"), 1e-8), _number(fields.get("clip_obs"), 10.0)
+    except PickleDataError as err:
         raise SacEdgeError(
-            f"{path}: not a VecNormalize file this reader accepts ({str(err).splitlines()[0][:160]}); "
+            f"{path}: not a VecNormalize file this reader accepts ({str(err)[:160]}); "
             "pass the .pkl that VecNormalize.save wrote"
         ) from None
-    fields = top.state if isinstance(top, _Record) and isinstance(top.state, dict) else {}
-    rms = fields.get("obs_rms")
-    stats = rms.state if isinstance(rms, _Record) and isinstance(rms.state, dict) else {}
-    mean, var = stats.get("mean"), stats.get("var")
-    if not (
-        isinstance(mean, np.ndarray) and isinstance(var, np.ndarray) and mean.ndim == 1 and var.shape == mean.shape
-    ):
+    if not (mean.ndim == 1 and var.shape == mean.shape):
         raise SacEdgeError(
             f"{path}: no 1-D observation statistics (obs_rms.mean/var); dict observations are not supported"
         )
-    if not fields.get("norm_obs", True):
+    if fields.get("norm_obs", True) is False:
         raise SacEdgeError(f"{path}: VecNormalize was saved with norm_obs=False; export without --vecnormalize")
-    try:
-        epsilon, clip_obs = float(fields.get("epsilon", 1e-8)), float(fields.get("clip_obs", 10.0))
-    except (TypeError, ValueError):
-        raise SacEdgeError(f"{path}: epsilon or clip_obs is not a number") from None
     mean, var = mean.astype(np.float64), var.astype(np.float64)
     if not (np.isfinite(mean).all() and np.isfinite(var).all() and (var >= 0).all() and clip_obs > 0):
         raise SacEdgeError(f"{path}: VecNormalize statistics are not finite (or a variance is negative)")

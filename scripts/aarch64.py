@@ -20,8 +20,10 @@
   engine parity gate's own rule (``parity_gate.judge``): fp32 and fp16 by the max abs error, int8 (the
   Q/DQ graph and the integer CPU graph) against the graph as x86 runs it.
 
-``prepare`` installs the tools with apt-get where missing and registers qemu with binfmt_misc; where that
-cannot be done it prints one ``test-aarch64: skipped: ...`` line and exits ``SKIP``. ``run`` does the rest.
+``prepare`` installs the tools with apt-get where missing and registers qemu with binfmt_misc, saying each
+step; where that cannot be done it prints one ``test-aarch64: skipped: ...`` line and exits ``SKIP``.
+``prepare --no-host-setup`` (``make test HOST_SETUP=0``) changes nothing on the host and skips unless the
+tools and the handler are already there. ``run`` does the rest.
 ``actions BUNDLE OUT`` is what each side runs to write its actions.
 """
 
@@ -391,12 +393,15 @@ def _install_tools() -> tuple[str, ...]:
     return tuple(missing())
 
 
-def _register_binfmt() -> str | None:
-    """Mount binfmt_misc and enable qemu-aarch64 where needed; why arm64 programs cannot run, or None."""
-    if not (BINFMT / "register").exists():
+def _register_binfmt(setup: bool = True) -> str | None:
+    """Mount binfmt_misc and enable qemu-aarch64 where needed (only with ``setup``); why arm64 programs
+    cannot run, or None."""
+    if setup and not (BINFMT / "register").exists():
+        say(f"mount -t binfmt_misc binfmt_misc {BINFMT}")
         subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], capture_output=True, check=False)
     entry = BINFMT / "qemu-aarch64"
-    if not entry.exists() and (BINFMT / "register").exists():
+    if setup and not entry.exists() and (BINFMT / "register").exists():
+        say("update-binfmts --enable qemu-aarch64 (this machine then runs arm64 programs through qemu)")
         subprocess.run(["update-binfmts", "--enable", "qemu-aarch64"], capture_output=True, check=False)
     try:
         return binfmt_problem(entry.read_text())
@@ -404,19 +409,24 @@ def _register_binfmt() -> str | None:
         return binfmt_problem(None)
 
 
-def prepare() -> int:
-    """Make this machine able to run the suite; SKIP with one line saying why where it cannot."""
+def prepare(setup: bool = True) -> int:
+    """Make this machine able to run the suite; SKIP with one line saying why where it cannot. Without
+    ``setup`` (``make test HOST_SETUP=0``) nothing is installed, mounted or enabled: the suite runs only
+    where the tools and the binfmt handler are already there."""
     python = ".".join(platform.python_version_tuple()[:2])
     host = Host(platform.machine(), os.geteuid() == 0, _os_id() == "debian", python)
     if skip_reason(host) is None:
         host = host._replace(archive=debian_archive(apt_sources()))
     if skip_reason(host) is None:
-        host = host._replace(missing=_install_tools())
+        missing = tuple(pkg for tool, pkg in APT_PACKAGES.items() if shutil.which(tool) is None)
+        host = host._replace(missing=_install_tools() if setup else missing)
     if skip_reason(host) is None:
-        host = host._replace(binfmt=_register_binfmt())
+        host = host._replace(binfmt=_register_binfmt(setup))
     reason = skip_reason(host)
+    if reason is not None and not setup and host.missing:
+        reason = f"needs {' '.join(host.missing)}"
     if reason is not None:
-        say(f"skipped: {reason}")
+        say(f"skipped: {reason}" + ("" if setup else " (HOST_SETUP=0: nothing was installed or enabled)"))
         return SKIP
     return 0
 
@@ -717,7 +727,10 @@ def judge_actions(bundle_dir: Path, actions: Path, lanes: Sequence[Lane]) -> lis
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("prepare", help="install the tools and register qemu; exit 3 with the reason when it cannot")
+    ready = sub.add_parser("prepare", help="install the tools and register qemu; exit 3 with the reason when it cannot")
+    ready.add_argument(
+        "--no-host-setup", action="store_true", help="install, mount and enable nothing; skip unless all is there"
+    )
     go = sub.add_parser("run", help="build, install and run everything (after prepare)")
     go.add_argument("--work", type=Path, required=True, help="folder under the repository with bundle/ and bundles/")
     go.add_argument("--pins", default="", help="the device pins (space separated)")
@@ -727,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     acts.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "prepare":
-        return prepare()
+        return prepare(setup=not args.no_host_setup)
     if args.command == "actions":
         dump_actions(args.bundle, args.out)
         return 0

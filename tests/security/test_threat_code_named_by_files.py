@@ -8,12 +8,12 @@ from the command line (``--env``).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from run_dirs import run_dir_from
 
 from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.envs import file_env
@@ -60,20 +60,10 @@ def test_module_class_given_on_the_command_line_is_still_imported(bundle: Path, 
     assert rc == 2
 
 
-def _run_dir(tmp_path: Path, clean_bundle: Path, env_id: str) -> Path:
-    """A run dir whose config.json names ``env_id`` (the checkpoint is a valid learner file)."""
-    run = tmp_path / "run"
-    run.mkdir()
-    shutil.copyfile(clean_bundle / "learner.safetensors", run / "checkpoint.safetensors")
-    spec = json.loads((clean_bundle / "manifest.json").read_text())["spec"]
-    (run / "config.json").write_text(json.dumps({"spec": {**spec, "env_id": env_id}, "env": env_id}))
-    return run
-
-
 def test_run_config_env_naming_a_module_is_not_imported_by_sac_export(
     tmp_path: Path, clean_bundle: Path, evil_module: Path, refused: Callable[..., str]
 ) -> None:
-    run = _run_dir(tmp_path, clean_bundle, f"{EVIL}:Env")
+    run = run_dir_from(clean_bundle, tmp_path, f"{EVIL}:Env")
     err = refused(export_cli.main, [str(run), "--out", str(tmp_path / "out")], prog="sac-export")
     assert "config.json names environment" in err and "--env" in err
     assert not evil_module.exists() and not (tmp_path / "out").exists()
@@ -82,7 +72,7 @@ def test_run_config_env_naming_a_module_is_not_imported_by_sac_export(
 def test_run_config_env_naming_a_module_is_not_imported_by_sac_train_resume(
     tmp_path: Path, clean_bundle: Path, evil_module: Path, refused: Callable[..., str]
 ) -> None:
-    run = _run_dir(tmp_path, clean_bundle, f"{EVIL}:Env")
+    run = run_dir_from(clean_bundle, tmp_path, f"{EVIL}:Env")
     err = refused(train_cli.main, ["--out", str(run), "--resume", "--total-steps", "10"], prog="sac-train")
     assert "not a registered gymnasium id" in err
     assert not evil_module.exists()

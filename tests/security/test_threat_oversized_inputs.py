@@ -84,10 +84,13 @@ class _HugeArray:
 
 
 def test_vecnormalize_array_sizes_are_checked_before_allocation(tmp_path: Path) -> None:
+    rms_module = pytest.importorskip("stable_baselines3.common.running_mean_std")
     from sac_edge.export.vecnormalize import load_vecnormalize
 
+    rms = rms_module.RunningMeanStd(shape=(3,))
+    rms.mean = _HugeArray()
     pkl = tmp_path / "vecnormalize.pkl"
-    pkl.write_bytes(pickle.dumps({"obs_rms": _HugeArray()}))
+    pkl.write_bytes(pickle.dumps({"obs_rms": rms}))
     assert pkl.stat().st_size < 2048
     with pytest.raises(SacEdgeError, match="larger than 64 MiB"):
         load_vecnormalize(pkl)
