@@ -19,6 +19,7 @@ import numpy as np
 
 from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
 from sac_edge.common.config import config_dict
+from sac_edge.common.cpus import check_threads
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.latency import latency_us, time_calls
 from sac_edge.common.table import format_table
@@ -46,8 +47,9 @@ def _validate(cfg: BenchConfig) -> None:
         check_output_path(cfg.out, "--out")
     if cfg.plot:
         check_output_path(cfg.plot, "--plot")
-    if cfg.calls < 1 or cfg.warmup < 0 or cfg.threads < 1:
-        raise SacEdgeError("--calls and --threads must be at least 1, --warmup at least 0")
+    if cfg.calls < 1 or cfg.warmup < 0:
+        raise SacEdgeError("--calls must be at least 1, --warmup at least 0")
+    check_threads(cfg.threads)
     if cfg.plot:
         try:
             import matplotlib  # noqa: F401  (the device install has none; fail before measuring)
