@@ -66,6 +66,12 @@ def torch_reference(policy: InferencePolicy) -> Reference:
 def _load_run_dir(path: Path, env: str) -> PolicySource:
     run = load_run(path)
     spec = run.spec
+    for prefix in ("critic.", "critic_target."):  # learner.safetensors must let the device fine-tune
+        if not any(name.startswith(prefix) for name in run.tensors):
+            raise SacEdgeError(
+                f"{path}: its checkpoint holds no {prefix}* tensors; sac-export writes the learner (actor and "
+                "critics) for on-device fine-tuning; export the run's full sac-train checkpoint"
+            )
     if env:
         _check_env(env, spec, str(path))
         spec = dataclasses.replace(spec, env_id=env)

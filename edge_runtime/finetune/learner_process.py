@@ -61,13 +61,13 @@ from sac_edge.common.spec import PolicySpec
 from sac_edge.edge_runtime.budget.memory import read_process_memory
 
 from .experience import StagingRing, ring_layout
-from .promotion import shadow_check
+from .promotion import MAX_STATES, shadow_check
 from .settings import MIN_FINETUNE_ROWS, FinetuneSettings
 from .shared import SharedArrays, block_bytes, check_shm_space, layout_of
 from .weight_swap import Int8Requantizer, weight_sets
 
 STAGING_ROWS = 8192
-SHADOW_STATES = 512
+SHADOW_STATES = MAX_STATES  # what a candidate is checked on, and a last good file holds at most
 IDLE_S = 0.002
 START_TIMEOUT_S = 300.0  # torch import, sizing and timed updates on a slow device
 STOP_TIMEOUT_S = 10.0

@@ -18,6 +18,7 @@ from sac_edge.edge_runtime import bench, compose
 from sac_edge.edge_runtime import cli as edge_cli
 from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.runtime import Runtime
+
 USABLE_SET = os.sched_getaffinity(0)
 USABLE = len(USABLE_SET)
 
@@ -64,4 +65,3 @@ def test_the_bound_is_the_affinity_mask_not_the_machine(bundle: Path) -> None:
     assert (
         done.stderr.strip() == "sac-edge: error: --threads must be from 1 to 1 (the CPUs this process may use), got 2"
     )
-
