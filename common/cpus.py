@@ -20,3 +20,26 @@ def check_threads(value: int, flag: str = "--threads") -> None:
     most = usable_cpus()
     if not 1 <= value <= most:
         raise SacEdgeError(f"{flag} must be from 1 to {most} (the CPUs this process may use), got {value}")
+
+
+def check_cpus(cpus: tuple[int, ...], flag: str = "--cpus") -> None:
+    """Refuse CPUs this process may not run on (found before the bundle is opened, not when the loop pins)."""
+    if not cpus or not hasattr(os, "sched_getaffinity"):
+        return
+    allowed = os.sched_getaffinity(0)
+    outside = sorted(set(cpus) - allowed)
+    if outside:
+        raise SacEdgeError(
+            f"{flag} names CPU {outside[0]}, which this process may not use; choose from {_ranges(sorted(allowed))}"
+        )
+
+
+def _ranges(cpus: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2,5``."""
+    out: list[str] = []
+    for cpu in cpus:
+        if out and out[-1].split("-")[-1] == str(cpu - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{cpu}"
+        else:
+            out.append(str(cpu))
+    return ",".join(out)

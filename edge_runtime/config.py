@@ -18,7 +18,7 @@ from typing import Any
 from sac_edge.common.atomic import check_output_path
 from sac_edge.common.bundle_format import PRECISIONS
 from sac_edge.common.config import check_fields, config_from_flags
-from sac_edge.common.cpus import check_threads
+from sac_edge.common.cpus import check_cpus, check_threads
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.edge_runtime.backends.registry import BACKEND_CHOICES, KINDS
 from sac_edge.edge_runtime.control.realtime import check_idle_latency
@@ -232,6 +232,7 @@ class RealtimeSection:
             raise SacEdgeError(f"--realtime-priority must be 1..99 (0: off), got {self.realtime_priority}")
         if any(cpu < 0 for cpu in self.cpus):
             raise SacEdgeError(f"--cpus takes CPU numbers from 0, got {','.join(map(str, self.cpus))}")
+        check_cpus(self.cpus)
         if self.idle_latency_us is not None:
             check_idle_latency(self.idle_latency_us)
 

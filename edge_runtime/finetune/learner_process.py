@@ -63,7 +63,7 @@ from sac_edge.edge_runtime.budget.memory import read_process_memory
 from .experience import StagingRing, ring_layout
 from .promotion import MAX_STATES, shadow_check
 from .settings import MIN_FINETUNE_ROWS, FinetuneSettings
-from .shared import SharedArrays, block_bytes, check_shm_space, layout_of
+from .shared import Layout, SharedArrays, block_bytes, check_shm_space, layout_of
 from .weight_swap import Int8Requantizer, weight_sets
 
 STAGING_ROWS = 8192
@@ -129,8 +129,11 @@ class LearnerProcess:
         self.process: Any = None
         self.conn: Any = None
         self._blocks: list[SharedArrays] = []
-        layouts = [ring_layout(STAGING_ROWS, spec.obs_dim, spec.act_dim), weights_layout(spec, tensors, int8)]
-        layouts.append(CONTROL_LAYOUT)
+        layouts: list[Layout] = [
+            ring_layout(STAGING_ROWS, spec.obs_dim, spec.act_dim),
+            weights_layout(spec, tensors, int8),
+            CONTROL_LAYOUT,
+        ]
         # before any block or the child exists: the blocks, plus a page each for the lock's semaphore and slack
         check_shm_space(sum(block_bytes(x) for x in layouts) + 4 * block_bytes([]), "--finetune's learner process")
         try:

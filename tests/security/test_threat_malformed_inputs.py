@@ -1,0 +1,109 @@
+"""Malformed and hostile inputs that an unlucky user or an attacker hands the commands: wrong types in the
+files a bundle or run dir carries, values no run can use, and flag values so large they were found only
+after the slow work (or never: a benchmark that never ends, a learner that fails to allocate after minutes).
+Each is exit 2 with one line naming the problem and the fix, before slow work; the docstring of each case
+list says what each did on d879073.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sac_edge.edge_runtime import bench, compose
+from sac_edge.edge_runtime import cli as edge_cli
+
+
+def _no_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a backend (the first slow step) fails the test: the input must be refused before it."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a backend was opened before the input was checked")
+
+    monkeypatch.setattr(compose, "open_backends", refuse)
+    monkeypatch.setattr(bench, "open_backend", refuse)
+
+
+def _edit_spec(bundle: Path, **fields: Any) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["spec"].update(fields)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))  # Python writes NaN as NaN, which it reads back
+
+
+#: Bundle manifests with the wrong types or impossible values in their spec. On d879073 each ran (exit 0):
+#: "3" and 3.7 were converted to sizes, "32" read as hidden sizes (3, 2), a NaN or inverted action bound kept.
+SPEC_CASES = [
+    ({"obs_dim": "3"}, "policy spec is incomplete or malformed (obs_dim is str '3')"),
+    ({"obs_dim": 3.7}, "(obs_dim is float '3.7')"),
+    ({"act_dim": True}, "(act_dim is bool 'True')"),
+    ({"hidden": "32"}, "(hidden is str '32')"),
+    ({"env_id": 5}, "(env_id is int '5')"),
+    ({"action_low": [float("nan")]}, "an action bound is 'nan', not a finite number"),
+    ({"action_high": ["2"]}, "an action bound is '2', not a finite number"),
+    ({"action_low": [3.0]}, "each action_low must be below its action_high"),
+    ({"action_low": [2.0]}, "each action_low must be below its action_high"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), SPEC_CASES)
+@pytest.mark.parametrize("command", ["run", "bench", "drill", "doctor"])
+def test_a_manifest_spec_of_the_wrong_type_is_one_line(
+    bundle: Path,
+    refused: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    fields: dict[str, Any],
+    message: str,
+) -> None:
+    _no_backends(monkeypatch)
+    _edit_spec(bundle, **fields)
+    assert message in refused(edge_cli.main, [command, str(bundle)])
+
+
+#: Flag values refused only after slow work on d879073, or not at all.
+RUN_CASES = [
+    # exit 2, but after the bundle, the env and the backends were opened (the loop pinned itself)
+    (["--cpus", "999"], "--cpus names CPU 999, which this process may not use; choose from"),
+    # exit 2 after the learner process imported torch and failed to allocate (39 s; 208 s for the batch)
+    (["--finetune", "--finetune-buffer", "100000000000"], "--finetune-buffer must be at most 10000000 rows"),
+    (["--finetune", "--finetune-batch", "100000000"], "--finetune-batch at most 65536 and the buffer"),
+    (["--finetune", "--finetune-buffer", "2000", "--finetune-batch", "4000"], "and the buffer, got 2000 and 4000"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), RUN_CASES)
+def test_a_run_flag_found_late_is_one_line_before_any_backend(
+    bundle: Path, refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    _no_backends(monkeypatch)
+    assert message in refused(edge_cli.main, ["run", str(bundle), *flags])
+
+
+BENCH_CASES = [
+    (
+        ["--calls", "100000000000"],
+        "--calls must be from 1 and --warmup from 0, both to 10000000",
+    ),  # exit 1, MemoryError
+    (["--warmup", "100000000000"], "--calls must be from 1 and --warmup from 0, both to 10000000"),  # never ended
+    (["--sensor-root", "{tmp}/no-such-dir"], "is not a directory; pass / on the device"),  # exit 0, no power rows
+    (["--sensor-root", "{tmp}/file"], "is not a directory; pass / on the device"),  # exit 0, no power rows
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), BENCH_CASES)
+def test_a_bench_flag_found_late_is_one_line_before_any_backend(
+    bundle: Path,
+    tmp_path: Path,
+    refused: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    message: str,
+) -> None:
+    _no_backends(monkeypatch)
+    (tmp_path / "file").write_text("not a directory")
+    argv = ["bench", str(bundle), *(f.replace("{tmp}", str(tmp_path)) for f in flags)]
+    assert message in refused(edge_cli.main, argv)
