@@ -16,6 +16,8 @@ import pytest
 
 from sac_edge.edge_runtime import bench, compose
 from sac_edge.edge_runtime import cli as edge_cli
+from sac_edge.sweep import cli as sweep_cli
+from sac_edge.train import cli as train_cli
 
 
 def _no_backends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,3 +109,32 @@ def test_a_bench_flag_found_late_is_one_line_before_any_backend(
     (tmp_path / "file").write_text("not a directory")
     argv = ["bench", str(bundle), *(f.replace("{tmp}", str(tmp_path)) for f in flags)]
     assert message in refused(edge_cli.main, argv)
+
+
+#: sac-train sizes past what any run allocates or starts. On d879073: --buffer-size and --batch-size exit 1
+#: ("internal error", torch's allocator) after 43 s and 66 s; --num-envs and --critic-layers had not started
+#: training after 4 minutes; --threads 100000 died of SIGSEGV (exit -11) after a minute.
+TRAIN_CASES = [
+    (["--buffer-size", "100000000000"], "--buffer-size must be at most 100000000, got 100000000000"),
+    (["--batch-size", "100000000000"], "--batch-size must be at most 1048576, got 100000000000"),
+    (["--num-envs", "100000"], "--num-envs must be at most 1024, got 100000"),
+    (["--critic-layers", "100000"], "--critic-layers must be at most 64, got 100000"),
+    (["--threads", "100000"], "(the CPUs this process may use), got 100000"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), TRAIN_CASES)
+def test_a_train_size_past_any_run_is_one_line(
+    tmp_path: Path, refused: Callable[..., str], flags: list[str], message: str
+) -> None:
+    argv = ["--total-steps", "10", "--out", str(tmp_path / "run"), *flags]
+    assert message in refused(train_cli.main, argv, prog="sac-train")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_grid_of_such_sizes_is_one_line_before_ray(tmp_path: Path, refused: Callable[..., str]) -> None:
+    argv = ["--out", str(tmp_path / "sweep"), "--seeds", "1", "--grid", "buffer_size=1000,100000000000"]
+    assert "--grid buffer_size: must be at most 100000000, got 100000000000" in refused(
+        sweep_cli.main, argv, prog="sac-sweep"
+    )
+    assert not (tmp_path / "sweep").exists()
