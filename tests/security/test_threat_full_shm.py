@@ -9,6 +9,7 @@ The small ``/dev/shm`` is real: a size-limited tmpfs mounted over it in a privat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -83,16 +84,11 @@ def test_a_small_dev_shm_is_one_line_before_the_learner_starts(
     assert listed.stdout.split() == []  # no block left behind
 
 
-def test_dev_shm_filled_during_a_run_leaves_the_loop_running_to_its_summary(
-    clean_finetune_bundle: Path, tmp_path: Path, shm_8m: int
-) -> None:
-    run = subprocess.Popen(
-        _inside(shm_8m, _run_argv(clean_finetune_bundle, tmp_path, "4")),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+@contextlib.contextmanager
+def _learning(argv: list[str]) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A fine-tuning run started from ``argv``, once its learner is ready (the sizing line, returned with the
+    lines before it); killed by group if the test leaves it running."""
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert run.stderr is not None
         seen = []
@@ -102,16 +98,23 @@ def test_dev_shm_filled_during_a_run_leaves_the_loop_running_to_its_summary(
                 break
         else:
             pytest.fail("".join(seen))
+        yield run, "".join(seen)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+
+def test_dev_shm_filled_during_a_run_leaves_the_loop_running_to_its_summary(
+    clean_finetune_bundle: Path, tmp_path: Path, shm_8m: int
+) -> None:
+    with _learning(_inside(shm_8m, _run_argv(clean_finetune_bundle, tmp_path, "4"))) as (run, seen):
         fill = subprocess.run(
             _inside(shm_8m, ["dd", "if=/dev/zero", "of=/dev/shm/filler", "bs=64k"]), capture_output=True, text=True
         )
         assert "No space left on device" in fill.stderr, fill.stderr  # /dev/shm is full now
         out, rest = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-    assert run.returncode == 0, (run.returncode, "".join(seen) + rest)  # was -7 (SIGBUS): no summary
+    assert run.returncode == 0, (run.returncode, seen + rest)  # was -7 (SIGBUS): no summary
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["stopped_by"] == "duration" and summary["steps"] > 1000
     assert summary["finetune"]["steps_collected"] > 1000 and summary["finetune"]["error"] is None
@@ -120,28 +123,10 @@ def test_dev_shm_filled_during_a_run_leaves_the_loop_running_to_its_summary(
 def test_a_learner_killed_by_sigbus_stops_fine_tuning_and_the_run_ends_with_its_summary(
     clean_finetune_bundle: Path, tmp_path: Path
 ) -> None:
-    run = subprocess.Popen(
-        _run_argv(clean_finetune_bundle, tmp_path, "3"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert run.stderr is not None
-        pid = None
-        for line in run.stderr:
-            if "fine-tune sizing" in line:
-                pid = int(line.rsplit("learner process", 1)[1].strip())
-                break
-        assert pid is not None
+    with _learning(_run_argv(clean_finetune_bundle, tmp_path, "3")) as (run, seen):
         time.sleep(0.5)
-        os.kill(pid, signal.SIGBUS)
+        os.kill(int(seen.rsplit("learner process", 1)[1].strip()), signal.SIGBUS)
         out, _ = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
     assert run.returncode == 0
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["stopped_by"] == "duration"
