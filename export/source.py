@@ -82,7 +82,14 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
         from sac_edge.calibration.states import load_calib_states
 
         replay = load_calib_states(path, spec.obs_dim)
-    policy = inference_policy(spec, run.tensors)
+    try:
+        policy = inference_policy(spec, run.tensors)
+    except RuntimeError as err:  # torch's state-dict mismatch: the config's hidden sizes are not the checkpoint's
+        first = str(err).splitlines()[-1].strip()[:160]
+        raise SacEdgeError(
+            f"{path}: checkpoint.safetensors does not fit config.json's spec (hidden={list(spec.hidden)}: {first}); "
+            "the run dir is inconsistent, retrain or restore it"
+        ) from None
     provenance = {k: run.config[k] for k in ("env", "seed", "total_steps", "versions") if k in run.config}
     return PolicySource(
         "sac-edge",

@@ -8,16 +8,20 @@ list says what each did on d879073.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sac_edge.common.config import config_dict
 from sac_edge.edge_runtime import bench, compose
 from sac_edge.edge_runtime import cli as edge_cli
+from sac_edge.export import cli as export_cli
 from sac_edge.sweep import cli as sweep_cli
 from sac_edge.train import cli as train_cli
+from sac_edge.train.config import TrainConfig
 
 
 def _no_backends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,3 +142,43 @@ def test_a_sweep_grid_of_such_sizes_is_one_line_before_ray(tmp_path: Path, refus
         sweep_cli.main, argv, prog="sac-sweep"
     )
     assert not (tmp_path / "sweep").exists()
+
+
+#: A run dir's saved settings of the wrong type, taken by ``sac-train --resume``. On d879073 each was exit 1
+#: ("internal error" from torch: ``rand()`` got a str, ``empty()`` got a str size, the allocator failed)
+#: after the envs and networks were built; a ``hidden`` that is not a list was a raw TypeError.
+RESUME_CASES = [
+    ({"batch_size": "16"}, "--batch-size must be an integer, got '16'"),
+    ({"hidden": "8,8"}, "--hidden must be"),
+    ({"hidden": 8}, "--hidden must be"),
+    ({"buffer_size": 100000000000}, "--buffer-size must be at most 100000000"),
+    ({"gamma": "0.99"}, "--gamma must be"),
+]
+
+
+@pytest.mark.parametrize(("saved", "message"), RESUME_CASES)
+def test_a_saved_setting_of_the_wrong_type_is_one_line_on_resume(
+    tmp_path: Path, refused: Callable[..., str], saved: dict[str, Any], message: str
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {**config_dict(TrainConfig(env="Pendulum-v1", out=str(run))), **saved}
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "checkpoint.safetensors").write_bytes(b"refused before it is read")
+    err = refused(train_cli.main, ["--resume", "--out", str(run), "--total-steps", "10"], prog="sac-train")
+    assert f"{run / 'config.json'} holds a setting no run can use ({message}" in err
+
+
+def test_a_run_dir_whose_config_and_checkpoint_disagree_is_one_line(
+    clean_bundle: Path, tmp_path: Path, refused: Callable[..., str]
+) -> None:
+    """On d879073: exit 1, "internal error: RuntimeError: Error(s) in loading state_dict for Actor"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copyfile(clean_bundle / "learner.safetensors", run / "checkpoint.safetensors")
+    spec = json.loads((clean_bundle / "manifest.json").read_text())["spec"]
+    spec["hidden"] = [16, 16]  # the checkpoint's networks are 64 wide
+    (run / "config.json").write_text(json.dumps({"spec": spec, "env": spec["env_id"]}))
+    err = refused(export_cli.main, [str(run), "--out", str(tmp_path / "out")], prog="sac-export")
+    assert "checkpoint.safetensors does not fit config.json's spec (hidden=[16, 16]" in err
+    assert not (tmp_path / "out").exists()
