@@ -182,3 +182,23 @@ def test_a_run_dir_whose_config_and_checkpoint_disagree_is_one_line(
     err = refused(export_cli.main, [str(run), "--out", str(tmp_path / "out")], prog="sac-export")
     assert "checkpoint.safetensors does not fit config.json's spec (hidden=[16, 16]" in err
     assert not (tmp_path / "out").exists()
+
+
+#: A sweep dir's saved settings of the wrong shape or type. On d879073 each was exit 1: "internal error:
+#: KeyError: 'sweep'", "TypeError: '<' not supported between 'str' and 'int'", "'int' object is not iterable".
+SWEEP_RESUME_CASES = [
+    ({"seeds": 1, "grid": 5}, "holds no 'sweep' and 'train' settings"),
+    ({"sweep": {"seeds": "x"}, "train": {}}, "holds a setting no sweep can use (--seeds must be an integer"),
+    ({"sweep": {"grid": 5}, "train": {}}, "holds a setting no sweep can use (--grid must be"),
+    ({"sweep": {}, "train": {"batch_size": "x"}}, "holds a setting no sweep can use (--batch-size must be"),
+]
+
+
+@pytest.mark.parametrize(("saved", "message"), SWEEP_RESUME_CASES)
+def test_a_saved_sweep_setting_of_the_wrong_type_is_one_line_on_resume(
+    tmp_path: Path, refused: Callable[..., str], saved: dict[str, Any], message: str
+) -> None:
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep_config.json").write_text(json.dumps(saved))
+    assert message in refused(sweep_cli.main, ["--out", str(sweep), "--resume"], prog="sac-sweep")
