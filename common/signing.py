@@ -26,7 +26,7 @@ with warnings.catch_warnings():
     from cryptography.hazmat.primitives import serialization as ser
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .atomic import atomic_path, atomic_write_json
+from .atomic import atomic_write_json
 from .bounded import read_capped
 from .bundle_format import MANIFEST, SIGNATURE
 from .errors import SacEdgeError
@@ -75,13 +75,42 @@ def generate_keypair(out: str | Path) -> tuple[Path, Path]:
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
     public_pem = key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
-    # Each file is complete before it is claimed (a temp file, mode 0600 from mkstemp, linked in place only
-    # if nothing, not even a symlink, took the name meanwhile).
-    for path, data, mode in ((private_path, private_pem, 0o600), (public_path, public_pem, 0o644)):
-        with atomic_path(path, replace=False) as tmp:
-            tmp.write_bytes(data)
-            tmp.chmod(mode)
+    # Each file is complete before it is claimed (a synced temp file, linked in place only if nothing, not
+    # even a symlink, took the name meanwhile).
+    _write_new_file(private_path, private_pem, 0o600)
+    try:
+        _write_new_file(public_path, public_pem, 0o644)
+    except BaseException:  # a pair or nothing: the private key alone would be signed with and never trusted
+        private_path.unlink()
+        raise
     return private_path, public_path
+
+
+def _write_new_file(path: Path, data: bytes, mode: int) -> None:
+    """Write a new file whole or not at all: a hidden temporary file beside it, synced, then hard-linked to
+    ``path`` (which fails if anything, a dangling symlink too, appeared there). A full disk leaves no empty
+    or truncated key behind, only the one line."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        try:
+            os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+    except FileExistsError:
+        raise SacEdgeError(f"{path} already exists; choose another name (keys are never overwritten)") from None
+    except OSError as err:
+        raise SacEdgeError(
+            f"cannot write {path} ({err.strerror or err}); free space on its disk or choose another directory"
+        ) from None
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
@@ -106,7 +135,13 @@ def load_trusted_keys(directory: str | Path) -> dict[str, Ed25519PublicKey]:
     if not root.is_dir():
         raise SacEdgeError(f"--trusted-keys {root}: not a directory of *{PUBLIC_SUFFIX} public keys")
     keys: dict[str, Ed25519PublicKey] = {}
-    for path in sorted(root.glob(f"*{PUBLIC_SUFFIX}"))[:MAX_TRUSTED_KEYS]:
+    paths = sorted(root.glob(f"*{PUBLIC_SUFFIX}"))
+    if len(paths) > MAX_TRUSTED_KEYS:  # never dropped silently: the dropped one may be the signer's
+        raise SacEdgeError(
+            f"--trusted-keys {root}: holds {len(paths)} *{PUBLIC_SUFFIX} files, more than the {MAX_TRUSTED_KEYS} "
+            "read; keep the keys this device trusts in a directory of their own"
+        )
+    for path in paths:
         try:
             key = ser.load_pem_public_key(read_capped(path, MAX_KEY_BYTES, "public key", "remove it"))
         except ValueError as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,14 +29,19 @@ class PolicySpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "spec") -> PolicySpec:
+        """The spec a file holds, its types checked strictly: a size written as ``"3"`` or ``3.7``, a hidden
+        list written as ``"32"`` (which ``int`` would read digit by digit) or a bound ``NaN`` is refused, never
+        converted into a different policy."""
         try:
             spec = cls(
-                env_id=str(data["env_id"]),
-                obs_dim=int(data["obs_dim"]),
-                act_dim=int(data["act_dim"]),
-                action_low=tuple(float(x) for x in data["action_low"]),
-                action_high=tuple(float(x) for x in data["action_high"]),
-                hidden=tuple(int(x) for x in data.get("hidden", (256, 256))),
+                env_id=_typed(data["env_id"], str, "env_id"),
+                obs_dim=_typed(data["obs_dim"], int, "obs_dim"),
+                act_dim=_typed(data["act_dim"], int, "act_dim"),
+                action_low=tuple(_bound(x) for x in _typed(data["action_low"], (list, tuple), "action_low")),
+                action_high=tuple(_bound(x) for x in _typed(data["action_high"], (list, tuple), "action_high")),
+                hidden=tuple(
+                    _typed(x, int, "hidden") for x in _typed(data.get("hidden", (256, 256)), (list, tuple), "hidden")
+                ),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise SacEdgeError(f"{source}: policy spec is incomplete or malformed ({err})") from None
@@ -47,4 +53,20 @@ class PolicySpec:
             )
         if len(spec.action_low) != spec.act_dim or len(spec.action_high) != spec.act_dim:
             raise SacEdgeError(f"{source}: action bounds do not match act_dim={spec.act_dim}")
+        if not all(low < high for low, high in zip(spec.action_low, spec.action_high)):
+            raise SacEdgeError(f"{source}: each action_low must be below its action_high (a policy scales into them)")
         return spec
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
+    """``value`` if it is a ``kind`` (a bool is not an int here), else ``TypeError`` naming the field."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"{name} is {type(value).__name__} {str(value)[:20]!r}")
+    return value
+
+
+def _bound(value: Any) -> float:
+    """An action bound: a finite number (JSON has no NaN, but Python's reader takes ``NaN`` and ``Infinity``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"an action bound is {str(value)[:20]!r}, not a finite number")
+    return float(value)

@@ -11,6 +11,7 @@ Peak memory is the process's resident high-water mark after the row.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
 from sac_edge.common.config import config_dict
+from sac_edge.common.cpus import check_threads
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.latency import latency_us, time_calls
 from sac_edge.common.table import format_table
@@ -33,6 +35,7 @@ from .config import BenchConfig
 
 #: The largest batch bench times (each probe batch is allocated up front).
 MAX_BATCH = 1 << 16
+MAX_CALLS = 10**7  # timed calls per row: their timings are kept (80 MB at the cap)
 
 
 def _validate(cfg: BenchConfig) -> None:
@@ -46,8 +49,11 @@ def _validate(cfg: BenchConfig) -> None:
         check_output_path(cfg.out, "--out")
     if cfg.plot:
         check_output_path(cfg.plot, "--plot")
-    if cfg.calls < 1 or cfg.warmup < 0 or cfg.threads < 1:
-        raise SacEdgeError("--calls and --threads must be at least 1, --warmup at least 0")
+    if not (1 <= cfg.calls <= MAX_CALLS and 0 <= cfg.warmup <= MAX_CALLS):  # the timings are kept per call
+        raise SacEdgeError(f"--calls must be from 1 and --warmup from 0, both to {MAX_CALLS}")
+    check_threads(cfg.threads)
+    if not os.path.isdir(cfg.sensor_root):  # as sac-edge run: else every power row is silently "no sensor"
+        raise SacEdgeError(f"--sensor-root {cfg.sensor_root!r} is not a directory; pass / on the device")
     if cfg.plot:
         try:
             import matplotlib  # noqa: F401  (the device install has none; fail before measuring)

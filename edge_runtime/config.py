@@ -18,6 +18,7 @@ from typing import Any
 from sac_edge.common.atomic import check_output_path
 from sac_edge.common.bundle_format import PRECISIONS
 from sac_edge.common.config import check_fields, config_from_flags
+from sac_edge.common.cpus import check_cpus, check_threads
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.edge_runtime.backends.registry import BACKEND_CHOICES, KINDS
 from sac_edge.edge_runtime.control.realtime import check_idle_latency
@@ -67,9 +68,9 @@ class BackendSection:
     def check(self) -> None:
         """``--backend``, ``--precision``, ``--threads``, ``--auto-calls``."""
         check_fields(self)
-        for flag, value in (("--threads", self.threads), ("--auto-calls", self.auto_calls)):
-            if value < 1:
-                raise SacEdgeError(f"{flag} must be at least 1, got {value}")
+        check_threads(self.threads)
+        if self.auto_calls < 1:
+            raise SacEdgeError(f"--auto-calls must be at least 1, got {self.auto_calls}")
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ class RealtimeSection:
             raise SacEdgeError(f"--realtime-priority must be 1..99 (0: off), got {self.realtime_priority}")
         if any(cpu < 0 for cpu in self.cpus):
             raise SacEdgeError(f"--cpus takes CPU numbers from 0, got {','.join(map(str, self.cpus))}")
+        check_cpus(self.cpus)
         if self.idle_latency_us is not None:
             check_idle_latency(self.idle_latency_us)
 

@@ -152,8 +152,10 @@ def saved_path(cfg: DrillConfig) -> Path | None:
     """Where the results go: ``--out``, or with ``--save`` beside the bundle (``BUNDLE.drill.json``)."""
     if cfg.out:
         return Path(cfg.out)
-    if cfg.save:
-        bundle = Path(cfg.bundle)
+    if cfg.save:  # resolved: ``drill . --save`` names the bundle ".", whose "parent" is the bundle itself
+        bundle = Path(cfg.bundle).resolve()
+        if not bundle.name:
+            raise SacEdgeError(f"--save: {cfg.bundle} has no directory beside it; use --out FILE")
         return bundle.parent / f"{bundle.name}.drill.json"
     return None
 

@@ -60,6 +60,7 @@ import numpy as np
 from sac_edge.common.bundle import Bundle
 from sac_edge.common.config import config_dict
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.inputs import done_flag, ordered_bounds
 from sac_edge.edge_runtime.backends.base import Backend
 from sac_edge.edge_runtime.control.loop import (
     ScheduleSummary,
@@ -260,6 +261,7 @@ class Runtime:
             bundle = self._given_bundle or verified_bundle(cfg)
             spec = bundle.spec
             low, high = (_bound(b, spec.obs_dim, name, fill) for b, name, fill in zip(self._bounds, _NAMES, _FILLS))
+            ordered_bounds(low, high)
             weights = held.enter_context(last_good_weights(cfg))
             self._telemetry = held.enter_context(TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry))
             self._emit = locked(self._telemetry.write)
@@ -476,6 +478,8 @@ class Runtime:
         (a malformed observation or a non-finite reward is not)."""
         if _get_ident() != self._owner:
             self._claim("observe")
+        if terminated.__class__ is not bool or truncated.__class__ is not bool:  # the common case costs two compares
+            terminated, truncated = done_flag(terminated, "terminated"), done_flag(truncated, "truncated")
         self._transitions += 1
         if terminated or truncated:
             self._episodes += 1

@@ -83,6 +83,12 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
     _check_tensor_sizes(path)
     run = load_run(path)
     spec = run.spec
+    for prefix in ("critic.", "critic_target."):  # learner.safetensors must let the device fine-tune
+        if not any(name.startswith(prefix) for name in run.tensors):
+            raise SacEdgeError(
+                f"{path}: its checkpoint holds no {prefix}* tensors; sac-export writes the learner (actor and "
+                "critics) for on-device fine-tuning; export the run's full sac-train checkpoint"
+            )
     if env:
         _check_env(env, spec, str(path))
         spec = dataclasses.replace(spec, env_id=env)
@@ -93,7 +99,14 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
         from sac_edge.calibration.states import load_calib_states
 
         replay = load_calib_states(path, spec.obs_dim)
-    policy = inference_policy(spec, run.tensors)
+    try:
+        policy = inference_policy(spec, run.tensors)
+    except RuntimeError as err:  # torch's state-dict mismatch: the config's hidden sizes are not the checkpoint's
+        first = str(err).splitlines()[-1].strip()[:160]
+        raise SacEdgeError(
+            f"{path}: checkpoint.safetensors does not fit config.json's spec (hidden={list(spec.hidden)}: {first}); "
+            "the run dir is inconsistent, retrain or restore it"
+        ) from None
     provenance = {k: run.config[k] for k in ("env", "seed", "total_steps", "versions") if k in run.config}
     return PolicySource(
         "sac-edge",

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sac_edge.common.config import build_parser, config_dict, config_from_dict
+from sac_edge.common.config import build_parser, check_fields, config_dict, config_from_dict
 from sac_edge.common.errors import InternalError, SacEdgeError, run_cli
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.summary import emit_json
-from sac_edge.train.config import TrainConfig
+from sac_edge.train.config import TrainConfig, check_values
 
 from .config import SweepConfig
 from .grid import parse_grid, plan
@@ -64,10 +64,17 @@ def _saved(sweep_dir: Path, sweep: SweepConfig) -> tuple[SweepConfig, TrainConfi
     saved = read_json(sweep_dir / SAVED, "sweep config", "nothing to resume; run without --resume")
     flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
     source = str(sweep_dir / SAVED)
-    return (
-        config_from_dict(SweepConfig, {**saved["sweep"], **flags}, source),
-        config_from_dict(TrainConfig, saved["train"], source),
-    )
+    if not all(isinstance(saved.get(part), dict) for part in ("sweep", "train")):  # was a KeyError, exit 1
+        raise SacEdgeError(f"{source}: holds no 'sweep' and 'train' settings; nothing to resume; run without --resume")
+    sweep_cfg = config_from_dict(SweepConfig, {**saved["sweep"], **flags}, source)
+    train_cfg = config_from_dict(TrainConfig, saved["train"], source)
+    try:  # the types the command line's parser would have checked (a str seed count was a TypeError, exit 1)
+        check_fields(sweep_cfg)
+        check_fields(train_cfg)
+        check_values(train_cfg)
+    except SacEdgeError as err:
+        raise SacEdgeError(f"{source} holds a setting no sweep can use ({err}); restore it") from None
+    return sweep_cfg, train_cfg
 
 
 def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, TrainConfig]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sac_edge.common.cpus import usable_cpus
 from sac_edge.common.errors import SacEdgeError
 
 
@@ -87,6 +88,18 @@ FRACTIONS = ("gamma", "tau")
 #: Counts that must be at least 1, and those that may also be 0 (off, or all).
 AT_LEAST_ONE = ("total_steps", "num_envs", "batch_size", "buffer_size", "critic_layers", "utd", "eval_episodes")
 NOT_NEGATIVE = ("seed", "learning_starts", "eval_every", "checkpoint_every", "calib_states", "threads")
+#: Upper bounds on sizes that are allocated or started up front: past them a run failed after minutes (an
+#: allocation of the replay buffer or a batch), never started (100000 envs, 100000 critic layers) or crashed
+#: (100000 torch threads); they are far above what a run needs. ``threads``: the CPUs this process may use.
+AT_MOST = {
+    "buffer_size": 10**8,
+    "batch_size": 1 << 20,
+    "num_envs": 1024,
+    "critic_layers": 64,
+    "utd": 1000,
+    "eval_episodes": 10**5,
+    "calib_states": 10**7,
+}
 
 
 def value_error(name: str, value: Any) -> str | None:
@@ -100,6 +113,9 @@ def value_error(name: str, value: Any) -> str | None:
         return f"must be at least 1, got {value}"
     if name in NOT_NEGATIVE and not (isinstance(value, int) and value >= 0):
         return f"must be 0 or more, got {value}"
+    most = usable_cpus() if name == "threads" else AT_MOST.get(name)
+    if most is not None and value > most:
+        return f"must be at most {most}{' (the CPUs this process may use)' if name == 'threads' else ''}, got {value}"
     return None
 
 

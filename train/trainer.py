@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 import sac_edge
 from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
-from sac_edge.common.config import config_dict
+from sac_edge.common.config import check_fields, config_dict
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.jsonfile import read_json
@@ -88,7 +88,8 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
         saved = read_json(run / ckpt.CONFIG, "run config", "nothing to resume; train without --resume")
         fields = {f.name for f in dataclasses.fields(TrainConfig)}
         saved_cfg = {k: v for k, v in saved.items() if k in fields}
-        saved_cfg["hidden"] = tuple(saved_cfg.get("hidden", cfg.hidden))
+        hidden = saved_cfg.get("hidden", cfg.hidden)
+        saved_cfg["hidden"] = tuple(hidden) if isinstance(hidden, (list, tuple)) else hidden
         if cfg.env is not None and cfg.env != saved_cfg.get("env"):
             raise SacEdgeError(
                 f"{run} was trained on {saved_cfg.get('env')}, not {cfg.env}; "
@@ -101,7 +102,13 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
         if isinstance(saved_cfg.get("compile"), bool):  # runs saved before --compile auto
             saved_cfg["compile"] = "on" if saved_cfg["compile"] else "off"
         keep = {"total_steps", "progress", "json", "resume", "out", "threads"}
-        return dataclasses.replace(cfg, **{k: v for k, v in saved_cfg.items() if k not in keep}), run
+        resumed = dataclasses.replace(cfg, **{k: v for k, v in saved_cfg.items() if k not in keep})
+        try:  # a saved value of the wrong type failed deep in torch after the envs and networks were built
+            check_fields(resumed)
+            check_values(resumed)
+        except SacEdgeError as err:
+            raise SacEdgeError(f"{run / ckpt.CONFIG} holds a setting no run can use ({err}); restore it") from None
+        return resumed, run
     if has_run and not cfg.force:
         raise SacEdgeError(f"{run} already holds a run; pass --resume to continue it or --force to replace it")
     if cfg.device == "cuda" and not torch.cuda.is_available():

@@ -50,7 +50,7 @@ from sac_edge.edge_runtime.budget.memory import MemoryProbe
 
 from .experience import EpisodeLog, Exploration
 from .learner_process import LearnerProcess
-from .promotion import LastGood, LastGoodStore, PromotionRules, judge
+from .promotion import LastGood, LastGoodStore, PromotionRules, check_complete, judge
 from .settings import FinetuneSection, FinetuneSettings
 from .weight_swap import WeightSets, WeightSwapper
 
@@ -81,6 +81,8 @@ def finetune_dir(section: FinetuneSection, bundle: str | Path) -> Path:
 def install_last_good(swapper: WeightSwapper, last: LastGood) -> tuple[WeightSets, dict[str, Any]]:
     """Serve the resumed weights before the first step (int8 re-quantised here, before the loop starts, and
     re-checked on the states they were saved with): the sets installed and what to report."""
+    bundle = swapper.bundle  # a tensor the last good set lacks would be served from the bundle: refused
+    check_complete(last, read_learner_tensors(bundle) if bundle.files(LEARNER_KIND) else None, bundle.spec.obs_dim)
     sets = swapper.prepare(last.actor(), last.states if last.states.size > 0 else None)
     outcome = swapper.install(sets)
     if not outcome.live:

@@ -29,8 +29,11 @@ weight swaps):
   ``event`` (a candidate rejected before serving), ``error`` (one line); back: ``resolve`` (``promote``
   or ``rollback``), after which the child may propose again.
 
-The child runs on the CPUs that ``--cpus`` leaves to others (all of them without ``--cpus``). It dies with
-its parent: it is a daemon process, asks the kernel for SIGKILL when the parent dies
+The child is started with the caller's ``__main__`` hidden (``_callers_main_hidden``): a ``spawn`` child
+would otherwise re-run the caller's script, which a robot script without ``if __name__ == "__main__":``
+does not survive. The blocks are reserved in ``/dev/shm`` when created (``shared.py``), after a check that
+they fit. The child runs on the CPUs that ``--cpus`` leaves to others (all of them without ``--cpus``). It
+dies with its parent: it is a daemon process, asks the kernel for SIGKILL when the parent dies
 (``PR_SET_PDEATHSIG``, Linux) and checks its parent's pid on every iteration; it ignores SIGINT/SIGTERM,
 which the main process handles by stopping it. The main process unlinks every block it created.
 """
@@ -46,7 +49,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+import types
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -57,13 +61,13 @@ from sac_edge.common.spec import PolicySpec
 from sac_edge.edge_runtime.budget.memory import read_process_memory
 
 from .experience import StagingRing, ring_layout
-from .promotion import shadow_check
+from .promotion import MAX_STATES, shadow_check
 from .settings import MIN_FINETUNE_ROWS, FinetuneSettings
-from .shared import SharedArrays, layout_of
+from .shared import Layout, SharedArrays, block_bytes, check_shm_space, layout_of
 from .weight_swap import Int8Requantizer, weight_sets
 
 STAGING_ROWS = 8192
-SHADOW_STATES = 512
+SHADOW_STATES = MAX_STATES  # what a candidate is checked on, and a last good file holds at most
 IDLE_S = 0.002
 START_TIMEOUT_S = 300.0  # torch import, sizing and timed updates on a slow device
 STOP_TIMEOUT_S = 10.0
@@ -119,10 +123,15 @@ class LearnerProcess:
         self.process: Any = None
         self.conn: Any = None
         self._blocks: list[SharedArrays] = []
+        layouts: list[Layout] = [
+            ring_layout(STAGING_ROWS, spec.obs_dim, spec.act_dim),
+            weights_layout(spec, tensors, int8),
+            CONTROL_LAYOUT,
+        ]
+        # before any block or the child exists: the blocks, plus a page each for the lock's semaphore and slack
+        check_shm_space(sum(block_bytes(x) for x in layouts) + 4 * block_bytes([]), "--finetune's learner process")
         try:
-            self.ring_block = self._block(ring_layout(STAGING_ROWS, spec.obs_dim, spec.act_dim))
-            self.weights = self._block(weights_layout(spec, tensors, int8))
-            self.control = self._block(CONTROL_LAYOUT)
+            self.ring_block, self.weights, self.control = (self._block(x) for x in layouts)
             self.weights.write(tensors)
             self.knobs, self.flags = self.control["knobs"], self.control["flags"]
             self.knobs[SCALE] = 1.0  # until the coordinator writes the governor's knobs
@@ -146,7 +155,8 @@ class LearnerProcess:
             self.process = ctx.Process(
                 target=serve, args=(json.dumps(config), child_conn, publish), name="sac-edge-learner", daemon=True
             )
-            self.process.start()
+            with _callers_main_hidden():
+                self.process.start()
             child_conn.close()
             self.ready = self._wait_ready()
         except BaseException:
@@ -225,6 +235,25 @@ class LearnerProcess:
             self.conn = None
         while self._blocks:
             self._blocks.pop().unlink()
+
+
+@contextlib.contextmanager
+def _callers_main_hidden() -> Iterator[None]:
+    """Start the ``spawn`` child with an empty ``__main__``, so it does not re-run the caller's script.
+
+    ``spawn`` tells its child to re-import the parent's ``__main__`` (by path or module name) before it
+    unpickles the target, so that functions defined there can be found. The learner's target lives in this
+    module and its arguments are JSON, a pipe and a lock, so nothing needs the caller's main; re-running it
+    would run a robot script written without ``if __name__ == "__main__":`` a second time in the learner
+    (connecting to and homing the robot again). While the child's start-up data is written, ``__main__`` is
+    a fresh empty module, which names neither a file nor a module to import. (``forkserver`` would not help:
+    its children re-import the main module the same way.)"""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 # -- the child ------------------------------------------------------------------------------------------

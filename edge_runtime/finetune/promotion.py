@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sac_edge.common.atomic import atomic_path, atomic_write_json
-from sac_edge.common.bounded import read_capped
+from sac_edge.common.bounded import open_regular, read_capped
 from sac_edge.common.bundle_format import LAST_GOOD, LAST_GOOD_INFO, LOCK, PREVIOUS, PREVIOUS_INFO
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.jsonfile import read_json_or_none
@@ -54,6 +54,10 @@ MAX_ABS_WEIGHT = 1e4
 #: A last good file holds the learner (actor, critics, targets) and a few thousand states: a few MiB to a
 #: few tens of MiB for the widest networks sac-train accepts on a device; more is not one sac-edge wrote.
 MAX_WEIGHTS_BYTES = 1 << 30
+#: The most shadow states a save writes (the learner process's ``SHADOW_STATES``); a file with more was not
+#: written by sac-edge, and re-checking int8 weights on millions of states would cost gigabytes at start.
+MAX_STATES = 512
+MAX_HEADER_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,38 @@ class LastGoodStore:
         return "restore a copy, or run --finetune --restart to start again from the bundle weights"
 
 
+def check_complete(last: LastGood, reference: Mapping[str, np.ndarray] | None, obs_dim: int) -> None:
+    """Refuse last good weights that lack a tensor of the bundle's learner (``reference``; None when the
+    bundle has none) or hold one of another shape, or whose shadow states are not ``obs_dim`` wide: a swap
+    installs only the names it is given, so a missing one would be served from the bundle, mixed with the
+    fine-tuned ones."""
+    fix = "restore a copy, or run --finetune --restart to start again from the bundle weights"
+    for name, value in (reference or {}).items():
+        have = last.tensors.get(name)
+        if have is None:
+            raise SacEdgeError(f"the last good weights lack {name}, which the bundle's learner has; {fix}")
+        if tuple(have.shape) != tuple(value.shape):
+            raise SacEdgeError(
+                f"the last good weights hold {name} of shape {tuple(have.shape)}, the bundle's learner "
+                f"{tuple(value.shape)}; {fix}"
+            )
+    states = last.states
+    if states.size and (states.ndim != 2 or states.shape[1] != obs_dim):
+        raise SacEdgeError(f"the last good weights' shadow states have shape {states.shape}, not (n, {obs_dim}); {fix}")
+
+
+def _states_rows(path: Path) -> int:
+    """How many shadow states a last good file declares, from its header alone (nothing else read)."""
+    fd = open_regular(path, "weights file", "restore a copy", follow=False)
+    with os.fdopen(fd, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        if size > MAX_HEADER_BYTES:
+            raise ValueError(f"a header of {size} bytes")
+        header = json.loads(fh.read(size))
+    shape = (header.get(STATES_KEY) or {}).get("shape") if isinstance(header, dict) else None
+    return int(shape[0]) if isinstance(shape, list) and shape and isinstance(shape[0], int) else 0
+
+
 def _read_bytes(path: Path) -> bytes:
     """A weights file's bytes: a regular file (not a symlink, FIFO or device) of at most MAX_WEIGHTS_BYTES."""
     return read_capped(path, MAX_WEIGHTS_BYTES, "weights file", "restore a copy", follow=False)
@@ -260,8 +296,11 @@ def _read_verified(path: Path) -> tuple[dict[str, str], dict[str, np.ndarray], s
     from safetensors.numpy import load
 
     try:
+        rows = _states_rows(path)
+        if rows > MAX_STATES:  # before the file is read or parsed whole
+            return {}, {}, f"{rows} shadow states, more than the {MAX_STATES} a save writes", ""
         data = _read_bytes(path)
-    except (OSError, SacEdgeError) as err:
+    except (OSError, SacEdgeError, ValueError, AttributeError) as err:
         return {}, {}, f"unreadable: {str(err)[:160]}", ""
     sha = hashlib.sha256(data).hexdigest()
     try:

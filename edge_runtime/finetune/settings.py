@@ -22,6 +22,10 @@ from .promotion import PromotionRules
 
 #: The fewest replay rows the learner takes (it also needs room for ``--learning-starts`` transitions).
 MIN_FINETUNE_ROWS = 1000
+#: The most replay rows and the largest minibatch a fine-tuner may ask for: far above what a Jetson holds
+#: (10^7 HalfCheetah rows are 1.6 GiB), and a typo past them would otherwise be found only when the learner
+#: process fails to allocate, after minutes of start-up.
+MAX_FINETUNE_ROWS, MAX_FINETUNE_BATCH = 10**7, 1 << 16
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,13 @@ class FinetuneSection:
         for name in ("finetune_buffer", "finetune_batch", "swap_every", "learning_starts"):
             if getattr(self, name) < 1:
                 raise SacEdgeError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.finetune_buffer > MAX_FINETUNE_ROWS or self.finetune_batch > min(
+            MAX_FINETUNE_BATCH, self.finetune_buffer
+        ):
+            raise SacEdgeError(
+                f"--finetune-buffer must be at most {MAX_FINETUNE_ROWS} rows and --finetune-batch at most "
+                f"{MAX_FINETUNE_BATCH} and the buffer, got {self.finetune_buffer} and {self.finetune_batch}"
+            )
         if self.finetune_buffer < max(self.learning_starts, MIN_FINETUNE_ROWS):
             raise SacEdgeError(
                 f"--finetune-buffer {self.finetune_buffer} is below the "

@@ -15,6 +15,7 @@ unchanged and simply does worse (bench/finetune.py measures how much for several
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from numbers import Real
 from typing import Any
@@ -35,9 +36,12 @@ def parse_shift(items: Sequence[str]) -> dict[str, float]:
         try:
             if not sep or not name.strip():
                 raise ValueError
-            out[name.strip()] = float(value)
+            number = float(value)
         except ValueError:
             raise SacEdgeError(f"--shift entry {item!r} is not NAME=NUMBER (e.g. m=1.6)") from None
+        if not math.isfinite(number):  # a NaN gravity makes every observation NaN: a dead plant, not a shift
+            raise SacEdgeError(f"--shift entry {item!r} must be a finite number (e.g. m=1.6)")
+        out[name.strip()] = number
     return out
 
 

@@ -161,6 +161,7 @@ class WeightSwapper:
         self, backends: Mapping[str, Backend], bundle: Bundle, listeners: Sequence[Callable[[], None]] = ()
     ) -> None:
         self.backends = backends
+        self.bundle = bundle  # what the resumed weights are checked against (``promotion.check_complete``)
         self.requantizer = Int8Requantizer(bundle) if INT8 in backends else None
         self.expected: dict[str, int] = {}
         self.listeners = tuple(listeners)

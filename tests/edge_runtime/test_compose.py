@@ -47,7 +47,7 @@ BAD: dict[str, list[tuple[str, str]]] = {
     # backend
     "--backend": [("{bundle} --backend gpu", "argument --backend: invalid choice: 'gpu'")],
     "--precision": [("{bundle} --precision fp8", "argument --precision: invalid choice: 'fp8'")],
-    "--threads": [("{bundle} --threads 0", "--threads must be at least 1")],
+    "--threads": [("{bundle} --threads 0", "--threads must be from 1 to")],
     "--auto-calls": [("{bundle} --auto-calls 0", "--auto-calls must be at least 1")],
     # loop
     "--rate-hz": [

@@ -46,6 +46,8 @@ from sac_edge.train import cli as train_cli
         (["--max-backend-errors", "0"], "--max-backend-errors must be at least 1"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag; remove them"),
         (["--backend"], "argument --backend: expected one argument; give the flag its value"),
+        (["--shift", "g=nan"], "--shift entry 'g=nan' must be a finite number"),
+        (["--shift", "m=-inf"], "--shift entry 'm=-inf' must be a finite number"),
     ],
 )
 def test_bad_run_flag_is_one_line_before_any_work(

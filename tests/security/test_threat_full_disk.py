@@ -40,3 +40,25 @@ def test_a_full_telemetry_disk_drops_and_counts_records_and_the_loop_goes_on(bun
     records = [json.loads(line) for line in written.decode().splitlines()]  # whole records only
     assert records[0]["type"] == "config"
     assert len(records) == summary["telemetry_records"] - 1  # the written ones, all whole (the summary: dropped)
+
+
+def _no_space_for_files() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # every write past byte 0 fails, as on a full disk
+
+
+def test_a_full_disk_during_keygen_leaves_no_empty_or_partial_key(tmp_path: Path) -> None:
+    name = tmp_path / "fleet"
+    done = subprocess.run(
+        [sys.executable, "-m", "sac_edge.edge_runtime.cli", "keygen", str(name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_no_space_for_files,
+    )
+    assert done.returncode == 2, done.stderr  # was 1, "internal error", and a 0-byte private key left behind
+    assert done.stderr.startswith(f"sac-edge: error: cannot write {name} ("), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no key, no public half, no temporary file
+    again = subprocess.run(  # so the same name works once there is space
+        [sys.executable, "-m", "sac_edge.edge_runtime.cli", "keygen", str(name)], capture_output=True, text=True
+    )
+    assert again.returncode == 0 and name.stat().st_size > 0 and name.with_name("fleet.pub").stat().st_size > 0

@@ -1,0 +1,204 @@
+"""Malformed and hostile inputs that an unlucky user or an attacker hands the commands: wrong types in the
+files a bundle or run dir carries, values no run can use, and flag values so large they were found only
+after the slow work (or never: a benchmark that never ends, a learner that fails to allocate after minutes).
+Each is exit 2 with one line naming the problem and the fix, before slow work; the docstring of each case
+list says what each did on d879073.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sac_edge.common.config import config_dict
+from sac_edge.edge_runtime import bench, compose
+from sac_edge.edge_runtime import cli as edge_cli
+from sac_edge.export import cli as export_cli
+from sac_edge.sweep import cli as sweep_cli
+from sac_edge.train import cli as train_cli
+from sac_edge.train.config import TrainConfig
+
+
+def _no_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a backend (the first slow step) fails the test: the input must be refused before it."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a backend was opened before the input was checked")
+
+    monkeypatch.setattr(compose, "open_backends", refuse)
+    monkeypatch.setattr(bench, "open_backend", refuse)
+
+
+def _edit_spec(bundle: Path, **fields: Any) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["spec"].update(fields)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))  # Python writes NaN as NaN, which it reads back
+
+
+#: Bundle manifests with the wrong types or impossible values in their spec. On d879073 each ran (exit 0):
+#: "3" and 3.7 were converted to sizes, "32" read as hidden sizes (3, 2), a NaN or inverted action bound kept.
+SPEC_CASES = [
+    ({"obs_dim": "3"}, "policy spec is incomplete or malformed (obs_dim is str '3')"),
+    ({"obs_dim": 3.7}, "(obs_dim is float '3.7')"),
+    ({"act_dim": True}, "(act_dim is bool 'True')"),
+    ({"hidden": "32"}, "(hidden is str '32')"),
+    ({"env_id": 5}, "(env_id is int '5')"),
+    ({"action_low": [float("nan")]}, "an action bound is 'nan', not a finite number"),
+    ({"action_high": ["2"]}, "an action bound is '2', not a finite number"),
+    ({"action_low": [3.0]}, "each action_low must be below its action_high"),
+    ({"action_low": [2.0]}, "each action_low must be below its action_high"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), SPEC_CASES)
+@pytest.mark.parametrize("command", ["run", "bench", "drill", "doctor"])
+def test_a_manifest_spec_of_the_wrong_type_is_one_line(
+    bundle: Path,
+    refused: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    fields: dict[str, Any],
+    message: str,
+) -> None:
+    _no_backends(monkeypatch)
+    _edit_spec(bundle, **fields)
+    assert message in refused(edge_cli.main, [command, str(bundle)])
+
+
+#: Flag values refused only after slow work on d879073, or not at all.
+RUN_CASES = [
+    # exit 2, but after the bundle, the env and the backends were opened (the loop pinned itself)
+    (["--cpus", "999"], "--cpus names CPU 999, which this process may not use; choose from"),
+    # exit 2 after the learner process imported torch and failed to allocate (39 s; 208 s for the batch)
+    (["--finetune", "--finetune-buffer", "100000000000"], "--finetune-buffer must be at most 10000000 rows"),
+    (["--finetune", "--finetune-batch", "100000000"], "--finetune-batch at most 65536 and the buffer"),
+    (["--finetune", "--finetune-buffer", "2000", "--finetune-batch", "4000"], "and the buffer, got 2000 and 4000"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), RUN_CASES)
+def test_a_run_flag_found_late_is_one_line_before_any_backend(
+    bundle: Path, refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    _no_backends(monkeypatch)
+    assert message in refused(edge_cli.main, ["run", str(bundle), *flags])
+
+
+BENCH_CASES = [
+    (
+        ["--calls", "100000000000"],
+        "--calls must be from 1 and --warmup from 0, both to 10000000",
+    ),  # exit 1, MemoryError
+    (["--warmup", "100000000000"], "--calls must be from 1 and --warmup from 0, both to 10000000"),  # never ended
+    (["--sensor-root", "{tmp}/no-such-dir"], "is not a directory; pass / on the device"),  # exit 0, no power rows
+    (["--sensor-root", "{tmp}/file"], "is not a directory; pass / on the device"),  # exit 0, no power rows
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), BENCH_CASES)
+def test_a_bench_flag_found_late_is_one_line_before_any_backend(
+    bundle: Path,
+    tmp_path: Path,
+    refused: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    message: str,
+) -> None:
+    _no_backends(monkeypatch)
+    (tmp_path / "file").write_text("not a directory")
+    argv = ["bench", str(bundle), *(f.replace("{tmp}", str(tmp_path)) for f in flags)]
+    assert message in refused(edge_cli.main, argv)
+
+
+#: sac-train sizes past what any run allocates or starts. On d879073: --buffer-size and --batch-size exit 1
+#: ("internal error", torch's allocator) after 43 s and 66 s; --num-envs and --critic-layers had not started
+#: training after 4 minutes; --threads 100000 died of SIGSEGV (exit -11) after a minute.
+TRAIN_CASES = [
+    (["--buffer-size", "100000000000"], "--buffer-size must be at most 100000000, got 100000000000"),
+    (["--batch-size", "100000000000"], "--batch-size must be at most 1048576, got 100000000000"),
+    (["--num-envs", "100000"], "--num-envs must be at most 1024, got 100000"),
+    (["--critic-layers", "100000"], "--critic-layers must be at most 64, got 100000"),
+    (["--threads", "100000"], "(the CPUs this process may use), got 100000"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), TRAIN_CASES)
+def test_a_train_size_past_any_run_is_one_line(
+    tmp_path: Path, refused: Callable[..., str], flags: list[str], message: str
+) -> None:
+    argv = ["--total-steps", "10", "--out", str(tmp_path / "run"), *flags]
+    assert message in refused(train_cli.main, argv, prog="sac-train")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_grid_of_such_sizes_is_one_line_before_ray(tmp_path: Path, refused: Callable[..., str]) -> None:
+    argv = ["--out", str(tmp_path / "sweep"), "--seeds", "1", "--grid", "buffer_size=1000,100000000000"]
+    assert "--grid buffer_size: must be at most 100000000, got 100000000000" in refused(
+        sweep_cli.main, argv, prog="sac-sweep"
+    )
+    assert not (tmp_path / "sweep").exists()
+
+
+#: A run dir's saved settings of the wrong type, taken by ``sac-train --resume``. On d879073 each was exit 1
+#: ("internal error" from torch: ``rand()`` got a str, ``empty()`` got a str size, the allocator failed)
+#: after the envs and networks were built; a ``hidden`` that is not a list was a raw TypeError.
+RESUME_CASES = [
+    ({"batch_size": "16"}, "--batch-size must be an integer, got '16'"),
+    ({"hidden": "8,8"}, "--hidden must be"),
+    ({"hidden": 8}, "--hidden must be"),
+    ({"buffer_size": 100000000000}, "--buffer-size must be at most 100000000"),
+    ({"gamma": "0.99"}, "--gamma must be"),
+]
+
+
+@pytest.mark.parametrize(("saved", "message"), RESUME_CASES)
+def test_a_saved_setting_of_the_wrong_type_is_one_line_on_resume(
+    tmp_path: Path, refused: Callable[..., str], saved: dict[str, Any], message: str
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {**config_dict(TrainConfig(env="Pendulum-v1", out=str(run))), **saved}
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "checkpoint.safetensors").write_bytes(b"refused before it is read")
+    err = refused(train_cli.main, ["--resume", "--out", str(run), "--total-steps", "10"], prog="sac-train")
+    assert f"{run / 'config.json'} holds a setting no run can use ({message}" in err
+
+
+def test_a_run_dir_whose_config_and_checkpoint_disagree_is_one_line(
+    clean_bundle: Path, tmp_path: Path, refused: Callable[..., str]
+) -> None:
+    """On d879073: exit 1, "internal error: RuntimeError: Error(s) in loading state_dict for Actor"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copyfile(clean_bundle / "learner.safetensors", run / "checkpoint.safetensors")
+    spec = json.loads((clean_bundle / "manifest.json").read_text())["spec"]
+    spec["hidden"] = [16, 16]  # the checkpoint's networks are 64 wide
+    (run / "config.json").write_text(json.dumps({"spec": spec, "env": spec["env_id"]}))
+    err = refused(export_cli.main, [str(run), "--out", str(tmp_path / "out")], prog="sac-export")
+    assert "checkpoint.safetensors does not fit config.json's spec (hidden=[16, 16]" in err
+    assert not (tmp_path / "out").exists()
+
+
+#: A sweep dir's saved settings of the wrong shape or type. On d879073 each was exit 1: "internal error:
+#: KeyError: 'sweep'", "TypeError: '<' not supported between 'str' and 'int'", "'int' object is not iterable".
+SWEEP_RESUME_CASES = [
+    ({"seeds": 1, "grid": 5}, "holds no 'sweep' and 'train' settings"),
+    ({"sweep": {"seeds": "x"}, "train": {}}, "holds a setting no sweep can use (--seeds must be an integer"),
+    ({"sweep": {"grid": 5}, "train": {}}, "holds a setting no sweep can use (--grid must be"),
+    ({"sweep": {}, "train": {"batch_size": "x"}}, "holds a setting no sweep can use (--batch-size must be"),
+]
+
+
+@pytest.mark.parametrize(("saved", "message"), SWEEP_RESUME_CASES)
+def test_a_saved_sweep_setting_of_the_wrong_type_is_one_line_on_resume(
+    tmp_path: Path, refused: Callable[..., str], saved: dict[str, Any], message: str
+) -> None:
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep_config.json").write_text(json.dumps(saved))
+    assert message in refused(sweep_cli.main, ["--out", str(sweep), "--resume"], prog="sac-sweep")
