@@ -121,7 +121,7 @@ class StepRuntime(Protocol):
         truncated: bool,
     ) -> None: ...
 
-    def rehearse(self, obs: np.ndarray) -> bool: ...
+    def warm_up(self, obs: np.ndarray) -> bool: ...
 
     def tick(self, window: ScheduleWindow | None = None) -> TickFigures: ...
 
@@ -211,7 +211,7 @@ class ControlLoop:
         stats = runtime.stats
         add_jitter, add_env, add_step = stats.jitter.append, stats.env.append, stats.step.append
         infer, causes = stats.infer, stats.causes
-        act, observe, rehearse = runtime.act, runtime.observe, runtime.rehearse
+        act, observe, warm_up = runtime.act, runtime.observe, runtime.warm_up
         rate_hz = s.rate_hz
         period = round(1e9 / rate_hz)
 
@@ -259,13 +259,13 @@ class ControlLoop:
                 while clock() < slot - warm_ns:  # rehearse the step but the env's part until the slot
                     pass
                 t_warm = timer()
-                warm = rehearse(obs)  # False once the watchdog has the run
+                warm = warm_up(obs)  # False once the watchdog has the run
                 first = timer() - t_warm  # cold; the ones after it run hot, as long as the last step's did
                 shortest = hot_ns or first
                 hot_ns = 0
                 while warm and clock() + shortest < slot:  # keep the caches warm until the slot
                     t_warm = timer()
-                    warm = rehearse(obs)
+                    warm = warm_up(obs)
                     hot_ns = min(hot_ns or first, timer() - t_warm)
                     shortest = min(shortest, hot_ns)
                 if not warm:

@@ -140,7 +140,7 @@ class Candidate:
 
 
 class FineTuner:
-    """What the runtime's step feeds (``explore``, ``observe``, ``rehearse``), and the coordinator thread
+    """What the runtime's step feeds (``explore``, ``observe``), and the coordinator thread
     between the learner process and the backends."""
 
     def __init__(
@@ -204,10 +204,6 @@ class FineTuner:
     ) -> None:
         self.ring.push(obs, action, reward, next_obs, terminated)
         self.episodes.step(reward, terminated or truncated)
-
-    def rehearse(self, obs: np.ndarray, action: np.ndarray) -> None:
-        self._explore.rehearse(action)
-        self.ring.rehearse(obs, action)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
