@@ -32,11 +32,12 @@ learner's sizing, the governor's top rung); ``realtime.cpus`` are the CPUs the c
 learner process keeps off them).
 
 ``sac-edge run`` is a client of this class too: its scheduler (``control/loop.py``) calls ``act``,
-``observe``, ``rehearse`` (the warm-cache rehearsal before each slot) and ``tick`` with each second's
-schedule figures, so the step cannot differ between the two. ``act`` is written for that: what it touches
-is bound once at ``open`` and the thread check is one comparison.
+``observe``, ``warm_up`` (the step on scratch state before each slot, to warm the caches) and ``tick`` with
+each second's schedule figures, so the step cannot differ between the two. ``Runtime`` is the lifecycle
+(``RuntimeState``) and the thread rules; the step itself is ``control/step.py``'s ``StepPipeline``, the
+budgets ``BudgetTicker``, all composed once at ``open`` (``compose.step_pipeline``).
 
-Threads: ``act``, ``rehearse``, ``observe``, ``tick`` and ``close`` come from one thread, the control thread:
+Threads: ``act``, ``warm_up``, ``observe``, ``tick`` and ``close`` come from one thread, the control thread:
 the first one that calls one of them after ``open``. ``summary`` may come from any thread. A call from
 another thread, or before ``open`` or after ``close``, is refused with a one-line :class:`SacEdgeError`. The
 fine-tuner's coordinator thread, the inference watchdog's thread and the learner process run beside it, as
