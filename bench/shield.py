@@ -229,6 +229,21 @@ def shape_calls(bundle: Path, calls: int) -> None:
     print(f"shield: {calls} calls of Shield.filter_action on {bundle}")
 
 
+def act_calls(bundle: Path, calls: int) -> None:
+    """``Runtime.act`` ``calls`` times (after 300 to warm up) on the policy's rollout (onnxruntime fp32, the
+    shield on), untimed: what an instruction count of the whole step runs."""
+    from sac_edge.edge_runtime.control.loop import paused_gc
+    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+
+    _, _, _, env_id = load(bundle)
+    observations, _ = rollout(bundle, env_id)
+    options = RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32", rate_hz=1000.0)
+    with Runtime(options) as runtime, paused_gc():
+        for j in range(300 + calls):
+            runtime.act(observations[j % len(observations)])
+    print(f"shield: {calls} calls of Runtime.act on {bundle}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundles", nargs="+", type=Path)
@@ -243,7 +258,16 @@ def main() -> None:
         help="only call Shield.filter_action this many times on what the guards hand on for the rollout, untimed, "
         "and exit: for an instruction count, under valgrind with N and with 0 (the difference over N)",
     )
+    parser.add_argument(
+        "--act-calls",
+        type=int,
+        help="only call Runtime.act this many times on the rollout, untimed, and exit (valgrind, as --shape-calls)",
+    )
     args = parser.parse_args()
+    if args.act_calls is not None:
+        for bundle in args.bundles:
+            act_calls(bundle, args.act_calls)
+        return
     if args.shape_calls is not None:
         for bundle in args.bundles:
             shape_calls(bundle, args.shape_calls)

@@ -35,7 +35,7 @@ itself when it is fine, a repaired copy, or None: hold the last safe action); ``
 
 
 #: Up to this many components the checks run over Python floats (one ``tolist`` and a chained comparison
-#: each); numpy's fixed per-call cost only pays beyond it (``bench/edge_loop.py`` times both forms).
+#: each); numpy's form is used beyond it (BENCHMARKS.md "Edge: the step as stages").
 PYTHON_CHECK_MAX = 64
 
 
@@ -171,7 +171,7 @@ class ObservationGuard:
 
 def _inside(values: list[float], bounds: list[tuple[float, float]]) -> bool:
     """Whether every value lies in its ``(low, high)``: one chained comparison each, false for NaN."""
-    for v, (lo, hi) in zip(values, bounds):  # noqa: SIM110 (all() over a generator: ~2x the time)
+    for v, (lo, hi) in zip(values, bounds):  # noqa: SIM110 (a plain loop: BENCHMARKS.md "Edge: the step as stages")
         if not lo <= v <= hi:
             return False
     return True
@@ -185,7 +185,7 @@ class ActionGuard:
         self.high = np.asarray(high, dtype=np.float32)
         self._out = np.clip(np.zeros_like(self.low), self.low, self.high)
         self._safe = self._out.tolist()  # the last safe action, as Python floats
-        # struct's pack_into writes the floats into the buffer at a third less than numpy's item assignment
+        # the output buffer, written from the Python floats in one call
         self._pack = struct.Struct(f"{self._out.size}f").pack_into
         self._bounds = list(zip(self.low.tolist(), self.high.tolist()))
         self.nonfinite = 0
@@ -193,11 +193,10 @@ class ActionGuard:
 
     def clip(self, action: np.ndarray) -> tuple[list[float], bool] | None:
         """``action`` as Python floats clipped to the bounds and whether any was clipped, or None when one
-        is not finite. No side effects: the loop also calls it to warm the step before its slot.
+        is not finite. No side effects.
 
-        Written over Python floats: for the few dimensions of an action this is one conversion and a
-        comparison per element, several times cheaper than the numpy form's five calls (isfinite, two
-        range tests, clip, copy).
+        Written over Python floats, one conversion and a comparison per element: the cheaper form at an
+        action's few dimensions (BENCHMARKS.md "Edge: the step as stages").
         """
         values = action.tolist() if action.ndim == 1 else action.reshape(-1).tolist()
         clipped = False

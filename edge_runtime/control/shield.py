@@ -21,9 +21,10 @@ observation and the guarded action:
   has none), fallback switches included.
 
 Every switch is a telemetry event (``{"type": "shield", "event": "fallback" | "resume" | "swap_ramp", ...}``)
-and is counted in the summary (``ShieldSummary``). The work is a few numpy calls for the envelope and a
-loop over Python floats for the action (a handful of dimensions: cheaper than numpy's per-call cost;
-``bench/shield.py`` times it against the loop without the shield).
+and is counted in the summary (``ShieldSummary``). The work is one numpy product for the envelope and
+loops over Python floats for the action, the cheaper form at a handful of dimensions (``bench/shield.py``
+times it against the loop without the shield: BENCHMARKS.md "Edge: the safety shield" and "Edge: the step
+as stages").
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ class SlewLimiter:
         if not self.active:
             return action
         limited, slew = action, self.slew
-        for i in self._dims:  # by index: a zip of three costs more at a handful of dimensions
+        for i in self._dims:  # by index (BENCHMARKS.md "Edge: the step as stages")
             v, previous, most = action[i], last[i], slew[i]
             if v > previous + most:
                 v = previous + most
@@ -320,7 +321,7 @@ class Shield:
         if inside and cause is None:
             self._last_clear = sent
         out = self._out
-        self._pack(out, 0, *sent)  # BENCHMARKS.md "Edge: the safety shield": the write's cost
+        self._pack(out, 0, *sent)  # the buffer the caller sends, written from the floats in one call
         return out
 
     def _follow(self, cause: str | None) -> None:

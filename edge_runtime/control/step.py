@@ -81,7 +81,7 @@ class StepPipeline:
         self.counters = StepCounters()
         self.stats = StepStats()
         self.budget_ns = 0
-        """An inference slower than this is stale: the last safe action is sent (``set_budget``)."""
+        """An inference slower than this is stale: the last safe action is sent (``serve``)."""
         self._infer: Callable[[np.ndarray], np.ndarray] | None = None
         self._describe = describe_error
         # the stages' entry points, looked up once (the step runs at the control rate)

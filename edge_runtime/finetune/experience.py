@@ -154,9 +154,8 @@ class EpisodeLog:
 class Exploration:
     """Gaussian action noise while fine-tuning: ``std`` is a fraction of the half action range (0: none).
 
-    The noise is drawn ``NOISE_BLOCK`` steps at a time (one numpy call every 256 steps; a numpy call per
-    step would cost more than the rest of the step's work) and added over Python floats, so a step costs a
-    list lookup and one store."""
+    The noise is drawn ``NOISE_BLOCK`` steps at a time, one numpy call every 256 steps, and added over
+    Python floats: the step itself makes no numpy call for it (BENCHMARKS.md "Edge: the step as stages")."""
 
     NOISE_BLOCK = 256
 

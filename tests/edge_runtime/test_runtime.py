@@ -174,7 +174,10 @@ def test_warming_up_before_each_step_changes_nothing_act_keeps(enveloped_bundle:
     the same actions and reports the same counts and shield figures as one never warmed, through faults,
     fallbacks, ramps and episode restarts."""
     rng = np.random.default_rng(8)
-    runtimes = [_runtime(enveloped_bundle, stuck_steps=3, ramp_steps=4, shield_window=2) for _ in range(2)]
+    # at 1 Hz the inference budget is half a second: no step overruns on a busy machine, which would make
+    # the two runtimes' shields diverge for a reason of their own
+    flags = dict(stuck_steps=3, ramp_steps=4, shield_window=2, rate_hz=1.0)
+    runtimes = [_runtime(enveloped_bundle, **flags) for _ in range(2)]
     with runtimes[0] as plain, runtimes[1] as warmed:
         obs = np.array([1.0, 0.0, 0.5], np.float32)
         for t in range(600):
@@ -190,5 +193,6 @@ def test_warming_up_before_each_step_changes_nothing_act_keeps(enveloped_bundle:
                     runtime.observe(obs, np.zeros(1, np.float32), 0.0, obs, True, False)
         figures = [r.summary() for r in runtimes]
     keep = ("steps", "obs_nonfinite", "obs_out_of_range", "obs_held", "action_clipped", "shield", "episodes")
+    assert figures[0].inference_overruns == figures[1].inference_overruns == 0
     assert [getattr(figures[0], k) for k in keep] == [getattr(figures[1], k) for k in keep]
     assert figures[0].shield["fallbacks"] > 5 and figures[0].shield["ramps"] > 0
