@@ -43,6 +43,7 @@ from sac_edge.common.envelope import Envelope
 from .safety import PYTHON_CHECK_MAX
 
 _dist = math.dist
+_FLOAT32 = np.dtype(np.float32)
 
 SHIELD_MODES = ("on", "guards")
 """``guards``: the observation and action guards alone (the runtime's behaviour without a shield)."""
@@ -218,6 +219,10 @@ class Shield:
         self._check = envelope is not None and settings.window > 0
         if envelope is not None:  # score = |A obs - A mean|^2 with A = W diag(1/scale)
             self._a = np.ascontiguousarray(envelope.whiten / envelope.scale[None, :])
+            # the product in the observation's own dtype (the guard hands on the policy's float32): a
+            # mixed-dtype product converts first (BENCHMARKS.md "Edge: the step as stages")
+            self._a32 = self._a.astype(np.float32)
+            self._w32 = np.empty(envelope.obs_dim, np.float32)
             self._center = (self._a @ envelope.mean).tolist()
             self._radius = math.sqrt(envelope.threshold)
             self._low, self._high = envelope.low, envelope.high
@@ -268,8 +273,12 @@ class Shield:
 
     def _score_inside(self, obs: np.ndarray) -> bool:
         """The Mahalanobis test of an observation already inside the envelope's bounds."""
-        w = self._w
-        self._a.dot(obs, out=w)  # ``out``: no temporary
+        if obs.dtype is _FLOAT32:
+            w = self._w32
+            self._a32.dot(obs, out=w)  # ``out``: no temporary
+        else:
+            w = self._w
+            self._a.dot(obs, out=w)
         return _dist(w.tolist(), self._center) <= self._radius
 
     def step(self, obs: object, action: np.ndarray, inferred: bool) -> np.ndarray:
