@@ -174,17 +174,18 @@ def inline_step(
     the watchdog's entry, the overrun test, the action guard and the shield (what ``Runtime.act``
     does, less its thread check and counters); ``Runtime.act`` is priced against it."""
     inner = shield.obs_bounds if shield is not None else None
-    obs_guard = ObservationGuard(np.full(spec.obs_dim, -np.inf), np.full(spec.obs_dim, np.inf), "clip", inner)
+    low, high = np.full(spec.obs_dim, -np.inf), np.full(spec.obs_dim, np.inf)
+    obs_guard = ObservationGuard(low, high, "clip", inner, dtype=np.float32)
     act_guard = ActionGuard(np.array(spec.action_low), np.array(spec.action_high))
     check, hold, apply, take, infer = obs_guard.check, act_guard.hold, act_guard.apply, act_guard.take, backend.act
     running = InferenceWatchdog(2.0, lambda _: None).running  # not started: its entry per call, not its thread
     timer, budget_ns = time.perf_counter_ns, int(0.5e9 / rate_hz)
     latency: list[int] = []
     add = latency.append
-    shape = shield.shape if shield is not None else None
+    send = shield.filter_action if shield is not None else None
 
     def step(obs: np.ndarray) -> np.ndarray:
-        safe = check(obs)
+        observed, safe, inside = check(obs)
         if safe is not None:
             t0 = timer()
             running[t0] = True
@@ -193,10 +194,10 @@ def inline_step(
             running.pop(t0, None)
             add(took)
             if took <= budget_ns:
-                if shape is None:
+                if send is None:
                     return apply(raw)
-                return shape(obs, obs_guard.values, take(raw), True)
-        return hold() if shape is None else shape(obs, None, act_guard.safe, False)
+                return send(observed, inside, take(raw), True)
+        return hold() if send is None else send(observed, False, act_guard.safe, False)
 
     return step
 

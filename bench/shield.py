@@ -5,7 +5,7 @@ For each bundle given (sac-export writes ``envelope.json``):
 1. per step, in this process, interleaved, on the observations and actions of a rollout of the bundle's
    policy in its env (observations in the env's dtype; consecutive actions close, as in the loop): the
    guards with the shield as ``Runtime.act`` runs them (the observation guard testing the envelope's
-   bounds in its pass, ``ActionGuard.take``, ``Shield.shape`` on their floats) against the guards alone
+   bounds in its pass, ``ActionGuard.take``, ``Shield.filter_action`` on what they hand on) against the guards alone
    (``check`` and ``apply``, what every step runs without the shield); their difference is
    ``shield_in_act``. Also ``Shield.step`` (the library call on arrays, which converts and checks for
    itself: envelope, stuck sensor, fallback state, ramp, slew limit) and the envelope check alone.
@@ -94,7 +94,8 @@ def runtime_path(
     """The shield and the guards as ``Runtime.act`` composes them with the shield on."""
     low, high = bounds
     shield = Shield(ShieldSettings(), low.tolist(), high.tolist(), envelope)
-    return shield, ObservationGuard(*declared(envelope.obs_dim), "clip", shield.obs_bounds), ActionGuard(low, high)
+    guard = ObservationGuard(*declared(envelope.obs_dim), "clip", shield.obs_bounds, dtype=np.float32)
+    return shield, guard, ActionGuard(low, high)
 
 
 def step_cost(
@@ -102,7 +103,8 @@ def step_cost(
 ) -> dict[str, Any]:
     low, high = bounds
     shield, obs_guard, act_guard = runtime_path(envelope, bounds)
-    plain_obs, plain_act = ObservationGuard(*declared(envelope.obs_dim)), ActionGuard(low, high)
+    plain_obs = ObservationGuard(*declared(envelope.obs_dim), dtype=np.float32)
+    plain_act = ActionGuard(low, high)
     n = len(obs)
     i = 0
 
@@ -115,8 +117,8 @@ def step_cost(
     def guards_and_shield() -> None:  # Runtime.act's path with the shield on
         nonlocal i
         i = (i + 1) % n
-        o = obs_guard.check(obs[i])
-        shield.shape(o, obs_guard.values, act_guard.take(actions[i]), True)
+        observed, _, inside = obs_guard.check(obs[i])
+        shield.filter_action(observed, inside, act_guard.take(actions[i]), True)
 
     def shield_step() -> None:  # the library call on arrays, converting and checking for itself
         nonlocal i
@@ -209,7 +211,7 @@ def loop_work(bundle: Path, env_id: str, args: argparse.Namespace) -> dict[str, 
 
 
 def shape_calls(bundle: Path, calls: int) -> None:
-    """``Shield.shape`` ``calls`` times (after 300 to warm up) on what the guards hand it on the policy's
+    """``Shield.filter_action`` ``calls`` times (after 300 to warm up) on what the guards hand it on the policy's
     rollout, nothing else in the loop: what an instruction count of the shield's step runs."""
     from sac_edge.edge_runtime.control.loop import paused_gc
 
@@ -217,14 +219,29 @@ def shape_calls(bundle: Path, calls: int) -> None:
     shield, obs_guard, act_guard = runtime_path(envelope, bounds)
     inputs = []
     for o, a in zip(*rollout(bundle, env_id)):  # the backend is closed before the calls: no threads beside them
-        checked = obs_guard.check(o)
-        inputs.append((checked, obs_guard.values, act_guard.take(a)))
+        observed, _, inside = obs_guard.check(o)
+        inputs.append((observed, inside, act_guard.take(a)))
     n = len(inputs)
     with paused_gc():  # as in the control loop, which collects at a known point outside the step's work
         for j in range(300 + calls):
-            checked, values, action = inputs[j % n]
-            shield.shape(checked, values, action, True)
-    print(f"shield: {calls} calls of Shield.shape on {bundle}")
+            observed, inside, action = inputs[j % n]
+            shield.filter_action(observed, inside, action, True)
+    print(f"shield: {calls} calls of Shield.filter_action on {bundle}")
+
+
+def act_calls(bundle: Path, calls: int) -> None:
+    """``Runtime.act`` ``calls`` times (after 300 to warm up) on the policy's rollout (onnxruntime fp32, the
+    shield on), untimed: what an instruction count of the whole step runs."""
+    from sac_edge.edge_runtime.control.loop import paused_gc
+    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+
+    _, _, _, env_id = load(bundle)
+    observations, _ = rollout(bundle, env_id)
+    options = RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32", rate_hz=1000.0)
+    with Runtime(options) as runtime, paused_gc():
+        for j in range(300 + calls):
+            runtime.act(observations[j % len(observations)])
+    print(f"shield: {calls} calls of Runtime.act on {bundle}")
 
 
 def main() -> None:
@@ -238,10 +255,19 @@ def main() -> None:
     parser.add_argument(
         "--shape-calls",
         type=int,
-        help="only call Shield.shape this many times on the guards' floats of the rollout, untimed, and exit: "
-        "for an instruction count, under valgrind with N and with 0 (the difference over N)",
+        help="only call Shield.filter_action this many times on what the guards hand on for the rollout, untimed, "
+        "and exit: for an instruction count, under valgrind with N and with 0 (the difference over N)",
+    )
+    parser.add_argument(
+        "--act-calls",
+        type=int,
+        help="only call Runtime.act this many times on the rollout, untimed, and exit (valgrind, as --shape-calls)",
     )
     args = parser.parse_args()
+    if args.act_calls is not None:
+        for bundle in args.bundles:
+            act_calls(bundle, args.act_calls)
+        return
     if args.shape_calls is not None:
         for bundle in args.bundles:
             shape_calls(bundle, args.shape_calls)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from sac_edge.common.bundle import Bundle, open_bundle
 from sac_edge.common.bundle_format import ENVELOPE_KIND, FP32, PRECISIONS
 from sac_edge.common.envelope import parse_envelope
@@ -33,7 +35,10 @@ from sac_edge.edge_runtime.budget.governor import Governor, GovernorConfig, buil
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.budget.monitor import BudgetMonitor
 from sac_edge.edge_runtime.budget.sensors import NoPowerSensor, PowerSensor, detect_power_sensor
+from sac_edge.edge_runtime.control.loop import error_line
+from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
 from sac_edge.edge_runtime.control.shield import Shield
+from sac_edge.edge_runtime.control.step import StepPipeline
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner, finetune_dir, install_last_good
 from sac_edge.edge_runtime.finetune.promotion import LastGood, LastGoodStore
 from sac_edge.edge_runtime.finetune.settings import FinetuneSettings
@@ -223,3 +228,26 @@ def compose(
             tuner.stop()
         raise
     return Composition(backends, figures, probe, shield, tuner, resumed, governor, sensor, monitor)
+
+
+def step_pipeline(
+    cfg: RunConfig,
+    bundle: Bundle,
+    parts: Composition,
+    obs_low: np.ndarray,
+    obs_high: np.ndarray,
+    running: dict[int, bool],
+    scratch: bool = False,
+) -> StepPipeline:
+    """The step's stages for ``parts`` (guards on the observation bounds, the shield, the fine-tuner's
+    exploration), the backend call watched through ``running``. ``scratch``: the same stages on state of
+    their own (a shield that emits nothing, no exploration), for ``Runtime.warm_up`` to run the real step
+    without changing what the step keeps."""
+    shield = parts.shield
+    if scratch and shield is not None:
+        shield = Shield(shield.settings, bundle.spec.action_low, bundle.spec.action_high, shield.envelope)
+    inner = shield.obs_bounds if shield is not None else None
+    obs_guard = ObservationGuard(obs_low, obs_high, cfg.loop.obs_fault, inner, dtype=np.float32)
+    act_guard = ActionGuard(np.array(bundle.spec.action_low), np.array(bundle.spec.action_high))
+    explore = parts.tuner.explore if parts.tuner is not None and not scratch else None
+    return StepPipeline(obs_guard, act_guard, shield, explore, running, cfg.loop.max_backend_errors, error_line)

@@ -107,8 +107,8 @@ class LoopSection:
     warm_cache: bool = field(
         default=True,
         metadata={
-            "help": "rehearse the step (guards and inference on its observation) just before each slot, so "
-            "its code and weights are in the caches when the real one runs (costs up to a quarter period of CPU)"
+            "help": "run the step on scratch state (guards, inference, shield) just before each slot, so its "
+            "code and weights are in the caches when the real one runs (costs up to a quarter period of CPU)"
         },
     )
 

@@ -311,7 +311,7 @@ class SacEdgeNode(LifecycleNode):
         self._make_entities(state_topic, state_qos, command_qos)
         if not layout.topics:  # the warm-up: the step on the robot's own first state, without its effects
             layout.gather(self._obs, self._jmap, _fields(first), {}, f"JointState on {state_topic}")
-            self._runtime.rehearse(self._obs)
+            self._runtime.warm_up(self._obs)
 
     def _qos(self, side: str) -> tuple[str, int, str]:
         return (

@@ -4,7 +4,7 @@ A client of the runtime library (``runtime.py``), like a robot's own loop: the b
 (the config validated, the bundle verified, the env made and checked against it, then ``Runtime.open``:
 the last good weights under the lock, the shield, the backends, the learner process and its sizing, the
 governor, the fine-tuner, the monitor), then the fixed-rate scheduler (``control/loop.py``) calling the
-runtime's ``act``/``observe``/``rehearse``/``tick``. What is added here is what a CLI owns: the env, the
+runtime's ``act``/``observe``/``warm_up``/``tick``. What is added here is what a CLI owns: the env, the
 signals, the real-time setup, the status line and the summary's table.
 
 Everything that can be wrong with the input (bundle, checksum, env, shapes, backend, precision, gate,

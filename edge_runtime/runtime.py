@@ -32,11 +32,12 @@ learner's sizing, the governor's top rung); ``realtime.cpus`` are the CPUs the c
 learner process keeps off them).
 
 ``sac-edge run`` is a client of this class too: its scheduler (``control/loop.py``) calls ``act``,
-``observe``, ``rehearse`` (the warm-cache rehearsal before each slot) and ``tick`` with each second's
-schedule figures, so the step cannot differ between the two. ``act`` is written for that: what it touches
-is bound once at ``open`` and the thread check is one comparison.
+``observe``, ``warm_up`` (the step on scratch state before each slot, to warm the caches) and ``tick`` with
+each second's schedule figures, so the step cannot differ between the two. ``Runtime`` is the lifecycle
+(``RuntimeState``) and the thread rules; the step itself is ``control/step.py``'s ``StepPipeline``, the
+budgets ``BudgetTicker``, all composed once at ``open`` (``compose.step_pipeline``).
 
-Threads: ``act``, ``rehearse``, ``observe``, ``tick`` and ``close`` come from one thread, the control thread:
+Threads: ``act``, ``warm_up``, ``observe``, ``tick`` and ``close`` come from one thread, the control thread:
 the first one that calls one of them after ``open``. ``summary`` may come from any thread. A call from
 another thread, or before ``open`` or after ``close``, is refused with a one-line :class:`SacEdgeError`. The
 fine-tuner's coordinator thread, the inference watchdog's thread and the learner process run beside it, as
@@ -46,6 +47,7 @@ under ``sac-edge run``. torch is imported (in the learner process only) only whe
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
 import sys
 import threading
@@ -62,22 +64,28 @@ from sac_edge.common.config import config_dict
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.inputs import done_flag, ordered_bounds
 from sac_edge.edge_runtime.backends.base import Backend
-from sac_edge.edge_runtime.control.loop import (
-    ScheduleSummary,
-    ScheduleWindow,
-    StoppedServing,
-    error_line,
-    finite_reward,
-)
-from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard, plain_array
+from sac_edge.edge_runtime.control.loop import ScheduleSummary, ScheduleWindow, StoppedServing, finite_reward
+from sac_edge.edge_runtime.control.safety import plain_array
 from sac_edge.edge_runtime.control.shield import Shield, ShieldSummary, guards_summary
+from sac_edge.edge_runtime.control.step import BackendFailed, CallTaken, StepPipeline
 from sac_edge.edge_runtime.control.step_stats import StepStats
 from sac_edge.edge_runtime.control.telemetry import TelemetryWriter
 from sac_edge.edge_runtime.control.watchdog import InferenceWatchdog
 from sac_edge.edge_runtime.finetune.finetuner import FinetuneSummary
 from sac_edge.edge_runtime.finetune.settings import FinetuneSection
 
-from .compose import Composition, Log, compose, last_good_weights, locked, make_shield, validate, verified_bundle
+from .compose import (
+    Composition,
+    Emit,
+    Log,
+    compose,
+    last_good_weights,
+    locked,
+    make_shield,
+    step_pipeline,
+    validate,
+    verified_bundle,
+)
 from .config import BackendSection, BudgetSection, LoopSection, RealtimeSection, RunConfig, ShieldSection
 
 __all__ = [
@@ -89,6 +97,7 @@ __all__ = [
     "RunConfig",
     "RunSummary",
     "Runtime",
+    "RuntimeState",
     "RuntimeSummary",
     "ShieldSection",
     "StoppedServing",
@@ -99,9 +108,7 @@ TICK_NS = 1_000_000_000
 """``tick`` reads the budgets and ticks the governor at most once a second (its hysteresis counts samples
 at that pace); calls in between return the last report."""
 
-#: Bound once: ``act`` runs at the control rate, and a module global is one lookup, not two.
 _get_ident = threading.get_ident
-_timer = time.perf_counter_ns
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,95 @@ class RunSummary:
         return out
 
 
+class RuntimeState(enum.Enum):
+    """Where a ``Runtime`` is in its life; each call says which states it accepts."""
+
+    CREATED = "created"
+    """Options checked; nothing opened."""
+    OPEN = "open"
+    """Opened; no control thread yet (the first call of ``act``/``observe``/``tick``/``close`` claims it)."""
+    SERVING = "serving"
+    """The control thread is claimed; ``act`` serves."""
+    STOPPED = "stopped"
+    """``act`` refuses (``max_backend_errors`` failed inferences, or a call the watchdog gave up on)."""
+    CLOSED = "closed"
+
+
+@dataclass
+class TransitionCounters:
+    """What ``observe`` counted."""
+
+    transitions: int = 0
+    episodes: int = 0
+    reward_invalid: int = 0
+
+
+class BudgetTicker:
+    """Once a second: the budgets read, the governor ticked, what it asks applied (the serving precision,
+    the rate that sets the inference budget), one telemetry record. Owns which backend serves."""
+
+    def __init__(
+        self,
+        parts: Composition,
+        pipelines: tuple[StepPipeline, ...],
+        inference_budget: float,
+        rate_hz: float,
+        emit: Emit,
+    ) -> None:
+        self._parts, self._pipelines, self._emit = parts, pipelines, emit
+        self._inference_budget = inference_budget
+        self.rate_hz = rate_hz
+        self.switches = 0
+        self.events: list[dict[str, Any]] = []
+        self.peak_rss_mb = float("nan")
+        self.serve(parts.first)
+        self.t0 = time.monotonic_ns()
+        self.next_ns = self.t0 + TICK_NS
+        self.report = TickReport(0.0, rate_hz, self.precision, (), {}, None, pipelines[0].stats.figures("latency"))
+
+    def serve(self, precision: str) -> None:
+        """Serve ``precision`` from the next step (at open, and when the governor switches)."""
+        self.precision = precision
+        self.backend: Backend = self._parts.backends[precision]
+        budget_ns = int(self._inference_budget * 1e9 / self.rate_hz)
+        for pipeline in self._pipelines:
+            pipeline.serve(self.backend.act, budget_ns)
+
+    def tick(self, t_s: float, window: ScheduleWindow | None, steps: int) -> TickReport:
+        """The reading at ``t_s``; ``window``: a scheduler's figures for the second."""
+        stats = self._pipelines[0].stats
+        latency, jitter = stats.fold()
+        record: dict[str, Any] = {"type": "second", "t_s": t_s}
+        if window is None:
+            record.update(steps_total=steps, latency_us=latency)
+        else:
+            record.update(steps=window.steps, latency_us=latency, jitter_us=jitter, misses=window.misses,
+                          misses_total=window.misses_total, steps_total=window.steps_total)  # fmt: skip
+        record.update(precision=self.precision, rate_hz=self.rate_hz)  # what served this second
+        tick = self._parts.monitor.tick(t_s)
+        self.note_memory(tick.memory)
+        record.update(memory=tick.memory, power=tick.power, governor=tick.governor)
+        for event in tick.events:
+            self.events.append(event)
+            self._emit({"type": "event", "t_s": t_s, **event})
+        if tick.rate_hz is not None and not math.isclose(tick.rate_hz, self.rate_hz):
+            self.rate_hz = float(tick.rate_hz)
+            self.serve(self.precision)  # the budget is a fraction of the new period
+        if tick.precision is not None and tick.precision != self.precision and tick.precision in self._parts.backends:
+            self.serve(tick.precision)
+            self.switches += 1
+        self._emit(record)
+        self.report = TickReport(
+            t_s, self.rate_hz, self.precision, tuple(tick.events), dict(tick.memory), tick.power, latency
+        )
+        return self.report
+
+    def note_memory(self, memory: dict[str, Any]) -> None:
+        peak = memory.get("peak_rss_mb", memory.get("rss_mb"))
+        if peak is not None and (np.isnan(self.peak_rss_mb) or peak > self.peak_rss_mb):
+            self.peak_rss_mb = float(peak)
+
+
 class Runtime:
     """A bundle's policy behind ``act``/``observe``/``tick`` for a loop the caller owns (module docstring)."""
 
@@ -240,64 +336,55 @@ class Runtime:
         self._bounds = (obs_low, obs_high)
         self._log: Log = log if log is not None else (lambda message: print(message, file=sys.stderr, flush=True))
         self._given_bundle, self._env, self._shift, self._on_hang, self._name = bundle, env, shift, on_hang, name
-        self._owner: int | None = _NOT_OPEN
-        """The control thread's id, None before its first call, or a state below 0 (checked in one
-        comparison per call)."""
+        self._state = RuntimeState.CREATED
+        self._owner = _NOBODY
+        """The control thread's id while serving, else ``_NOBODY``: each call checks it in one comparison."""
         self._thread: int | None = None
-        self._held: contextlib.ExitStack | None = None
+        self._resources: contextlib.ExitStack | None = None
         self._final: RuntimeSummary | None = None
         self._hang: dict[str, Any] | None = None
         self._stopped_by: str | None = None
+        self._transitions = TransitionCounters()
+
+    @property
+    def state(self) -> RuntimeState:
+        return self._state
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def open(self) -> Runtime:
         """Verify the bundle, take the fine-tuning lock, open and gate the backends (as ``sac-edge run``
         does), start the fine-tuner and the inference watchdog; returns ``self``."""
-        if self._owner != _NOT_OPEN or self._final is not None:
+        if self._state is not RuntimeState.CREATED:
             raise SacEdgeError("Runtime.open(): the runtime was opened already; make a new Runtime")
         cfg = self.options
-        held = contextlib.ExitStack()
+        resources = contextlib.ExitStack()
         try:
             bundle = self._given_bundle or verified_bundle(cfg)
-            spec = bundle.spec
-            low, high = (_bound(b, spec.obs_dim, name, fill) for b, name, fill in zip(self._bounds, _NAMES, _FILLS))
+            low, high = (
+                _bound(b, bundle.spec.obs_dim, name, fill) for b, name, fill in zip(self._bounds, _NAMES, _FILLS)
+            )
             ordered_bounds(low, high)
-            weights = held.enter_context(last_good_weights(cfg))
-            self._telemetry = held.enter_context(TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry))
-            self._emit = locked(self._telemetry.write)
-            parts = compose(cfg, bundle, weights, make_shield(cfg, bundle, self._emit), self._emit, self._log)
-            held.callback(parts.monitor.close)
+            weights = resources.enter_context(last_good_weights(cfg))
+            self._telemetry = resources.enter_context(TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry))
+            emit = locked(self._telemetry.write)
+            parts = compose(cfg, bundle, weights, make_shield(cfg, bundle, emit), emit, self._log)
+            resources.callback(parts.monitor.close)
             if parts.tuner is not None:
-                held.callback(parts.tuner.stop)  # before the lock is released: the learner process goes first
+                resources.callback(parts.tuner.stop)  # before the lock is released: the learner process goes first
             self._parts: Composition = parts
-            self._tuner, self._shield = parts.tuner, parts.shield
-            inner = parts.shield.obs_bounds if parts.shield is not None else None
-            self._obs_guard = ObservationGuard(low, high, cfg.loop.obs_fault, inner)
-            self._act_guard = ActionGuard(np.array(spec.action_low), np.array(spec.action_high))
-            self._stats = StepStats()
-            self._steps = self._transitions = self._episodes = self._held_obs = self._overruns = 0
-            self._backend_errors = self._reward_invalid = self._switches = 0
-            self._backend_error: dict[str, str] | None = None
-            self._events: list[dict[str, Any]] = []
-            self._peak_rss_mb = float("nan")
-            self._rate_hz = cfg.loop.rate_hz
-            self._budget_ns = int(cfg.loop.inference_budget * 1e9 / cfg.loop.rate_hz)
-            self._serve(parts.first)
-            # What ``act`` touches at the control rate, bound once (attribute chains cost at 1 kHz).
-            self._check, self._hold, self._apply = self._obs_guard.check, self._act_guard.hold, self._act_guard.apply
-            self._latency, self._infer = self._stats.latency.append, self._stats.infer.append
-            self._explore = parts.tuner.explore if parts.tuner is not None else None
-            self._shape = parts.shield.shape if parts.shield is not None else None
-            self._take = self._act_guard.take
             self._watchdog = InferenceWatchdog(cfg.loop.inference_timeout, self._tripped)
-            self._running = self._watchdog.running
-            self._emit(
+            self._pipeline = step_pipeline(cfg, bundle, parts, low, high, self._watchdog.running)
+            self._scratch = step_pipeline(cfg, bundle, parts, low, high, self._watchdog.running, scratch=True)
+            self._ticker = BudgetTicker(
+                parts, (self._pipeline, self._scratch), cfg.loop.inference_budget, cfg.loop.rate_hz, emit
+            )
+            emit(
                 {
                     "type": "config",
                     "config": config_dict(cfg),
                     "env": self._env,
                     "shift": self._shift,
-                    "backend": self._backend.describe(),
+                    "backend": self._ticker.backend.describe(),
                     "auto": parts.auto(),
                     "power_source": parts.sensor.source if parts.sensor else None,
                     "loaded_precisions": list(parts.backends),
@@ -306,15 +393,12 @@ class Runtime:
             if parts.tuner is not None:
                 parts.tuner.start()
             self._watchdog.start()
-            held.callback(self._watchdog.stop)  # first on close
+            resources.callback(self._watchdog.stop)  # first on close
         except BaseException:
-            held.close()
+            resources.close()
             raise
-        self._held = held
-        self._t0 = time.monotonic_ns()
-        self._next_tick = self._t0 + TICK_NS
-        self._report = TickReport(0.0, self._rate_hz, self._precision, (), {}, None, self._stats.figures("latency"))
-        self._owner = None  # the control thread is the first to call
+        self._resources = resources
+        self._state = RuntimeState.OPEN  # the control thread is the first to call
         return self
 
     def close(self, schedule: ScheduleSummary | None = None) -> RuntimeSummary:
@@ -323,15 +407,15 @@ class Runtime:
         telemetry's summary record is the run's (``RunSummary``)."""
         if self._final is not None:
             return self._final
-        if self._owner == _NOT_OPEN:
+        if self._state is RuntimeState.CREATED:
             raise SacEdgeError("Runtime.close() before open()")
         self._claim("close")
-        assert self._held is not None
-        self._stats.fold()
-        self._note_memory(self._parts.monitor.read_memory())
+        assert self._resources is not None
+        self._pipeline.stats.fold()
+        self._ticker.note_memory(self._parts.monitor.read_memory())
         try:
-            if self._tuner is not None:
-                self._tuner.stop()
+            if self._parts.tuner is not None:
+                self._parts.tuner.stop()
             self._parts.monitor.close()
             summary = self._summary(closed=True, summary_record=True)
             record = summary.to_dict()
@@ -339,41 +423,40 @@ class Runtime:
                 record = RunSummary(summary, schedule, self._env or "", self._shift).to_json()
             self._telemetry.write({"type": "summary", **record})
         finally:
-            self._owner = _CLOSED
-            self._held.close()
+            self._state, self._owner = RuntimeState.CLOSED, _NOBODY
+            self._resources.close()
         if summary.finetune is not None and summary.finetune["error"]:
             self._log(f"{self._name}: fine-tuning stopped early: {summary.finetune['error']}")
         self._final = summary
         return summary
 
     def __enter__(self) -> Runtime:
-        return self.open() if self._owner == _NOT_OPEN and self._final is None else self
+        return self.open() if self._state is RuntimeState.CREATED else self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._final is None and self._owner != _NOT_OPEN:
+        if self._final is None and self._state is not RuntimeState.CREATED:
             self.close()
 
     @property
     def shield(self) -> Shield | None:
         """The safety shield (None with ``shield="guards"``). A caller that swaps weights itself calls its
         ``weights_swapped()`` so that the ramp runs; ``falling_back`` says whether the fallback serves now."""
-        if self._owner == _NOT_OPEN:
-            raise SacEdgeError("Runtime.shield before open(): there is no shield yet")
-        return self._shield
+        self._opened("shield", "there is no shield yet")
+        return self._parts.shield
 
     @property
     def backend(self) -> Backend:
         """The backend serving now (the fine-tuner swaps weights into it; the governor may switch it)."""
-        if self._owner == _NOT_OPEN:
-            raise SacEdgeError("Runtime.backend before open(): there is no backend yet")
-        return self._backend
+        self._opened("backend", "there is no backend yet")
+        return self._ticker.backend
 
     @property
     def stats(self) -> StepStats:
         """The per-step timings (``act`` adds each inference; a scheduler adds its own: ``control/loop.py``)."""
-        return self._stats
+        self._opened("stats", "there are no steps yet")
+        return self._pipeline.stats
 
     @property
     def stopped_by(self) -> str | None:
@@ -384,85 +467,38 @@ class Runtime:
     def act(self, obs: np.ndarray) -> np.ndarray:
         """The action for ``obs``: finite and inside the bounds, the last safe one when the observation is
         held (``obs_fault="hold"``), the inference overran ``inference_budget`` of the period or raised.
-        The returned array is reused by the next call (copy it to keep it). After ``max_backend_errors``
-        failed inferences, or a call the watchdog gave up on, the runtime stops serving: that call raises a
-        one-line ``StoppedServing`` (an ``InternalError``; its ``action`` is the last safe action), and so
-        does every later one."""
+        Any observation is taken: one of another real dtype is converted to the policy's, anything else is
+        malformed (counted, answered with a safe action). The returned array is reused by the next call
+        (copy it to keep it). After ``max_backend_errors`` failed inferences, or a call the watchdog gave up
+        on, the runtime stops serving: that call raises a one-line ``StoppedServing`` (an ``InternalError``;
+        its ``action`` is the last safe action), and so does every later one."""
         if _get_ident() != self._owner:
             self._claim("act")
         if type(obs) is not np.ndarray:
             obs = plain_array(obs)  # type: ignore[assignment]
-        self._steps += 1
-        safe = self._check(obs)
-        if safe is None:
-            self._held_obs += 1
-            self._infer(0)
-            return self._last_safe(obs)
-        running = self._running  # the watchdog's: this call's entry, taken back after it (watchdog.py)
-        t0 = _timer()
-        running[t0] = True
         try:
-            raw = self._call(safe)
-        except Exception as err:  # the backend is foreign code: hold, count, stop at the limit
-            return self._failed(err, obs, t0)
-        took = _timer() - t0
-        if running.pop(t0, None) is None:  # the watchdog took the call: the run is its
-            raise self._hung()
-        self._latency(took)
-        self._infer(took)
-        if took > self._budget_ns:  # stale by now: the last safe action
-            self._overruns += 1
-            return self._last_safe(obs)
-        explore = self._explore
-        if explore is not None:
-            raw = explore(raw)
-        shape = self._shape
-        if shape is None:
-            return self._apply(raw)
-        # The shield takes the guards' Python floats: the observation's and the guarded action's
-        return shape(obs, self._obs_guard.values, self._take(raw), True)
+            return self._pipeline.act(obs)
+        except BackendFailed as failed:
+            self._stopped_by, self._state, self._owner = failed.reason, RuntimeState.STOPPED, _NOBODY
+            raise StoppedServing(failed.reason, failed.action, False) from None
+        except CallTaken:
+            raise self._hung() from None
 
-    def _last_safe(self, obs: np.ndarray) -> np.ndarray:
-        """The last safe action, through the shield where there is one (its step was not inferred)."""
-        shape = self._shape
-        if shape is None:
-            return self._hold()
-        return shape(obs, None, self._act_guard.safe, False)
-
-    def rehearse(self, obs: np.ndarray) -> bool:
-        """``act``'s work on ``obs`` without its effects, to bring its code and weights into the caches just
-        before a deadline: the guard's state after checking a fine observation is what ``act``'s own check
-        leaves, the inference's output is overwritten by the next, and an unfit observation is skipped.
-        False once the inference watchdog has given up on a call (``act`` then raises); a failing call is
-        left to ``act`` to count."""
+    def warm_up(self, obs: np.ndarray) -> bool:
+        """The step run on ``obs`` against scratch state (its own guards, shield and counts; the serving
+        backend), to bring the step's code and the weights into the caches just before a deadline: nothing
+        ``act`` keeps changes. False once the inference watchdog has given up on a call (``act`` then
+        raises)."""
         if _get_ident() != self._owner:
-            self._claim("rehearse")
+            self._claim("warm_up")
         if type(obs) is not np.ndarray:
             obs = plain_array(obs)  # type: ignore[assignment]
-        # What ``act`` reads that the work below does not (a load brings its object into the cache; between
-        # slots an env's step can evict it all): without these, the step after the rehearsal starts cold.
-        _warm = (self._steps, self._hold, self._apply, self._take, self._shape, self._latency, self._infer,
-                 self._budget_ns, self._explore)  # fmt: skip
-        if self._obs_guard.fine(obs):
-            safe = self._check(obs)
-            assert safe is not None
-            running = self._running
-            t0 = _timer()
-            running[t0] = True
-            try:
-                raw = self._call(safe)
-            except Exception:
-                return running.pop(t0, None) is not None
-            if running.pop(t0, None) is None:
-                return False
-            if self._tuner is not None:
-                self._tuner.rehearse(safe, raw)
-            if self._shield is None:
-                self._act_guard.rehearse(raw)
-            else:
-                checked = self._act_guard.clip(raw)
-                if checked is not None:
-                    self._shield.rehearse(obs, self._obs_guard.values, checked[0])
+        try:
+            self._scratch.act(obs)
+        except BackendFailed:
+            pass  # the scratch step's own count: ``act`` counts the real ones
+        except CallTaken:
+            return False
         return True
 
     def observe(
@@ -480,24 +516,25 @@ class Runtime:
             self._claim("observe")
         if terminated.__class__ is not bool or truncated.__class__ is not bool:  # the common case costs two compares
             terminated, truncated = done_flag(terminated, "terminated"), done_flag(truncated, "truncated")
-        self._transitions += 1
+        counts = self._transitions
+        counts.transitions += 1
         if terminated or truncated:
-            self._episodes += 1
-            if self._shield is not None:  # the caller resets its plant: a new start for the ramp
-                self._shield.restart()
-        tuner = self._tuner
+            counts.episodes += 1
+            if self._parts.shield is not None:  # the caller resets its plant: a new start for the ramp
+                self._parts.shield.restart()
+        tuner = self._parts.tuner
         if tuner is None:
             return
         if type(obs) is not np.ndarray:
             obs = plain_array(obs)  # type: ignore[assignment]
         if type(next_obs) is not np.ndarray:
             next_obs = plain_array(next_obs)  # type: ignore[assignment]
-        guard = self._obs_guard
+        guard = self._pipeline.obs_guard
         if not (guard.well_formed(obs) and guard.well_formed(next_obs)):
             return
         value = finite_reward(reward)
         if value is None:
-            self._reward_invalid += 1
+            counts.reward_invalid += 1
             return
         tuner.observe(obs, np.asarray(action), value, next_obs, bool(terminated), bool(truncated))
 
@@ -510,49 +547,20 @@ class Runtime:
         reading is then taken at once and the record carries the window's figures."""
         if _get_ident() != self._owner:
             self._claim("tick")
+        ticker = self._ticker
         if window is None:
             now = time.monotonic_ns()
-            if now < self._next_tick:
-                return self._report
-            self._next_tick = now + TICK_NS
-            t_s = round((now - self._t0) / 1e9, 3)
+            if now < ticker.next_ns:
+                return ticker.report
+            ticker.next_ns = now + TICK_NS
+            t_s = round((now - ticker.t0) / 1e9, 3)
         else:
             t_s = window.t_s
-        latency, jitter = self._stats.fold()
-        record: dict[str, Any] = {"type": "second", "t_s": t_s}
-        if window is None:
-            record.update(steps_total=self._steps, latency_us=latency)
-        else:
-            record.update(
-                steps=window.steps,
-                latency_us=latency,
-                jitter_us=jitter,
-                misses=window.misses,
-                misses_total=window.misses_total,
-                steps_total=window.steps_total,
-            )
-        record.update(precision=self._precision, rate_hz=self._rate_hz)  # what served this second
-        tick = self._parts.monitor.tick(t_s)
-        self._note_memory(tick.memory)
-        record.update(memory=tick.memory, power=tick.power, governor=tick.governor)
-        for event in tick.events:
-            self._events.append(event)
-            self._emit({"type": "event", "t_s": t_s, **event})
-        if tick.precision is not None and tick.precision != self._precision and tick.precision in self._parts.backends:
-            self._serve(tick.precision)
-            self._switches += 1
-        if tick.rate_hz is not None and not math.isclose(tick.rate_hz, self._rate_hz):
-            self._rate_hz = float(tick.rate_hz)
-            self._budget_ns = int(self.options.loop.inference_budget * 1e9 / self._rate_hz)
-        self._emit(record)
-        self._report = TickReport(
-            t_s, self._rate_hz, self._precision, tuple(tick.events), dict(tick.memory), tick.power, latency
-        )
-        return self._report
+        return ticker.tick(t_s, window, self._pipeline.counters.steps)
 
     def safe_action(self) -> np.ndarray:
         """The last safe action (a reused buffer), as ``act`` holds it."""
-        return self._hold()
+        return self._pipeline.act_guard.hold()
 
     # -- any thread ----------------------------------------------------------------------------------
     def summary(self) -> RuntimeSummary:
@@ -560,66 +568,46 @@ class Runtime:
         after ``close``."""
         if self._final is not None:
             return self._final
-        if self._owner == _NOT_OPEN:
-            raise SacEdgeError("Runtime.summary() before open(): there is nothing to report yet")
+        self._opened("summary()", "there is nothing to report yet")
         return self._summary(closed=False)
 
     # -- internals -----------------------------------------------------------------------------------
-    def _serve(self, precision: str) -> None:
-        """Serve ``precision`` from now (at open, and when the governor switches)."""
-        self._precision = precision
-        self._backend = self._parts.backends[precision]
-        self._call = self._backend.act
+    def _opened(self, what: str, why: str) -> None:
+        if self._state is RuntimeState.CREATED:
+            raise SacEdgeError(f"Runtime.{what} before open(): {why}")
 
     def _claim(self, call: str) -> None:
         """The first call on the control thread takes it; anything else is misuse (one line)."""
-        owner = self._owner
-        if owner == _NOT_OPEN:
+        state = self._state
+        if state is RuntimeState.CREATED:
             raise SacEdgeError(f"Runtime.{call}() before open(): call open() or use the runtime in a with block")
-        if owner == _CLOSED:
+        if state is RuntimeState.CLOSED:
             raise SacEdgeError(f"Runtime.{call}() after close(): open a new Runtime")
         ident = _get_ident()
-        if owner is None:
-            self._owner = self._thread = ident
+        if state is RuntimeState.OPEN:
+            self._thread = self._owner = ident
+            self._state = RuntimeState.SERVING
             return
         if ident != self._thread and not (call == "close" and self._hang is not None):  # a hung call: the
             # control thread is stuck in it, and the watchdog's thread closes
             raise SacEdgeError(
-                f"Runtime.{call}() from thread {threading.current_thread().name!r}: act, rehearse, observe, tick and "
-                "close belong to the thread that first called one of them; only summary() may come from another"
+                f"Runtime.{call}() from thread {threading.current_thread().name!r}: act, warm_up, observe, tick "
+                "and close belong to the thread that first called one of them; only summary() may come from another"
             )
-        if call == "act" and self._stopped_by is not None:
-            raise StoppedServing(self._stopped_by, self._hold(), self._hang is not None)
-
-    def _failed(self, err: Exception, obs: np.ndarray, t0: int) -> np.ndarray:
-        """``act`` after the backend call begun at ``t0`` raised: counted, the last safe action (through the
-        shield), and at ``max_backend_errors`` the runtime stops serving."""
-        took = _timer() - t0
-        if self._running.pop(t0, None) is None:
-            raise self._hung()
-        self._latency(took)
-        self._infer(took)
-        self._backend_errors += 1
-        if self._backend_error is None:
-            self._backend_error = {"type": type(err).__name__, "message": error_line(err)}
-        action = self._last_safe(obs)
-        if self._backend_errors >= self.options.loop.max_backend_errors:
-            error = self._backend_error
-            message = error["type"] + (f": {error['message']}" if error["message"] else "")
-            self._stopped_by = f"backend error x{self._backend_errors}: {message}"
-            self._owner = _STOPPED
-            raise StoppedServing(self._stopped_by, action, False)
-        return action
+        if call == "act" and state is RuntimeState.STOPPED:
+            assert self._stopped_by is not None
+            raise StoppedServing(self._stopped_by, self.safe_action(), self._hang is not None)
 
     def _tripped(self, ran_ns: int) -> None:
         """The watchdog's thread, once, while the control thread is inside a call that overran by far."""
         limit = self.options.loop.inference_timeout
-        name = self._backend.name
-        self._hang = {"backend": name, "precision": self._precision, "limit_s": limit, "call_s": round(ran_ns / 1e9, 3)}
+        name = self._ticker.backend.name
+        precision = self._ticker.precision
+        self._hang = {"backend": name, "precision": precision, "limit_s": limit, "call_s": round(ran_ns / 1e9, 3)}
         self._stopped_by = (
             f"inference watchdog: a {name} call ran {ran_ns / 1e9:.1f} s, past the {limit:g} s --inference-timeout"
         )
-        self._owner = _STOPPED
+        self._state, self._owner = RuntimeState.STOPPED, _NOBODY
         if self._on_hang is not None:
             self._on_hang()
         else:
@@ -629,43 +617,39 @@ class Runtime:
         """After a call the watchdog took: its thread has handled the step (``done``), and ``act`` raises."""
         self._watchdog.done.wait()
         assert self._stopped_by is not None
-        return StoppedServing(self._stopped_by, self._hold(), True)
-
-    def _note_memory(self, memory: dict[str, Any]) -> None:
-        peak = memory.get("peak_rss_mb", memory.get("rss_mb"))
-        if peak is not None and (np.isnan(self._peak_rss_mb) or peak > self._peak_rss_mb):
-            self._peak_rss_mb = float(peak)
+        return StoppedServing(self._stopped_by, self.safe_action(), True)
 
     def _summary(self, closed: bool, summary_record: bool = False) -> RuntimeSummary:
-        obs, act, tuner, telemetry = self._obs_guard, self._act_guard, self._tuner, self._telemetry
+        pipeline, ticker, parts, telemetry = self._pipeline, self._ticker, self._parts, self._telemetry
+        obs, act, steps, seen = pipeline.obs_guard, pipeline.act_guard, pipeline.counters, self._transitions
         return RuntimeSummary(
-            steps=self._steps,
-            transitions=self._transitions,
-            episodes=self._episodes,
+            steps=steps.steps,
+            transitions=seen.transitions,
+            episodes=seen.episodes,
             rate_hz=self.options.loop.rate_hz,
-            final_rate_hz=self._rate_hz,
-            latency_us=self._stats.figures("latency"),
-            inference_overruns=self._overruns,
+            final_rate_hz=ticker.rate_hz,
+            latency_us=pipeline.stats.figures("latency"),
+            inference_overruns=steps.overruns,
             obs_nonfinite=obs.nonfinite,
             obs_out_of_range=obs.out_of_range,
             obs_malformed=obs.malformed,
-            obs_held=self._held_obs,
+            obs_held=steps.obs_held,
             action_nonfinite=act.nonfinite,
             action_clipped=act.clipped,
-            backend_errors=self._backend_errors,
-            backend_error=self._backend_error,
+            backend_errors=steps.backend_errors,
+            backend_error=steps.backend_error,
             inference_hang=self._hang,
-            reward_invalid=self._reward_invalid,
-            shield=guards_summary() if self._shield is None else self._shield.summary(),
-            backend=self._backend.describe(),
-            precision=self._precision,
-            precision_switches=self._switches,
-            auto=tuple(self._parts.auto(unavailable=False)),
-            peak_rss_mb=self._peak_rss_mb,
-            budget_events=len(self._events),
-            events=tuple(self._events),
-            resume=self._parts.resumed,
-            finetune=tuner.summary() if tuner is not None else None,
+            reward_invalid=seen.reward_invalid,
+            shield=guards_summary() if parts.shield is None else parts.shield.summary(),
+            backend=ticker.backend.describe(),
+            precision=ticker.precision,
+            precision_switches=ticker.switches,
+            auto=tuple(parts.auto(unavailable=False)),
+            peak_rss_mb=ticker.peak_rss_mb,
+            budget_events=len(ticker.events),
+            events=tuple(ticker.events),
+            resume=parts.resumed,
+            finetune=parts.tuner.summary() if parts.tuner is not None else None,
             telemetry_records=telemetry.records + summary_record,
             telemetry_dropped=telemetry.dropped,
             stopped_by=self._stopped_by,
@@ -674,8 +658,8 @@ class Runtime:
         )
 
 
-#: ``Runtime._owner`` other than a thread id or None (open, no control thread yet).
-_NOT_OPEN, _CLOSED, _STOPPED = -1, -2, -3
+_NOBODY = -1
+"""``Runtime._owner`` when no thread may call without the full check (not serving)."""
 _NAMES, _FILLS = ("obs_low", "obs_high"), (-np.inf, np.inf)
 
 

@@ -6,13 +6,12 @@ never accumulates as drift). The loop sleeps until shortly before the slot and s
 is a deadline miss; when the loop is so late that whole slots have passed, it resumes at the next
 future slot and counts the skipped slots (a burst of catch-up steps would be worse for a plant).
 
-The step is the runtime's (``runtime.Runtime``, reached through ``StepRuntime``: control imports no room
-above it), the same calls a robot's own loop makes: ``act`` guards the observation (``safety.py``), infers
-(timed: an overrun or a failed call is answered with the last safe action), explores for the fine-tuner,
-guards the action and passes it through the shield (``shield.py``); ``observe`` gives the transition to the
-fine-tuner and restarts the shield's ramp at each episode; ``tick`` reads the budgets; ``rehearse`` is
-``act``'s work without its effects. What is left here is what only a scheduler has: the slots, the
-warm-cache rehearsal before each one, the env, the per-step timings, the status line.
+The step is the runtime's (``runtime.Runtime``, reached through ``StepRuntime``: control imports nothing
+above it), the same calls a robot's own loop makes: ``act`` runs the step's stages (``step.py``);
+``observe`` gives the transition to the fine-tuner and restarts the shield's ramp at each episode; ``tick``
+reads the budgets; ``warm_up`` runs the step on scratch state. What is left here is what only a scheduler
+has: the slots (``Schedule``), the cache warm-up before each one (``CacheWarmer``), the env, the per-step
+timings, the status line.
 
 The environment is foreign code: anything its ``reset()`` or ``step()`` raises (even ``SystemExit`` or
 ``KeyboardInterrupt``), and a result the loop cannot read (not five values; ``terminated`` or ``truncated``
@@ -50,15 +49,18 @@ from sac_edge.common.errors import InternalError
 
 from .step_stats import StepStats, miss_cause
 
+_ENV_FAILED = object()
+"""What ``ControlLoop._reset`` answers when the env's ``reset()`` raised."""
+
 SLEEP_SLICE_S = 0.05
 """The longest single sleep between steps: a stop request waits at most this long for the loop to see it."""
 
 WARM_LEAD = 2
-"""With ``warm_cache``, the step is rehearsed from this many times the first rehearsal's duration before
+"""With ``warm_cache``, the step is warmed up from this many times the first warm-up's duration before
 the slot until the slot (the most recent duration, or a slowly decaying maximum of the earlier ones: the
-first, cold, rehearsal's time varies step to step), and never for more than a quarter of the period. The
-first rehearsal brings the code and the weights back into the caches (it is many times slower than a
-hot step after a sleep: ``bench/edge_loop.py``); the ones after it run hot and keep them there."""
+first, cold, call's time varies step to step), and never for more than a quarter of the period. The
+first call brings the code and the weights back into the caches; the ones after it keep them there
+(BENCHMARKS.md "Edge: the action in the control loop" measured the step with and without)."""
 
 
 class StoppedServing(InternalError):
@@ -121,7 +123,7 @@ class StepRuntime(Protocol):
         truncated: bool,
     ) -> None: ...
 
-    def rehearse(self, obs: np.ndarray) -> bool: ...
+    def warm_up(self, obs: np.ndarray) -> bool: ...
 
     def tick(self, window: ScheduleWindow | None = None) -> TickFigures: ...
 
@@ -135,8 +137,8 @@ class LoopSettings(NamedTuple):
     spin_us: float = 100.0
     seed: int = 0
     warm_cache: bool = True
-    """Rehearse the step on its observation just before each slot (see ``WARM_LEAD``): between steps
-    the code and the weights leave the caches; the rehearsal brings them back before the step that counts."""
+    """Warm the step up on its observation just before each slot (see ``WARM_LEAD``): between steps
+    the code and the weights leave the caches; the warm-up brings them back before the step that counts."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,80 @@ class ScheduleSummary:
     env_error: dict[str, str] | None
 
 
+class Schedule:
+    """The loop's clock: slot ``k`` starts at ``anchor + k * period`` (re-anchored when the rate changes),
+    and what the schedule has counted."""
+
+    def __init__(self, start: int, rate_hz: float, duration_s: float) -> None:
+        self.start = start
+        self.anchor, self.k, self.period = start, 0, round(1e9 / rate_hz)
+        self.rate_hz = rate_hz
+        self.end = start + int(duration_s * 1e9) if duration_s > 0 else None
+        self.steps = self.misses = self.skipped = 0
+        self.window_start_step = self.window_misses = 0
+        self.next_second = start + 1_000_000_000
+
+    def slot(self) -> int:
+        return self.anchor + self.k * self.period
+
+    def advance(self, finished: int, missed: bool) -> None:
+        """After a step that finished at ``finished``: the next slot, skipping those whose deadline passed."""
+        self.steps += 1
+        if missed:
+            self.misses += 1
+            self.window_misses += 1
+        self.k += 1
+        behind = (finished - self.anchor) // self.period - self.k
+        if behind > 0:
+            self.skipped += behind
+            self.k += behind
+
+    def window(self, finished: int) -> ScheduleWindow:
+        """The second that ends at ``finished``, and a new one begun."""
+        t_s = round((finished - self.start) / 1e9, 3)
+        window = ScheduleWindow(t_s, self.steps - self.window_start_step, self.window_misses, self.steps, self.misses)
+        self.window_start_step, self.window_misses = self.steps, 0
+        self.next_second += 1_000_000_000
+        return window
+
+    def rerate(self, rate_hz: float, now: int) -> None:
+        """The governor changed the rate: slots from ``now`` at the new period."""
+        self.rate_hz = rate_hz
+        self.anchor, self.k, self.period = now, 0, round(1e9 / rate_hz)
+
+
+class CacheWarmer:
+    """Runs the runtime's ``warm_up`` on the step's observation until its slot (``WARM_LEAD``)."""
+
+    def __init__(self, warm_up: Callable[[np.ndarray], bool]) -> None:
+        self._warm_up = warm_up
+        self.lead_ns = 0
+        """How long before the slot the warm-up starts (from the first, cold, call's duration)."""
+        self._hot_ns = 0  # the last step's shortest hot call: when the next one still fits before the slot
+
+    def fits(self, slot: int, now: int) -> bool:
+        """Whether there is time before ``slot`` (a slot woken too late goes without)."""
+        return not self.lead_ns or slot - now > self.lead_ns // WARM_LEAD
+
+    def run(self, obs: np.ndarray, slot: int, period: int) -> bool:
+        """Warm up until ``slot``; False once the inference watchdog has the run."""
+        clock, timer = time.monotonic_ns, time.perf_counter_ns
+        while clock() < slot - self.lead_ns:
+            pass
+        started = timer()
+        warm = self._warm_up(obs)
+        first = timer() - started  # cold; the ones after it run hot, as long as the last step's did
+        shortest = self._hot_ns or first
+        self._hot_ns = 0
+        while warm and clock() + shortest < slot:  # keep the caches warm until the slot
+            started = timer()
+            warm = self._warm_up(obs)
+            self._hot_ns = min(self._hot_ns or first, timer() - started)
+            shortest = min(shortest, self._hot_ns)
+        self.lead_ns = min(max(int(WARM_LEAD * first), self.lead_ns - (self.lead_ns >> 4)), period // 4)
+        return warm
+
+
 class ControlLoop:
     """Drives ``env`` through ``runtime`` on the schedule; ``run()`` returns the schedule's summary."""
 
@@ -177,7 +253,7 @@ class ControlLoop:
         self.stop_reason: str | None = None
         self.env_error: dict[str, str] | None = None
         """What the environment raised, if it ended the run: call, type, message (reported after the summary)."""
-        self._trip: Callable[[], None] | None = None
+        self._schedule: Schedule | None = None
         self._hung_summary: ScheduleSummary | None = None
         self._hang_handled = threading.Event()
 
@@ -188,10 +264,22 @@ class ControlLoop:
             self.stop_reason = reason
 
     def hung(self) -> None:
-        """The runtime's inference watchdog, on its thread, once: a call ran far past its limit (see ``run``)."""
-        if self._trip is not None:
-            self._trip()
-        else:
+        """The runtime's inference watchdog, on its thread, once, while the control thread is inside a call
+        that overran by far: the env gets the last safe action, and the summary (to this step) goes to
+        ``on_hang``; before the loop runs there is nothing to hand over."""
+        schedule = self._schedule
+        try:
+            if schedule is None:
+                return
+            self.stop_reason = self.runtime.stopped_by  # over any other reason: this is why the run ends
+            try:
+                self.env.step(self.runtime.safe_action())
+            except BaseException as err:  # the env is foreign code
+                self._env_failed("step", err, stop=False)
+            self._hung_summary = self._finish(schedule)
+            if self.on_hang is not None:
+                self.on_hang(self._hung_summary)
+        finally:
             self._hang_handled.set()
 
     def run(self) -> ScheduleSummary:
@@ -201,77 +289,28 @@ class ControlLoop:
             return self._run()
 
     def _run(self) -> ScheduleSummary:
-        s, runtime, env = self.settings, self.runtime, self.env
-        clock = time.monotonic_ns
-        timer = time.perf_counter_ns
-        sleep = time.sleep
-        spin_ns = int(s.spin_us * 1000)
-        warm_ns = 0  # how long before the slot the rehearsal starts (from the first, cold, rehearsal's duration)
-        hot_ns = 0  # the last step's shortest hot rehearsal: when the next one still fits before the slot
+        """Each slot: wait (warming the caches), the step (act, env, observe), its figures, once a second the
+        runtime's tick. The step's own part is inline: its work is what the loop's figures measure."""
+        s, runtime = self.settings, self.runtime
+        clock, timer = time.monotonic_ns, time.perf_counter_ns
         stats = runtime.stats
         add_jitter, add_env, add_step = stats.jitter.append, stats.env.append, stats.step.append
         infer, causes = stats.infer, stats.causes
-        act, observe, rehearse = runtime.act, runtime.observe, runtime.rehearse
-        rate_hz = s.rate_hz
-        period = round(1e9 / rate_hz)
-
-        def hung() -> None:
-            """The watchdog's thread, while the control thread is inside a call that overran by far: the env
-            gets the last safe action, and the summary (to this step) goes to ``on_hang``."""
-            self.stop_reason = runtime.stopped_by  # over any other reason: this is why the run ends
-            try:
-                try:
-                    env.step(runtime.safe_action())
-                except BaseException as err:  # the env is foreign code
-                    self._env_failed("step", err, stop=False)
-                self._hung_summary = self._finish(start, steps, misses, skipped)
-                if self.on_hang is not None:
-                    self.on_hang(self._hung_summary)
-            finally:
-                self._hang_handled.set()
-
-        steps = misses = skipped = 0
-        window_start_step = window_misses = 0
-        start = clock()
-        anchor, k = start, 0  # slot k starts at anchor + k * period (re-anchored when the rate changes)
-        end = start + int(s.duration_s * 1e9) if s.duration_s > 0 else None
-        next_second = start + 1_000_000_000
-        self._trip = hung
-        watchdog_run = False
-        try:
-            obs, _ = env.reset(seed=s.seed)
-        except BaseException as err:  # the env is foreign code: the summary is still made
-            obs = None
-            self._env_failed("reset", err)
+        act, observe = runtime.act, runtime.observe
+        warmer = CacheWarmer(runtime.warm_up) if s.warm_cache else None
+        obs = self._reset(s.seed)  # on failure the run has stopped already
+        schedule = self._schedule = Schedule(clock(), s.rate_hz, s.duration_s)
+        taken = False  # whether the inference watchdog took the run
         while self.stop_reason is None:
-            slot = anchor + k * period
-            if end is not None and slot >= end:
+            slot = schedule.slot()
+            if schedule.end is not None and slot >= schedule.end:
                 self.stop_reason = "duration"
                 break
-            now = clock()
-            if slot - now > spin_ns + warm_ns:  # in slices, so that a stop is seen soon at any rate
-                wake = slot - spin_ns - warm_ns
-                while (left := wake - clock()) > 0 and self.stop_reason is None:
-                    sleep(min(left / 1e9, SLEEP_SLICE_S))
-                if self.stop_reason is not None:
-                    break
-            if s.warm_cache and (not warm_ns or slot - clock() > warm_ns // WARM_LEAD):  # time for it
-                while clock() < slot - warm_ns:  # rehearse the step but the env's part until the slot
-                    pass
-                t_warm = timer()
-                warm = rehearse(obs)  # False once the watchdog has the run
-                first = timer() - t_warm  # cold; the ones after it run hot, as long as the last step's did
-                shortest = hot_ns or first
-                hot_ns = 0
-                while warm and clock() + shortest < slot:  # keep the caches warm until the slot
-                    t_warm = timer()
-                    warm = rehearse(obs)
-                    hot_ns = min(hot_ns or first, timer() - t_warm)
-                    shortest = min(shortest, hot_ns)
-                if not warm:
-                    watchdog_run = True
-                    break
-                warm_ns = min(max(int(WARM_LEAD * first), warm_ns - (warm_ns >> 4)), period // 4)
+            if not self._sleep_until(slot - int(s.spin_us * 1000) - (warmer.lead_ns if warmer else 0)):
+                break
+            if warmer is not None and warmer.fits(slot, clock()) and not warmer.run(obs, slot, schedule.period):
+                taken = True
+                break
             while (now := clock()) < slot:
                 pass
             add_jitter(now - slot)
@@ -279,65 +318,85 @@ class ControlLoop:
                 action = act(obs)
             except StoppedServing as stopped:
                 if stopped.hung:  # the watchdog's thread has the env and the summary
-                    watchdog_run = True
+                    taken = True
                     break
                 action = stopped.action  # the last safe action for this step, then the loop ends
                 self.stop(stopped.reason)
             t_env = timer()
-            try:
-                next_obs, reward, terminated, truncated, _ = env.step(action)
-                if terminated is not True and terminated is not False:  # the common case without a call
-                    terminated = _truth(terminated, "terminated")
-                if truncated is not True and truncated is not False:
-                    truncated = _truth(truncated, "truncated")
-            except BaseException as err:  # the env is foreign code: the summary is still made
-                self._env_failed("step", err)
-                break
+            outcome = self._env_step(action)
             env_ns = timer() - t_env
+            if outcome is None:
+                break
+            next_obs, reward, terminated, truncated = outcome
             observe(obs, action, reward, next_obs, terminated, truncated)
             if terminated or truncated:
                 t_env = timer()
-                try:
-                    next_obs, _ = env.reset()
-                except BaseException as err:  # as above
-                    self._env_failed("reset", err)
+                next_obs = self._reset()
+                if next_obs is _ENV_FAILED:
                     break
                 env_ns += timer() - t_env
             obs = next_obs
-            steps += 1
             finished = clock()
             add_step(finished - now)
             add_env(env_ns)
-            if finished > slot + period:
-                misses += 1
-                window_misses += 1
+            missed = finished > slot + schedule.period
+            if missed:
                 took = infer[-1]  # this step's inference (0 when held), which ``act`` recorded
                 causes[miss_cause(now - slot, took, env_ns, finished - now - took - env_ns)] += 1
-            k += 1
-            behind = (finished - anchor) // period - k  # slots whose deadline has already passed
-            if behind > 0:
-                skipped += behind
-                k += behind
-            if finished >= next_second:
-                gc.collect(0)  # the youngest generation only: tens of microseconds, at a known point
-                t_s = round((finished - start) / 1e9, 3)
-                report = runtime.tick(ScheduleWindow(t_s, steps - window_start_step, window_misses, steps, misses))
-                window_start_step, window_misses = steps, 0
-                next_second += 1_000_000_000
-                if self.status is not None:
-                    self.status(status_line(report, steps, misses))
-                if not math.isclose(report.rate_hz, rate_hz):  # the governor changed the rate
-                    rate_hz = report.rate_hz
-                    anchor, k, period = clock(), 0, round(1e9 / rate_hz)
-        if watchdog_run:
+            schedule.advance(finished, missed)
+            if finished >= schedule.next_second:
+                self._second(schedule, finished)
+        if taken:
             self._hang_handled.wait()  # the call came back after all: the run, and the summary, are the watchdog's
             assert self._hung_summary is not None
             return self._hung_summary
-        return self._finish(start, steps, misses, skipped)
+        return self._finish(schedule)
 
-    def _finish(self, start: int, steps: int, misses: int, skipped: int) -> ScheduleSummary:
+    def _sleep_until(self, wake: int) -> bool:
+        """Sleep until ``wake`` in slices, so that a stop is seen soon at any rate; False on a stop."""
+        clock = time.monotonic_ns
+        while (left := wake - clock()) > 0 and self.stop_reason is None:
+            time.sleep(min(left / 1e9, SLEEP_SLICE_S))
+        return self.stop_reason is None
+
+    def _reset(self, seed: int | None = None) -> Any:
+        """``env.reset()``'s observation; ``_ENV_FAILED`` when it raised (the run stops, the summary is still
+        made)."""
+        try:
+            obs, _ = self.env.reset() if seed is None else self.env.reset(seed=seed)
+        except BaseException as err:  # the env is foreign code
+            self._env_failed("reset", err)
+            return _ENV_FAILED
+        return obs
+
+    def _env_step(self, action: np.ndarray) -> tuple[Any, Any, bool, bool] | None:
+        """``env.step(action)`` as (next_obs, reward, terminated, truncated); None when it raised or
+        answered what the loop cannot read (the run stops)."""
+        try:
+            next_obs, reward, terminated, truncated, _ = self.env.step(action)
+            if terminated is not True and terminated is not False:  # the common case without a call
+                terminated = _truth(terminated, "terminated")
+            if truncated is not True and truncated is not False:
+                truncated = _truth(truncated, "truncated")
+        except BaseException as err:  # the env is foreign code: the summary is still made
+            self._env_failed("step", err)
+            return None
+        return next_obs, reward, terminated, truncated
+
+    def _second(self, schedule: Schedule, finished: int) -> None:
+        """Once a second, off the per-step path: the youngest GC generation, the runtime's tick with the
+        second's figures, the status line, and the schedule re-anchored when the governor changed the rate."""
+        gc.collect(0)  # the youngest generation only: tens of microseconds, at a known point
+        report = self.runtime.tick(schedule.window(finished))
+        if self.status is not None:
+            self.status(status_line(report, schedule.steps, schedule.misses))
+        if not math.isclose(report.rate_hz, schedule.rate_hz):
+            schedule.rerate(report.rate_hz, time.monotonic_ns())
+
+    def _finish(self, schedule: Schedule) -> ScheduleSummary:
         """The schedule's summary (on the control thread, or on the watchdog's when a call hung)."""
-        elapsed = (time.monotonic_ns() - start) / 1e9
+        elapsed = (time.monotonic_ns() - schedule.start) / 1e9
+        steps, misses = schedule.steps, schedule.misses
         stats = self.runtime.stats
         stats.fold()
         run = stats.breakdown()
@@ -346,7 +405,7 @@ class ControlLoop:
             duration_s=round(elapsed, 3),
             deadline_misses=misses,
             miss_rate=misses / steps if steps else 0.0,
-            skipped_slots=skipped,
+            skipped_slots=schedule.skipped,
             jitter_us=stats.figures("jitter"),
             loop_work_us=run["loop_work_us"],
             env_step_us=run["env_step_us"],

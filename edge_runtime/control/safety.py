@@ -20,14 +20,22 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
 OBS_FAULT_POLICIES = ("clip", "hold")
 
+CheckedObservation = Tuple[Optional[np.ndarray], Optional[np.ndarray], bool]
+"""What ``ObservationGuard.check`` hands on, in the policy's dtype: ``observed``, the observation as read
+(None when malformed: not an array of real numbers of the declared shape), for the checks that judge the
+sensors (the shield's envelope and stuck-sensor tests); ``safe``, what the policy infers on (``observed``
+itself when it is fine, a repaired copy, or None: hold the last safe action); ``inside``, whether
+``observed`` lies inside the guard's ``inner`` bounds too (the shield then skips its own bounds test)."""
+
 
 #: Up to this many components the checks run over Python floats (one ``tolist`` and a chained comparison
-#: each); numpy's fixed per-call cost only pays beyond it (``bench/edge_loop.py`` times both forms).
+#: each); numpy's form is used beyond it (BENCHMARKS.md "Edge: the step as stages").
 PYTHON_CHECK_MAX = 64
 
 
@@ -51,11 +59,17 @@ def plain_array(obs: object) -> object:
 class ObservationGuard:
     """Checks each observation against finiteness and the declared bounds, repairing per the policy.
 
-    Infinite bounds are replaced by the largest finite value of their type, so one range test per
-    component rejects NaN and infinities too (``lo <= v <= hi`` is false for NaN and for +-inf).
+    Infinite bounds are replaced by the largest finite value of the policy's dtype, so one range test per
+    component rejects NaN and infinities too (``lo <= v <= hi`` is false for NaN and for +-inf), and a value
+    the policy's dtype cannot hold is out of range rather than an infinity after the conversion.
+
+    ``dtype``: the policy's input dtype. Every observation of a real dtype (float16 to ``np.longdouble``,
+    signed and unsigned integers) is converted to it once, here, so that no later stage meets another dtype
+    (the shield's envelope score writes into float64 buffers; a ``np.longdouble`` product cannot).
+    None keeps the observation's own dtype.
 
     ``inner``: narrower bounds a later check asks about (the shield's envelope bounds). The same pass
-    tests both, against their intersection: ``values`` is set only for an observation inside them too,
+    tests both, against their intersection: ``check`` says whether the observation lies inside them too,
     and one outside them but inside the declared bounds takes a second pass (it is still fine).
     """
 
@@ -65,13 +79,15 @@ class ObservationGuard:
         high: np.ndarray,
         policy: str = "clip",
         inner: tuple[np.ndarray, np.ndarray] | None = None,
+        dtype: np.dtype[Any] | type | None = None,
     ) -> None:
         if policy not in OBS_FAULT_POLICIES:
             raise ValueError(f"obs fault policy must be one of {OBS_FAULT_POLICIES}, got {policy!r}")
         self.low = np.asarray(low, dtype=np.float64)
         self.high = np.asarray(high, dtype=np.float64)
         self.hold = policy == "hold"
-        big = float(np.finfo(np.float64).max)
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        big = float(np.finfo(np.float64 if self.dtype is None or self.dtype.kind != "f" else self.dtype).max)
         self._low, self._high = np.maximum(self.low, -big), np.minimum(self.high, big)
         self._bounds = list(zip(self._low.reshape(-1).tolist(), self._high.reshape(-1).tolist()))
         self._python = self.low.size <= PYTHON_CHECK_MAX
@@ -81,12 +97,8 @@ class ObservationGuard:
             low_in = np.maximum(self._low, np.asarray(inner[0], dtype=np.float64)).reshape(-1).tolist()
             high_in = np.minimum(self._high, np.asarray(inner[1], dtype=np.float64)).reshape(-1).tolist()
             self._both = list(zip(low_in, high_in))
-        self.last_good = np.clip(np.zeros_like(self.low), self.low, self.high)
+        self.last_good = np.clip(np.zeros_like(self.low), self._low, self._high)
         self._last: list[float] | None = None  # the last good values when checked as Python floats
-        self.values: list[float] | None = None
-        """The observation ``check`` last returned unchanged, as Python floats, when it also lies inside
-        ``inner`` (None otherwise, or when the guard checks with numpy): the shield reads it instead of
-        converting and testing the bounds again."""
         self._flat = len(self.low.shape) == 1  # a 1-D observation lists itself without a reshape
         self._repaired = np.empty_like(self.low)
         self.nonfinite = 0
@@ -97,62 +109,69 @@ class ObservationGuard:
         """Whether ``obs`` is an array of real numbers of the declared shape (values not yet checked)."""
         return isinstance(obs, np.ndarray) and obs.shape == self.low.shape and obs.dtype.kind in "fiu"
 
-    def fine(self, obs: object) -> bool:
-        """Whether ``obs`` is well formed, finite and inside the bounds (no side effects)."""
+    def check(self, obs: np.ndarray) -> CheckedObservation:
+        """The observation as the later stages take it: ``(observed, safe, inside)`` (``CheckedObservation``)."""
         if not self.well_formed(obs):
-            return False
-        assert isinstance(obs, np.ndarray)
+            self.malformed += 1
+            return None, (None if self.hold else self._converted(self._last_good().copy())), False
         if self._python:
-            return _inside(obs.reshape(-1).tolist(), self._bounds)
-        return self._array_in_bounds(obs)
+            values = obs.tolist() if self._flat else obs.reshape(-1).tolist()
+            if _inside(values, self._both):
+                self._last = values  # a copy taken by tolist: the env may reuse its array
+                if obs.dtype is not self.dtype and self.dtype is not None:
+                    obs = obs.astype(self.dtype)  # in range: the conversion cannot overflow
+                return obs, obs, self._inner
+            if self._inner and _inside(values, self._bounds):  # fine, outside the inner bounds alone
+                self._last = values
+                if obs.dtype is not self.dtype and self.dtype is not None:
+                    obs = obs.astype(self.dtype)
+                return obs, obs, False
+        elif self._array_in_bounds(obs):  # well formed: checked above
+            np.copyto(self.last_good, obs)
+            obs = self._converted(obs)
+            return obs, obs, False
+        return self._fault(obs)
+
+    def _fault(self, obs: np.ndarray) -> CheckedObservation:
+        """``check`` for a well-formed observation outside the bounds: counted, then held or repaired."""
+        with np.errstate(over="ignore", invalid="ignore"):  # a float128 beyond the policy's dtype: +-inf
+            observed = self._converted(obs)
+            finite = bool(np.isfinite(obs).all())
+            if finite:
+                self.out_of_range += 1
+            else:
+                self.nonfinite += 1
+            if self.hold:
+                return observed, None, False
+            repaired = self._repaired
+            np.copyto(repaired, obs, casting="unsafe")
+        bad = ~np.isfinite(repaired)
+        repaired[bad] = self._last_good()[bad]
+        np.clip(repaired, self._low, self._high, out=repaired)
+        np.copyto(self.last_good, repaired)
+        self._last = None
+        return observed, self._converted(repaired), False
+
+    def _converted(self, obs: np.ndarray) -> np.ndarray:
+        """``obs`` in the policy's dtype (itself when it has it)."""
+        if self.dtype is None or obs.dtype is self.dtype:
+            return obs
+        return obs.astype(self.dtype)
 
     def _array_in_bounds(self, obs: np.ndarray) -> bool:
         return bool(((obs >= self._low) & (obs <= self._high)).all())
 
-    def check(self, obs: np.ndarray) -> np.ndarray | None:
-        """A safe observation (``obs`` itself when it is fine), or None: hold the last action."""
-        if not self.well_formed(obs):
-            self.malformed += 1
-            self.values = None
-            return None if self.hold else self._last_good().copy()
-        if self._python:
-            values = obs.tolist() if self._flat else obs.reshape(-1).tolist()
-            if _inside(values, self._both):
-                self._last = self.values = values  # a copy taken by tolist: the env may reuse its array
-                return obs
-            if self._inner and _inside(values, self._bounds):  # fine, outside the inner bounds alone
-                self._last, self.values = values, None
-                return obs
-        elif self._array_in_bounds(obs):  # well formed: checked above
-            np.copyto(self.last_good, obs)
-            return obs
-        self.values = None
-        if not bool(np.isfinite(obs).all()):
-            self.nonfinite += 1
-        else:
-            self.out_of_range += 1
-        if self.hold:
-            return None
-        repaired = self._repaired
-        np.copyto(repaired, obs)
-        bad = ~np.isfinite(repaired)
-        repaired[bad] = self._last_good()[bad]
-        np.clip(repaired, self.low, self.high, out=repaired)
-        np.copyto(self.last_good, repaired)
-        self._last = None
-        return repaired
-
     def _last_good(self) -> np.ndarray:
         """The last good observation as an array (kept as Python floats on the fast path)."""
         if self._last is not None:
-            self.last_good[...] = np.reshape(self._last, self.last_good.shape)
+            self.last_good[...] = np.reshape(np.asarray(self._last, np.float64), self.last_good.shape)
             self._last = None
         return self.last_good
 
 
 def _inside(values: list[float], bounds: list[tuple[float, float]]) -> bool:
     """Whether every value lies in its ``(low, high)``: one chained comparison each, false for NaN."""
-    for v, (lo, hi) in zip(values, bounds):  # noqa: SIM110 (all() over a generator: ~2x the time)
+    for v, (lo, hi) in zip(values, bounds):  # noqa: SIM110 (a plain loop: BENCHMARKS.md "Edge: the step as stages")
         if not lo <= v <= hi:
             return False
     return True
@@ -165,9 +184,8 @@ class ActionGuard:
         self.low = np.asarray(low, dtype=np.float32)
         self.high = np.asarray(high, dtype=np.float32)
         self._out = np.clip(np.zeros_like(self.low), self.low, self.high)
-        self._scratch = self._out.copy()  # what ``rehearse`` writes
         self._safe = self._out.tolist()  # the last safe action, as Python floats
-        # struct's pack_into writes the floats into the buffer at a third less than numpy's item assignment
+        # the output buffer, written from the Python floats in one call
         self._pack = struct.Struct(f"{self._out.size}f").pack_into
         self._bounds = list(zip(self.low.tolist(), self.high.tolist()))
         self.nonfinite = 0
@@ -175,11 +193,10 @@ class ActionGuard:
 
     def clip(self, action: np.ndarray) -> tuple[list[float], bool] | None:
         """``action`` as Python floats clipped to the bounds and whether any was clipped, or None when one
-        is not finite. No side effects: the loop also calls it to warm the step before its slot.
+        is not finite. No side effects.
 
-        Written over Python floats: for the few dimensions of an action this is one conversion and a
-        comparison per element, several times cheaper than the numpy form's five calls (isfinite, two
-        range tests, clip, copy).
+        Written over Python floats, one conversion and a comparison per element: the cheaper form at an
+        action's few dimensions (BENCHMARKS.md "Edge: the step as stages").
         """
         values = action.tolist() if action.ndim == 1 else action.reshape(-1).tolist()
         clipped = False
@@ -212,13 +229,6 @@ class ActionGuard:
     def safe(self) -> list[float]:
         """The last safe action as Python floats (what ``hold`` writes)."""
         return self._safe
-
-    def rehearse(self, action: np.ndarray) -> None:
-        """``apply``'s work without its effects (counters, the last safe action, the output buffer): the
-        loop runs it just before the slot so that the code and data ``apply`` touches are in the caches."""
-        checked = self.clip(action)
-        if checked is not None:
-            self._pack(self._scratch, 0, *checked[0])
 
     def hold(self) -> np.ndarray:
         """The last safe action (for a skipped or overrun inference)."""

@@ -21,14 +21,14 @@ observation and the guarded action:
   has none), fallback switches included.
 
 Every switch is a telemetry event (``{"type": "shield", "event": "fallback" | "resume" | "swap_ramp", ...}``)
-and is counted in the summary (``ShieldSummary``). The work is a few numpy calls for the envelope and a
-loop over Python floats for the action (a handful of dimensions: cheaper than numpy's per-call cost;
-``bench/shield.py`` times it against the loop without the shield).
+and is counted in the summary (``ShieldSummary``). The work is one numpy product for the envelope and
+loops over Python floats for the action, the cheaper form at a handful of dimensions (``bench/shield.py``
+times it against the loop without the shield: BENCHMARKS.md "Edge: the safety shield" and "Edge: the step
+as stages").
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import struct
 import typing
@@ -43,6 +43,7 @@ from sac_edge.common.envelope import Envelope
 from .safety import PYTHON_CHECK_MAX
 
 _dist = math.dist
+_FLOAT32 = np.dtype(np.float32)
 
 SHIELD_MODES = ("on", "guards")
 """``guards``: the observation and action guards alone (the runtime's behaviour without a shield)."""
@@ -97,8 +98,83 @@ ShieldSummary = typing.Dict[str, Any]
 """The shield's settings and counts, JSON-ready (keys in docs/CONTRACTS.md under ``shield``)."""
 
 
-def _ignore(_: dict[str, Any]) -> None:
-    pass
+class StuckSensorDetector:
+    """Flags a sensor that repeats itself: ``steps`` observations in a row identical bit for bit."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self._previous: bytes | None = None
+        self._repeats = 0
+
+    def update(self, observed: np.ndarray | None) -> bool:
+        """Whether ``observed`` (None: malformed, which repeats nothing) completes such a run."""
+        data = observed.tobytes() if observed is not None else None
+        if data is not None and data == self._previous:
+            self._repeats += 1
+            return self._repeats >= self.steps
+        self._repeats = 1
+        self._previous = data
+        return False
+
+    def reset(self) -> None:
+        self._previous, self._repeats = None, 0
+
+
+class BlendRamp:
+    """Blends the action sent from where it was to the policy's, linearly over ``steps`` steps."""
+
+    def __init__(self, steps: int, bounds: list[tuple[float, float]]) -> None:
+        self.steps = steps
+        self.left = 0
+        """Steps of the ramp still to come (0: not ramping)."""
+        self._bounds = bounds
+        self._origin: list[float] = []
+
+    def start(self, origin: list[float]) -> bool:
+        """Ramp from ``origin``; False (and nothing starts) with ``steps`` 0."""
+        if not self.steps:
+            return False
+        self._origin, self.left = list(origin), self.steps
+        return True
+
+    def stop(self) -> None:
+        self.left = 0
+
+    def apply(self, action: list[float]) -> list[float]:
+        """The next step's action: its share of the way from the origin to ``action``, clipped to the bounds
+        against rounding."""
+        alpha = (self.steps - self.left + 1) / self.steps
+        self.left -= 1
+        blend = [a + alpha * (b - a) for a, b in zip(self._origin, action)]
+        return [hi if v > hi else lo if v < lo else v for v, (lo, hi) in zip(blend, self._bounds)]
+
+
+class SlewLimiter:
+    """Limits each dimension's change between consecutive actions (``slew``: per dimension, 0: no limit)."""
+
+    def __init__(self, slew: list[float]) -> None:
+        self.slew = [v if v > 0 else math.inf for v in slew]
+        self.active = any(math.isfinite(v) for v in self.slew)
+        self._dims = range(len(slew))
+
+    def limit(self, action: list[float], last: list[float]) -> list[float]:
+        """``action`` moved at most ``slew`` from ``last``: ``action`` itself when nothing is limited, else a
+        limited copy. Both inside the bounds gives a result inside them."""
+        if not self.active:
+            return action
+        limited, slew = action, self.slew
+        for i in self._dims:  # by index (BENCHMARKS.md "Edge: the step as stages")
+            v, previous, most = action[i], last[i], slew[i]
+            if v > previous + most:
+                v = previous + most
+            elif v < previous - most:
+                v = previous - most
+            else:
+                continue
+            if limited is action:
+                limited = list(action)
+            limited[i] = v
+        return limited
 
 
 @dataclass
@@ -115,8 +191,10 @@ class _Counts:
 
 
 class Shield:
-    """Shapes each guarded action (module docstring). ``step`` and ``restart`` come from the control
-    thread; ``weights_swapped`` from any (it only raises a counter the control thread reads)."""
+    """Decides each step's action (module docstring) from the envelope test and its three components:
+    ``StuckSensorDetector``, ``BlendRamp`` and ``SlewLimiter``. ``step``, ``filter_action`` and ``restart``
+    come from the control thread; ``weights_swapped`` from any (it only raises a counter the control thread
+    reads)."""
 
     def __init__(
         self,
@@ -132,51 +210,39 @@ class Shield:
         low = [float(v) for v in action_low]
         high = [float(v) for v in action_high]
         self._bounds = list(zip(low, high))
-        dim = len(low)
-        self._dims = range(dim)
-        if settings.safe_action:
-            safe = list(settings.safe_action)
-        elif envelope is not None:
-            safe = envelope.safe_action.tolist()
-        else:
-            safe = [0.0] * dim
-        self.safe_action = [min(max(v, lo), hi) for v, (lo, hi) in zip(safe, self._bounds)]
-        if settings.slew:
-            slew = list(settings.slew) * (dim if len(settings.slew) == 1 else 1)
-        elif envelope is not None and envelope.slew is not None:
-            slew = envelope.slew.tolist()
-        else:
-            slew = [0.0] * dim
-        self.slew = [v if v > 0 else math.inf for v in slew]
-        self._limit = any(math.isfinite(v) for v in self.slew)
+        self.safe_action = [
+            min(max(v, lo), hi) for v, (lo, hi) in zip(_safe_action(settings, envelope, len(low)), self._bounds)
+        ]
+        self.slew = SlewLimiter(_slew(settings, envelope, len(low)))
+        self.ramp = BlendRamp(settings.ramp_steps, self._bounds)
+        self.stuck = StuckSensorDetector(settings.stuck_steps)
         self._check = envelope is not None and settings.window > 0
         if envelope is not None:  # score = |A obs - A mean|^2 with A = W diag(1/scale)
             self._a = np.ascontiguousarray(envelope.whiten / envelope.scale[None, :])
+            # the product in the observation's own dtype (the guard hands on the policy's float32): a
+            # mixed-dtype product converts first (BENCHMARKS.md "Edge: the step as stages")
+            self._a32 = self._a.astype(np.float32)
+            self._w32 = np.empty(envelope.obs_dim, np.float32)
             self._center = (self._a @ envelope.mean).tolist()
             self._radius = math.sqrt(envelope.threshold)
             self._low, self._high = envelope.low, envelope.high
             self._obs_bounds = list(zip(envelope.low.tolist(), envelope.high.tolist()))
             self._python = envelope.obs_dim <= PYTHON_CHECK_MAX
-            self._shape = (envelope.obs_dim,)
+            self._obs_shape = (envelope.obs_dim,)
             self._w = np.empty(envelope.obs_dim)
         self._out = np.array(self.safe_action, dtype=np.float32)
-        self._pack = struct.Struct(f"{dim}f").pack_into
-        self._twin: Shield | None = None
-        # what the rehearsal's stand-in keeps its own (``rehearse``)
-        self._twin_own = {"_out": self._out.copy(), "counts": _Counts(), "emit": _ignore, "_twin": None}
+        self._pack = struct.Struct(f"{len(low)}f").pack_into
+        self._window = max(settings.window, 1)
         self._swaps = 0
         self._seen_swaps = 0
         self.counts = _Counts()
         self.steps = 0
-        # the state ``restart`` resets: the action last sent, the ramp, the fallback, the windows
+        # the state ``restart`` resets: the action last sent, the fallback, the windows
         self._sent: list[float] = []
-        self._held: list[float] = []
+        self._last_clear: list[float] = []
         """The action sent at the last step whose observation was inside and clear: what ``hold`` holds."""
-        self._ramp_from: list[float] = []
         self._fallback: list[float] = []
-        self._previous: bytes | None = None
-        self._ramp_left = self._ramp_total = self._outside = self._repeats = self._clear = 0
-        self._window = self._stuck_after = 1
+        self._outside = self._clear = 0
         self._falling_back = False
         self.restart()
 
@@ -191,7 +257,7 @@ class Shield:
         """Whether ``obs`` is inside the envelope (no side effects; True without an envelope)."""
         if not self._check:
             return True
-        if not isinstance(obs, np.ndarray) or obs.shape != self._shape or obs.dtype.kind not in "fiu":
+        if not isinstance(obs, np.ndarray) or obs.shape != self._obs_shape or obs.dtype.kind not in "fiu":
             return False
         # The bounds first (over Python floats up to PYTHON_CHECK_MAX dimensions, as the guard does): a
         # non-finite value fails here (NaN compares false), so the product below only sees finite values.
@@ -201,53 +267,74 @@ class Shield:
                     return False
         elif not bool(((obs >= self._low) & (obs <= self._high)).all()):
             return False
-        w = self._w
-        self._a.dot(obs, out=w)  # the method with ``out``: no temporary, and less than np.dot's dispatch
-        # |A obs - A mean| by math.dist over the product's floats: less than a numpy subtract and dot
+        if obs.dtype.itemsize > 8:  # np.longdouble: the product could not write into the float64 buffer
+            obs = obs.astype(np.float64)
+        return self._score_inside(obs)
+
+    def _score_inside(self, obs: np.ndarray) -> bool:
+        """The Mahalanobis test of an observation already inside the envelope's bounds."""
+        if obs.dtype is _FLOAT32:
+            w = self._w32
+            self._a32.dot(obs, out=w)  # ``out``: no temporary
+        else:
+            w = self._w
+            self._a.dot(obs, out=w)
         return _dist(w.tolist(), self._center) <= self._radius
 
     def step(self, obs: object, action: np.ndarray, inferred: bool) -> np.ndarray:
         """The action to send for this step (a buffer reused by the next call): ``action`` (the guarded
         one) shaped, or the fallback; ``inferred`` is whether ``action`` was inferred for ``obs`` now."""
         values = action.tolist() if action.ndim == 1 else action.reshape(-1).tolist()
-        # clipped here, as the runtime's action guard does on its path: ``shape`` keeps what lies in bounds
+        # clipped here, as the runtime's action guard does on its path
         clipped = [hi if v > hi else lo if v < lo else v for v, (lo, hi) in zip(values, self._bounds)]
-        return self.shape(obs, None, clipped, inferred)
+        observed = obs if isinstance(obs, np.ndarray) else None
+        return self.filter_action(observed, False, clipped, inferred)
 
-    def shape(self, obs: object, values: list[float] | None, action: list[float], inferred: bool) -> np.ndarray:
-        """``step`` on what a caller that ran the guards has already: ``values``, ``obs``'s own values as
-        Python floats found inside ``obs_bounds`` (``inside``; None: the shield checks ``obs`` itself), and
-        ``action``, the guarded action as Python floats, inside the bounds. The runtime calls this: no
-        conversion or bounds test is made twice."""
+    def filter_action(
+        self, observed: np.ndarray | None, inside_bounds: bool, action: list[float], inferred: bool
+    ) -> np.ndarray:
+        """``step`` on what the guards hand on (``safety.CheckedObservation``): ``observed`` as read (None:
+        malformed), ``inside_bounds`` whether the guard found it inside ``obs_bounds`` already, and
+        ``action``, the guarded action as Python floats, inside the bounds. The runtime calls this."""
         self.steps += 1
         if not self._check:
             inside = True
-        elif values is None:
-            inside = self.inside(obs)
-        else:  # ``inside``'s last three lines, inlined: the guard found ``obs`` well formed and in the bounds
-            w = self._w
-            self._a.dot(obs, out=w)
-            inside = _dist(w.tolist(), self._center) <= self._radius
+        elif inside_bounds:
+            inside = self._score_inside(observed)  # type: ignore[arg-type]
+        else:
+            inside = self.inside(observed)
         if inside:
             self._outside = 0
         else:
             self._outside += 1
             self.counts.out_of_envelope += 1
         cause = None
-        if self._stuck_after:
-            data = obs.tobytes() if isinstance(obs, np.ndarray) else None
-            if data is not None and data == self._previous:
-                self._repeats += 1
-                if self._repeats >= self._stuck_after:
-                    self.counts.stuck += 1
-                    cause = "stuck"
-            else:
-                self._repeats = 1
-                self._previous = data
+        if self.stuck.steps and self.stuck.update(observed):
+            self.counts.stuck += 1
+            cause = "stuck"
         if not inferred:
             cause = "not_inferred"
         elif cause is None and self._outside >= self._window:
             cause = "envelope"
+        self._follow(cause)
+        if self._falling_back:
+            self.counts.fallback_steps += 1
+            action = self._fallback
+        elif self.ramp.left:
+            action = self.ramp.apply(action)
+        # The fallback, a ramp's blend and the guarded action all lie inside the bounds: a limited one does too
+        sent = self.slew.limit(action, self._sent)
+        if sent is not action:
+            self.counts.slew_limited += 1
+        self._sent = sent
+        if inside and cause is None:
+            self._last_clear = sent
+        out = self._out
+        self._pack(out, 0, *sent)  # the buffer the caller sends, written from the floats in one call
+        return out
+
+    def _follow(self, cause: str | None) -> None:
+        """Enter or leave the fallback for this step's ``cause`` (None: clear), and start a swap's ramp."""
         if cause is not None:
             self._clear = 0
             if not self._falling_back:
@@ -258,61 +345,12 @@ class Shield:
                 self._leave()
         if self._swaps != self._seen_swaps:
             self._swapped()
-        if self._falling_back:
-            self.counts.fallback_steps += 1
-            action = self._fallback
-        elif self._ramp_left:
-            alpha = (self._ramp_total - self._ramp_left + 1) / self._ramp_total
-            self._ramp_left -= 1
-            action = self._blend(action, alpha)
-        # The slew limit against the action last sent, inlined (a call costs as much as the loop's work),
-        # by index (cheaper than a zip of three), copying ``action`` only when a value is limited. Both lie
-        # inside the bounds (the guarded action, the fallback, a clipped blend), so a limited value does too.
-        sent, last_sent, slew = action, self._sent, self.slew
-        for i in self._dims:
-            v, last, most = action[i], last_sent[i], slew[i]
-            if v > last + most:
-                v = last + most
-            elif v < last - most:
-                v = last - most
-            else:
-                continue
-            if sent is action:
-                sent = list(action)
-            sent[i] = v
-        if sent is not action:
-            self.counts.slew_limited += 1
-        self._sent = sent
-        if inside and cause is None:
-            self._held = sent
-        out = self._out
-        self._pack(out, 0, *sent)  # struct's pack_into: cheaper than numpy's item assignment from a list
-        return out
-
-    def _blend(self, action: list[float], alpha: float) -> list[float]:
-        """The ramp's action: ``alpha`` of the way from where it started to ``action``, clipped to the
-        bounds against rounding (no side effects)."""
-        blend = [a + alpha * (b - a) for a, b in zip(self._ramp_from, action)]
-        return [hi if v > hi else lo if v < lo else v for v, (lo, hi) in zip(blend, self._bounds)]
-
-    def rehearse(self, obs: object, values: list[float] | None, action: list[float]) -> None:
-        """``shape`` without its effects, for the loop's rehearsal before the slot: run on a stand-in that
-        takes this shield's state each time but keeps its own counts, output buffer and (silent) events,
-        so that the step's own code, and the data it reads, are in the caches when the slot comes."""
-        twin = self._twin
-        if twin is None:
-            twin = self._twin = copy.copy(self)
-        state = twin.__dict__
-        state.update(self.__dict__)
-        state.update(self._twin_own)
-        twin.shape(obs, values, action, True)
 
     def _swapped(self) -> None:
         """The first step after a weight swap: the ramp from the action last sent (not while falling back)."""
         self._seen_swaps = self._swaps
-        if not self._falling_back and self._ramp_total:
+        if not self._falling_back and self.ramp.start(self._sent):
             self.counts.swap_ramps += 1
-            self._ramp_from, self._ramp_left = list(self._sent), self._ramp_total
             self.emit({"type": "shield", "event": "swap_ramp", "step": self.steps})
 
     def _enter(self, cause: str) -> None:
@@ -322,28 +360,23 @@ class Shield:
         counts.causes[cause] += 1
         if counts.first_fallback_step is None:
             counts.first_fallback_step = self.steps
-        self._fallback = list(self._held) if self.settings.fallback == "hold" else list(self.safe_action)
-        self._ramp_left = 0
+        self._fallback = list(self._last_clear) if self.settings.fallback == "hold" else list(self.safe_action)
+        self.ramp.stop()
         self.emit({"type": "shield", "event": "fallback", "cause": cause, "step": self.steps})
 
     def _leave(self) -> None:
         self._falling_back = False
-        if self._ramp_total:
+        if self.ramp.start(self._sent):
             self.counts.ramps += 1
-            self._ramp_from, self._ramp_left = list(self._sent), self._ramp_total
         self.emit({"type": "shield", "event": "resume", "step": self.steps})
 
     # -- events from outside the step ----------------------------------------------------------------
     def restart(self) -> None:
         """A new start (the first step, a new episode): the ramp from the safe action, no history."""
-        s = self.settings
-        self._window = max(s.window, 1)
-        self._stuck_after = s.stuck_steps
-        self._ramp_total = s.ramp_steps
-        self._sent = self._held = list(self.safe_action)
-        self._ramp_from, self._ramp_left = list(self.safe_action), s.ramp_steps
-        self._outside = self._repeats = self._clear = 0
-        self._previous = None
+        self._sent = self._last_clear = list(self.safe_action)
+        self.ramp.start(self.safe_action)
+        self.stuck.reset()
+        self._outside = self._clear = 0
         self._falling_back = False
         self._fallback = list(self.safe_action)
 
@@ -364,7 +397,7 @@ class Shield:
             stuck_steps=s.stuck_steps,
             ramp_steps=s.ramp_steps,
             fallback=s.fallback,
-            slew_limit=self._limit,
+            slew_limit=self.slew.active,
             out_of_envelope=c.out_of_envelope,
             stuck=c.stuck,
             fallbacks=c.fallbacks,
@@ -375,6 +408,24 @@ class Shield:
             swap_ramps=c.swap_ramps,
             slew_limited=c.slew_limited,
         )
+
+
+def _safe_action(settings: ShieldSettings, envelope: Envelope | None, dim: int) -> list[float]:
+    """The fixed fallback and the ramp's start: ``--safe-action``, else the envelope's, else zeros."""
+    if settings.safe_action:
+        return list(settings.safe_action)
+    if envelope is not None:
+        return [float(v) for v in envelope.safe_action.tolist()]
+    return [0.0] * dim
+
+
+def _slew(settings: ShieldSettings, envelope: Envelope | None, dim: int) -> list[float]:
+    """The slew per dimension: ``--slew`` (one value for all or one each), else the envelope's, else none."""
+    if settings.slew:
+        return list(settings.slew) * (dim if len(settings.slew) == 1 else 1)
+    if envelope is not None and envelope.slew is not None:
+        return [float(v) for v in envelope.slew.tolist()]
+    return [0.0] * dim
 
 
 def guards_summary() -> ShieldSummary:

@@ -1,10 +1,12 @@
 """Where the control loop's time goes, per step, in memory that does not grow with the run.
 
-Each step appends five integers (nanoseconds) to Python lists: an append is the cheapest record the
-interpreter has (several times cheaper than a numpy item store), and the loop's own work has a goal of
-its own in BENCHMARKS.md. Once a second (``fold``) the window's lists become arrays, the second's exact figures are
-taken from them, and they are folded into whole-run ``LatencyHistogram``s and fixed-edge histograms, so a
-run of days at 1 kHz keeps kilobytes, not gigabytes.
+Each step appends five integers (nanoseconds) to Python lists, the window: an append is the cheapest
+record the interpreter has (BENCHMARKS.md "Edge: the action in the control loop"). Once a second
+(``fold``, from ``Runtime.tick``) the window's lists become arrays, the second's exact figures are taken
+from them, and they are folded into whole-run ``LatencyHistogram``s and fixed-edge histograms. A caller
+that never ticks (no budgets: no reason to) has its window folded by ``bound`` once it holds
+``WINDOW_CAP`` steps, so memory stays at kilobytes for days at any rate, ticked or not; above
+``WINDOW_CAP`` steps a second, a ticked second's figures then cover the steps since that fold.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from sac_edge.common.latency import LatencyHistogram, latency_us
 
 MISS_CAUSES = ("late_wakeup", "inference", "env", "loop")
 HISTOGRAM_EDGES_US = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+WINDOW_CAP = 4096
+"""The most steps the window holds before ``bound`` folds it (a fold of this many costs about 0.3 ms)."""
 
 
 def miss_cause(wake_ns: int, inference_ns: int, env_ns: int, loop_ns: int) -> str:
@@ -60,6 +64,18 @@ class StepStats:
         for name, values in (("late_wakeup", jitter), ("step", step)):
             self.coarse[name] += np.histogram(values / 1000.0, self._edges)[0]
         return latency_us(latency), latency_us(jitter)
+
+    def bound(self) -> None:
+        """Fold the window if it holds ``WINDOW_CAP`` steps or more: whole when a scheduler records its
+        series too (they line up step by step), else the inference times alone, into the run's figures."""
+        if len(self.infer) < WINDOW_CAP:
+            return
+        if self.step or self.jitter:
+            self.fold()
+            return
+        self.run["latency"].add(np.array(self.latency, np.int64))
+        self.latency.clear()
+        self.infer.clear()
 
     def breakdown(self) -> dict[str, Any]:
         """Where the run's steps went: the loop's own work (a step less its inference and env step), the

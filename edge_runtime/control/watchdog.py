@@ -11,8 +11,8 @@ neither and waits for ``done``.
 
 A call returning just as the watchdog trips is either in time (the loop goes on) or not (the watchdog has
 the run), never both: each side takes the entry with one ``dict.pop``, which the interpreter lock makes
-atomic, and only the side that got it acts. That is an item store and a pop per call, several times
-cheaper than a lock taken on every return. The watchdog wakes every quarter of the limit (10 ms to
+atomic, and only the side that got it acts: an item store and a pop per call instead of a lock taken on
+every return (BENCHMARKS.md "Edge: the step as stages"). The watchdog wakes every quarter of the limit (10 ms to
 250 ms), so a trip comes at most that long after the limit.
 """
 
@@ -35,7 +35,7 @@ class InferenceWatchdog:
         self.running: dict[int, bool] = {}
         """The call in progress, by its start (``time.perf_counter_ns()``): the control thread stores
         ``running[start] = True`` before it and ``running.pop(start, None)`` after it, which is None once the
-        watchdog took the call (see ``returned``)."""
+        watchdog took the call (``_watch``)."""
         self.tripped = False
         self.done = threading.Event()
         """Set once ``on_trip`` has returned (the control thread waits for it after a late return)."""

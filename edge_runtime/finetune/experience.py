@@ -69,7 +69,6 @@ class StagingRing:
         rows, act_dim = arrays["rows"], len(low)
         obs_dim = (rows.shape[1] - act_dim - 2) // 2
         self._rows, self._counters = rows, arrays["counters"]
-        self._scratch = np.zeros(rows.shape[1], rows.dtype)  # what ``rehearse`` writes
         self.obs, self.next_obs = rows[:, :obs_dim], rows[:, obs_dim : 2 * obs_dim]  # column views
         self.actions = rows[:, 2 * obs_dim : 2 * obs_dim + act_dim]
         self.rewards, self.dones = rows[:, -2], rows[:, -1]
@@ -104,10 +103,6 @@ class StagingRing:
             self._publish.release()
         else:
             counters[2] += 1
-
-    def rehearse(self, obs: np.ndarray, action: np.ndarray) -> None:
-        """``push``'s work into a scratch row, without publishing (the control loop warms the step with it)."""
-        self._scratch[:] = self._row(obs, action, 0.0, obs, False)
 
     def _row(self, obs: np.ndarray, action: np.ndarray, reward: float, next_obs: np.ndarray, done: bool) -> list[float]:
         row: list[float] = obs.reshape(-1).tolist() + next_obs.reshape(-1).tolist()
@@ -159,9 +154,8 @@ class EpisodeLog:
 class Exploration:
     """Gaussian action noise while fine-tuning: ``std`` is a fraction of the half action range (0: none).
 
-    The noise is drawn ``NOISE_BLOCK`` steps at a time (one numpy call every 256 steps; a numpy call per
-    step would cost more than the rest of the step's work) and added over Python floats, so a step costs a
-    list lookup and one store."""
+    The noise is drawn ``NOISE_BLOCK`` steps at a time, one numpy call every 256 steps, and added over
+    Python floats: the step itself makes no numpy call for it (BENCHMARKS.md "Edge: the step as stages")."""
 
     NOISE_BLOCK = 256
 
@@ -173,7 +167,6 @@ class Exploration:
         self._block: list[list[float]] = []
         self._next = 0
         self._out = np.zeros_like(low)
-        self._scratch = np.zeros_like(low)
 
     def __call__(self, action: np.ndarray) -> np.ndarray:
         if not self.enabled:
@@ -183,11 +176,6 @@ class Exploration:
             self._block, self._next = noise.tolist(), 0
         self._next += 1
         return self._add(action, self._block[self._next - 1], self._out)
-
-    def rehearse(self, action: np.ndarray) -> None:
-        """The call's work into a scratch array, drawing nothing (the control loop warms the step with it)."""
-        if self.enabled and self._block:
-            self._add(action, self._block[self._next - 1], self._scratch)
 
     @staticmethod
     def _add(action: np.ndarray, noise: list[float], out: np.ndarray) -> np.ndarray:

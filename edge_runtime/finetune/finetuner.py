@@ -141,28 +141,50 @@ class Candidate:
     returns: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class TunerParts:
+    """What a ``FineTuner`` works with, built by ``build_finetuner``."""
+
+    spec: PolicySpec
+    learner: LearnerProcess
+    swapper: WeightSwapper
+    store: LastGoodStore
+    """The fine-tuning directory's last good weights (its lock held by the caller)."""
+    rules: PromotionRules
+    cfg: FinetuneSettings
+    governor: Governor | None
+    """The budget governor (None without budgets); the tuner applies its fine-tuning knobs."""
+    emit: Emit
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """The weights serving at the start (the bundle's, or with ``--resume`` the last good ones): the
+    first last-good state a rollback returns to."""
+
+    state: Mapping[str, np.ndarray]
+    """The learner's tensors."""
+    sets: WeightSets
+    """The same, as the backends' weight sets."""
+    states: np.ndarray
+    """The shadow states the candidates' actions are compared on."""
+    step: int = 0
+    """The step count the resumed run had reached."""
+    generation: int = 0
+    """The promoted generations so far (a resumed run continues the count)."""
+
+
 class FineTuner:
-    """What the runtime's step feeds (``explore``, ``observe``, ``rehearse``), and the coordinator thread
+    """What the runtime's step feeds (``explore``, ``observe``), and the coordinator thread
     between the learner process and the backends."""
 
-    def __init__(
-        self,
-        spec: PolicySpec,
-        learner: LearnerProcess,
-        swapper: WeightSwapper,
-        store: LastGoodStore,
-        rules: PromotionRules,
-        cfg: FinetuneSettings,
-        governor: Governor | None,
-        emit: Emit,
-        good_state: Mapping[str, np.ndarray],
-        good_sets: WeightSets,
-        good_states: np.ndarray,
-        start_step: int = 0,
-        start_generation: int = 0,
-    ) -> None:
-        self.spec, self.learner, self.swapper, self.store, self.rules = spec, learner, swapper, store, rules
-        self.cfg, self.governor, self._emit = cfg, governor, emit
+    def __init__(self, parts: TunerParts, start: StartingWeights) -> None:
+        spec, learner, rules = parts.spec, parts.learner, parts.rules
+        self.spec, self.learner, self.swapper, self.store, self.rules = spec, learner, parts.swapper, parts.store, rules
+        self.cfg, self.governor, self._emit = parts.cfg, parts.governor, parts.emit
+        cfg = parts.cfg
+        good_state, good_sets, good_states = start.state, start.sets, start.states
+        start_step, start_generation = start.step, start.generation
         self.ring = learner.ring
         self.sizing: dict[str, Any] = {k: v for k, v in learner.ready.items() if k not in ("kind", "torch_notes")}
         self.utd = float(self.sizing["utd"])
@@ -206,10 +228,6 @@ class FineTuner:
     ) -> None:
         self.ring.push(obs, action, reward, next_obs, terminated)
         self.episodes.step(reward, terminated or truncated)
-
-    def rehearse(self, obs: np.ndarray, action: np.ndarray) -> None:
-        self._explore.rehearse(action)
-        self.ring.rehearse(obs, action)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -448,20 +466,11 @@ def build_finetuner(
     probe.follow(learner.process.pid)  # the governor's memory figure includes the learner's
     try:
         budget = governor(int(learner.ready["batch_size"])) if governor is not None else None
+        store = store if store is not None else LastGoodStore(finetune_dir(cfg.section, cfg.bundle))
+        info = last.info if last is not None else {}
         tuner = FineTuner(
-            spec,
-            learner,
-            swapper,
-            store if store is not None else LastGoodStore(finetune_dir(cfg.section, cfg.bundle)),
-            rules,
-            cfg,
-            budget,
-            emit,
-            tensors,
-            sets,
-            states,
-            start_step=int(last.info.get("step", 0)) if last is not None else 0,
-            start_generation=int(last.info.get("generation", 0)) if last is not None else 0,
+            TunerParts(spec, learner, swapper, store, rules, cfg, budget, emit),
+            StartingWeights(tensors, sets, states, int(info.get("step", 0)), int(info.get("generation", 0))),
         )
     except BaseException:
         learner.close()

@@ -18,7 +18,7 @@ import pytest
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.lockfile import pid_lock
 from sac_edge.edge_runtime.finetune.promotion import LastGoodStore
-from sac_edge.edge_runtime.runtime import RunConfig, Runtime, RuntimeSummary
+from sac_edge.edge_runtime.runtime import RunConfig, Runtime, RuntimeState, RuntimeSummary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,3 +156,43 @@ def test_the_summary_fields_are_the_documented_contract() -> None:
     from docs_tables import documented
 
     assert documented("Runtime summary") == {f.name for f in dataclasses.fields(RuntimeSummary)}
+
+
+def test_the_lifecycle_states(pendulum_bundle: Path) -> None:
+    obs = np.array([1.0, 0.0, 0.5], np.float32)
+    runtime = _runtime(pendulum_bundle)
+    assert runtime.state is RuntimeState.CREATED
+    with runtime:
+        assert runtime.state is RuntimeState.OPEN  # no control thread yet
+        runtime.act(obs)
+        assert runtime.state is RuntimeState.SERVING
+    assert runtime.state is RuntimeState.CLOSED
+
+
+def test_warming_up_before_each_step_changes_nothing_act_keeps(enveloped_bundle: Path) -> None:
+    """``warm_up`` runs the real step on scratch state: a runtime warmed three times before every step sends
+    the same actions and reports the same counts and shield figures as one never warmed, through faults,
+    fallbacks, ramps and episode restarts."""
+    rng = np.random.default_rng(8)
+    # at 1 Hz the inference budget is half a second: no step overruns on a busy machine, which would make
+    # the two runtimes' shields diverge for a reason of their own
+    flags = dict(stuck_steps=3, ramp_steps=4, shield_window=2, rate_hz=1.0)
+    runtimes = [_runtime(enveloped_bundle, **flags) for _ in range(2)]
+    with runtimes[0] as plain, runtimes[1] as warmed:
+        obs = np.array([1.0, 0.0, 0.5], np.float32)
+        for t in range(600):
+            if rng.random() > 0.1:  # else stuck
+                obs = (rng.standard_normal(3) * rng.choice([0.3, 3.0])).astype(rng.choice([np.float32, np.float64]))
+                if rng.random() < 0.05:
+                    obs[rng.integers(3)] = np.nan
+            for _ in range(3):
+                assert warmed.warm_up(obs)
+            assert warmed.act(obs).tolist() == plain.act(obs).tolist(), t
+            if rng.random() < 0.02:
+                for runtime in runtimes:
+                    runtime.observe(obs, np.zeros(1, np.float32), 0.0, obs, True, False)
+        figures = [r.summary() for r in runtimes]
+    keep = ("steps", "obs_nonfinite", "obs_out_of_range", "obs_held", "action_clipped", "shield", "episodes")
+    assert figures[0].inference_overruns == figures[1].inference_overruns == 0
+    assert [getattr(figures[0], k) for k in keep] == [getattr(figures[1], k) for k in keep]
+    assert figures[0].shield["fallbacks"] > 5 and figures[0].shield["ramps"] > 0

@@ -8,7 +8,7 @@ import pytest
 
 from sac_edge.common.envelope import Envelope
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
-from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
+from sac_edge.edge_runtime.control.shield import BlendRamp, Shield, ShieldSettings, SlewLimiter, StuckSensorDetector
 
 LOW, HIGH = [-2.0, -1.0], [2.0, 1.0]
 
@@ -179,7 +179,7 @@ def test_settings_problems_name_the_flag() -> None:
 
 @pytest.mark.parametrize("policy", ["clip", "hold"])
 def test_the_runtime_path_on_the_guards_floats_matches_the_step_on_arrays(policy: str) -> None:
-    """``shape`` on the guards' Python floats (the observation guard testing the envelope's bounds in its
+    """``filter_action`` on what the guards hand on (the observation guard testing the envelope's bounds in its
     own pass, the action guard's ``take``: what ``Runtime.act`` runs) against ``step`` on the guarded
     arrays: the same actions, counts and events on a stream of every fault and of states inside every bound
     whose score lies either side of the threshold, with declared bounds that cut into the envelope's on one
@@ -207,14 +207,15 @@ def test_the_runtime_path_on_the_guards_floats_matches_the_step_on_arrays(policy
         inferred = rng.random() < 0.95
         if rng.random() < 0.01:
             arrays.weights_swapped(), floats.weights_swapped()
-        if obs_guards[0].check(obs) is None or not inferred:
+        if obs_guards[0].check(obs)[1] is None or not inferred:
             expected = arrays.step(obs, act_guards[0].hold(), False)
         else:
             expected = arrays.step(obs, act_guards[0].apply(raw), True)
-        if obs_guards[1].check(obs) is None or not inferred:
-            got = floats.shape(obs, None, act_guards[1].safe, False)
+        observed, safe, inside = obs_guards[1].check(obs)
+        if safe is None or not inferred:
+            got = floats.filter_action(observed, False, act_guards[1].safe, False)
         else:
-            got = floats.shape(obs, obs_guards[1].values, act_guards[1].take(raw), True)
+            got = floats.filter_action(observed, inside, act_guards[1].take(raw), True)
         assert got.tolist() == expected.tolist(), t
     assert floats.summary() == arrays.summary() and events[0] == events[1]
     assert arrays.summary()["fallbacks"] > 10 and arrays.summary()["swap_ramps"] > 0
@@ -224,22 +225,37 @@ def test_the_runtime_path_on_the_guards_floats_matches_the_step_on_arrays(policy
     assert (act_guards[0].nonfinite, act_guards[0].clipped) == (act_guards[1].nonfinite, act_guards[1].clipped)
 
 
-def test_rehearsals_before_each_step_change_nothing() -> None:
-    """``rehearse`` runs ``shape`` on a stand-in: a shield rehearsed three times before every step sends
-    the same actions, counts and events as one never rehearsed, through ramps, fallbacks and swaps."""
-    rng = np.random.default_rng(8)
-    settings = ShieldSettings(window=2, stuck_steps=3, ramp_steps=4, slew=(0.3, 0.2))
-    events: tuple[list[dict[str, object]], list[dict[str, object]]] = ([], [])
-    plain, rehearsed = (Shield(settings, LOW, HIGH, unit_envelope(), e.append) for e in events)
-    obs = good(0)
-    for t in range(2000):
-        if rng.random() > 0.1:  # else stuck
-            obs = (rng.standard_normal(3) * rng.choice([0.2, 3.0])).astype(np.float32)
-        action = rng.uniform(LOW, HIGH).astype(np.float32)
-        if rng.random() < 0.01:
-            plain.weights_swapped(), rehearsed.weights_swapped()
-        for _ in range(3):
-            rehearsed.rehearse(obs, None, action.tolist())
-        inferred = rng.random() < 0.97
-        assert rehearsed.step(obs, action, inferred).tolist() == plain.step(obs, action, inferred).tolist(), t
-    assert rehearsed.summary() == plain.summary() and events[0] == events[1] and plain.summary()["ramps"] > 5
+def test_the_stuck_sensor_detector_flags_the_kth_identical_observation_and_resets() -> None:
+    stuck = StuckSensorDetector(3)
+    same = np.array([0.1, 0.2], np.float32)
+    assert [stuck.update(same) for _ in range(4)] == [False, False, True, True]
+    assert not stuck.update(np.array([0.1, 0.25], np.float32))  # a change starts a new run
+    assert not stuck.update(None) and not stuck.update(None)  # a malformed reading repeats nothing
+    stuck.update(same), stuck.update(same)
+    stuck.reset()
+    assert not stuck.update(same) and not stuck.update(same) and stuck.update(same)
+    assert stuck.update(same.astype(np.float64)) is False  # other bytes: not the same reading
+
+
+def test_the_blend_ramp_goes_linearly_from_its_origin_and_stays_in_bounds() -> None:
+    ramp = BlendRamp(4, [(-1.0, 1.0), (-1.0, 1.0)])
+    assert ramp.start([0.0, -1.0]) and ramp.left == 4
+    steps = [ramp.apply([1.0, 1.0]) for _ in range(4)]
+    assert steps == [[0.25, -0.5], [0.5, 0.0], [0.75, 0.5], [1.0, 1.0]] and ramp.left == 0
+    assert ramp.start([0.0, 0.0]) and ramp.apply([2.0, 0.0]) == [0.5, 0.0]  # clipped to the bounds
+    ramp.stop()
+    assert ramp.left == 0
+    off = BlendRamp(0, [(-1.0, 1.0)])
+    assert not off.start([0.5]) and off.left == 0
+
+
+def test_the_slew_limiter_limits_each_dimension_and_copies_only_when_it_limits() -> None:
+    slew = SlewLimiter([0.1, 0.0])  # 0: no limit on the second dimension
+    action = [0.05, 5.0]
+    assert slew.limit(action, [0.0, 0.0]) is action and slew.active
+    limited = slew.limit([0.5, -5.0], [0.0, 0.0])
+    assert limited == [0.1, -5.0]
+    assert slew.limit([-0.5, 0.0], [0.0, 0.0]) == [-0.1, 0.0]
+    off = SlewLimiter([0.0, 0.0])
+    big = [9.0, -9.0]
+    assert not off.active and off.limit(big, [0.0, 0.0]) is big

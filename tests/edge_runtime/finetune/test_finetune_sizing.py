@@ -123,14 +123,3 @@ def test_exploration_draws_fresh_noise_across_its_blocks() -> None:
     draws = np.array([explore(np.zeros(1, np.float32))[0] for _ in range(3 * Exploration.NOISE_BLOCK)])
     assert len(np.unique(draws)) == len(draws)  # no block repeats
     assert abs(draws.mean()) < 0.02 and draws.std() == pytest.approx(0.1, rel=0.15)
-
-
-def test_rehearsals_publish_nothing_and_draw_nothing() -> None:
-    ring = _ring()
-    ring.rehearse(np.ones(3), np.ones(1, np.float32))
-    assert ring.written == 0 and ring.drain() is None and not ring.obs.any()
-    explore, twin = (Exploration(0.1, np.array([-1.0]), np.array([1.0]), 7) for _ in range(2))
-    action = np.zeros(1, np.float32)
-    first = explore(action).copy()
-    explore.rehearse(action)
-    assert first == twin(action) and explore(action).copy() == twin(action).copy()
