@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import ray
 from ray import tune
@@ -187,6 +187,7 @@ CREDENTIALS = (
 #: Ray's loggers whose records sac-sweep replaces with its own lines: the token-auth notice of every
 #: ``ray.init`` and Tune's trial tracebacks (kept in ``DIR/logs/<trial>.log`` instead).
 QUIET_LOGGERS = ("ray._private.authentication.authentication_token_setup", "ray.tune", "ray.train", "ray.air")
+AUTH_REFUSED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
 TOKEN_FIX = (
     "set RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH; `ray get-auth-token` "
     "on the head prints it)"
@@ -212,16 +213,33 @@ def _quiet_ray() -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def _join(address: str) -> None:
+@contextmanager
+def _fd2_to(sink: IO[bytes]) -> Iterator[None]:
+    """The process's stderr (fd 2, where Ray's C++ core logs) into ``sink`` for the ``with`` block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(sink.fileno(), 2)
     try:
-        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env())
-    except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:
-        text = str(err)
-        if isinstance(err, ray.exceptions.AuthenticationError) or "authenticat" in text.lower():
-            raise SacEdgeError(f"the Ray cluster at {address} refused this machine's token; {TOKEN_FIX}") from None
-        hint = "" if os.environ.get("RAY_AUTH_MODE") else f" (a cluster with token auth needs: {TOKEN_FIX})"
-        first = _error_line(err)
-        raise SacEdgeError(f"cannot join the Ray cluster at {address} ({first}); check --address{hint}") from None
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _join(address: str) -> None:
+    """Join the cluster at ``address``; Ray's C++ core logs each refused attempt (tens of lines) on stderr,
+    so they are kept aside and read to say why a join failed (a token the cluster refused)."""
+    with tempfile.TemporaryFile() as said:
+        try:
+            with _fd2_to(said):
+                ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env())
+        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:
+            said.seek(0)
+            text = f"{err} {said.read()[-MAX_TRACEBACK:].decode(errors='replace')}"
+            if isinstance(err, ray.exceptions.AuthenticationError) or any(w in text for w in AUTH_REFUSED):
+                raise SacEdgeError(f"the Ray cluster at {address} refused this machine's token; {TOKEN_FIX}") from None
+            first = _error_line(err)
+            raise SacEdgeError(f"cannot join the Ray cluster at {address} ({first}); check --address") from None
 
 
 @contextmanager

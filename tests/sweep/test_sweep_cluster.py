@@ -2,7 +2,7 @@
 CPUs and two 1-CPU workers, each with its own disk over the sweep folder, in a network namespace holding only
 the loopback. Every result is compared, value for value, with the same sweep on a local Ray.
 
-- no usable storage: one line before any trial starts;
+- no usable storage: one line before any trial starts; a token the cluster refuses: one line saying so;
 - a shared path, the driver interrupted (SIGINT) mid-trial, then --resume: the reference's summary, and
   sac-export works on the head's copy;
 - an S3-compatible store (moto's server on the loopback), a worker killed mid-trial and a fresh one added:
@@ -112,10 +112,22 @@ def _summary(out: Path) -> dict[str, Any]:
 def test_without_shared_storage_one_line_before_any_trial(cluster: Cluster) -> None:
     out = cluster.private / "no-storage"
     rc, stdout, err = _finish(_start(cluster, ["--address", cluster.address, "--out", str(out), *TINY]))
-    lines = [line for line in err.splitlines() if line.startswith("sac-sweep")]
-    assert rc == 2 and len(lines) == 1, err
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("sac-sweep: error: "), err
     assert "not usable from node 127.0.0.1" in lines[0] and "--storage" in lines[0], lines[0]
-    assert "Traceback" not in err and not (out / "trials").exists() and not stdout
+    assert not (out / "trials").exists() and not stdout
+
+
+def test_a_refused_token_is_named(cluster: Cluster, tmp_path: Path) -> None:
+    wrong = tmp_path / "token"
+    wrong.write_text("0" * 64)
+    argv = ["--address", cluster.address, "--out", str(cluster.private / "token"), *TINY]
+    rc, stdout, err = _finish(_start(cluster, argv, {"RAY_AUTH_TOKEN_PATH": str(wrong)}))
+    assert rc == 2 and not stdout, err
+    assert err.strip().splitlines() == [
+        f"sac-sweep: error: the Ray cluster at {cluster.address} refused this machine's token; set RAY_AUTH_MODE=token "
+        "and the cluster's token (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH; `ray get-auth-token` on the head prints it)"
+    ]
 
 
 def test_shared_path_driver_interrupted_then_resumed(

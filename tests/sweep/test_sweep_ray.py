@@ -84,3 +84,10 @@ def test_storage_holds_one_checkpoint_per_trial_and_force_clears_it(
     assert main(["--out", str(out), "--force", *tiny]) == 0
     assert [p.parent.name.partition("@")[0] for p in store.glob("tune/*/checkpoint_*")] == ["default-seed0"]
     assert [p.name for p in (out / "trials").iterdir()] == ["default-seed0"]
+
+
+def test_ray_client_addresses_are_refused_with_the_alternatives(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--address", "ray://head:10001", "--out", "unused", *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--address auto" in err and "ray job submit" in err, err
+    assert not Path("unused").exists()
