@@ -65,7 +65,9 @@ def _require_extra() -> None:
 
 def _saved(sweep_dir: Path, sweep: SweepConfig) -> tuple[SweepConfig, TrainConfig]:
     saved = read_json(sweep_dir / SAVED, "sweep config", "nothing to resume; run without --resume")
-    flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
+    # --storage again on --resume: the same store reached another way (a new endpoint, another mount point).
+    given = ("storage",) if sweep.storage is not None else ()
+    flags = {k: getattr(sweep, k) for k in (*RESUME_FROM_FLAGS, *given)}
     source = str(sweep_dir / SAVED)
     return (
         config_from_dict(SweepConfig, {**saved["sweep"], **flags}, source),

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import pyarrow.fs as pafs
 
-from sac_edge.common.atomic import atomic_dir
+from sac_edge.common.atomic import atomic_dir, atomic_write_json
 from sac_edge.common.bounded import MAX_JSON_BYTES
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.train import checkpoint as ckpt
@@ -27,6 +27,9 @@ from .grid import TRIALS, Trial
 TUNE_DIR = "tune"
 SESSION_SEP = "@"
 CHECKPOINT_PREFIX = "checkpoint_"
+MANIFEST = "checkpoint_files.json"
+#: The files of a run dir that make a checkpoint whole (tb/ keeps growing and is not checked).
+CHECKED = (ckpt.CHECKPOINT, ckpt.TRAINER_STATE, ckpt.CONFIG, ckpt.METRICS)
 
 
 class Storage(NamedTuple):
@@ -74,16 +77,40 @@ def _dirs(storage: Storage, path: str) -> list[Any]:
     return [i for i in storage.fs.get_file_info(selector) if i.type == pafs.FileType.Directory]
 
 
-def _step(storage: Storage, checkpoint: str) -> int | None:
-    """The step in a checkpoint's ``trainer_state.json``, or None when it is missing or not one of ours."""
+def write_manifest(run: Path) -> None:
+    """Record the sizes of the run dir's files before Tune uploads it: a checkpoint whose upload was cut
+    short (a node or the driver killed mid-copy) is then recognised and never resumed from."""
+    sizes = {name: (run / name).stat().st_size for name in CHECKED if (run / name).is_file()}
+    atomic_write_json(run / MANIFEST, {"sizes": sizes})
+
+
+def _read_json(storage: Storage, path: str) -> dict[str, Any] | None:
     try:
-        with storage.fs.open_input_stream(f"{checkpoint}/{ckpt.TRAINER_STATE}") as fh:
+        with storage.fs.open_input_stream(path) as fh:
             raw = fh.read(MAX_JSON_BYTES + 1)
-        state = json.loads(raw) if len(raw) <= MAX_JSON_BYTES else None
+        data = json.loads(raw) if len(raw) <= MAX_JSON_BYTES else None
     except (OSError, ValueError, RecursionError):
         return None
-    step = state.get("step") if isinstance(state, dict) else None
-    return step if isinstance(step, int) and step >= 0 else None
+    return data if isinstance(data, dict) else None
+
+
+def _complete(storage: Storage, checkpoint: str) -> bool:
+    """Whether every file the checkpoint's manifest lists is in storage at its recorded size."""
+    manifest = _read_json(storage, f"{checkpoint}/{MANIFEST}")
+    sizes = manifest.get("sizes") if manifest else None
+    if not isinstance(sizes, dict) or not set(sizes) <= set(CHECKED) or ckpt.CHECKPOINT not in sizes:
+        return False
+    infos = storage.fs.get_file_info([f"{checkpoint}/{name}" for name in sizes])
+    return all(i.type == pafs.FileType.File and i.size == sizes[i.base_name] for i in infos)
+
+
+def _step(storage: Storage, checkpoint: str) -> int | None:
+    """The step in a complete checkpoint's ``trainer_state.json``, or None (missing, cut short, not ours)."""
+    state = _read_json(storage, f"{checkpoint}/{ckpt.TRAINER_STATE}")
+    step = state.get("step") if state else None
+    if not isinstance(step, int) or step < 0 or not _complete(storage, checkpoint):
+        return None
+    return step
 
 
 def newest(storage: Storage, names: set[str]) -> dict[str, Newest]:

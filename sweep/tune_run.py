@@ -35,7 +35,7 @@ from sac_edge.train.trainer import Trainer
 from . import state
 from .grid import Trial
 from .state import LOGS
-from .storage import TUNE_DIR, Storage, download, trial_dirname
+from .storage import TUNE_DIR, Storage, download, trial_dirname, write_manifest
 
 EVAL = "eval_return"
 STEP = "step"
@@ -60,6 +60,7 @@ class _ReportingTrainer(Trainer):
         super().save()
         if self.last_eval is not None and self.step != self.reported_step:
             self.reported_step = self.step
+            write_manifest(self.run)
             checkpoint = tune.Checkpoint.from_directory(str(self.run))
             tune.report({EVAL: self.last_eval, STEP: self.step}, checkpoint=checkpoint)
 
@@ -137,6 +138,8 @@ def _run_trial(
         )
     finally:
         shutil.rmtree(run, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            run.parent.rmdir()  # the session's folder on this node, once its last trial here is gone
 
 
 def trial_resources(base: TrainConfig) -> dict[str, float]:
