@@ -75,8 +75,9 @@ class Cluster:
         temp = self.work / name
         temp.mkdir()
         mounts = ["mount -t tmpfs -o size=256m tmpfs /dev/shm"]
-        if index:  # a worker's own disk; the head's temp dir holds the sockets the driver beside it connects to
-            mounts += [f"mount -t tmpfs tmpfs {temp}", f"mount -t tmpfs tmpfs {self.private}"]
+        if index:  # a worker's own disk (its trials' run dirs too: TMPDIR); the head's temp dir holds the
+            # sockets the driver beside it connects to
+            mounts += [f"mount -t tmpfs tmpfs {temp}", f"mount -t tmpfs tmpfs {self.private}", f"export TMPDIR={temp}"]
         join = (
             ["--head", f"--port={GCS_PORT}", "--ray-client-server-port=6391"]
             if not index
