@@ -1,10 +1,12 @@
-"""The Ray Tune side of ``sac-sweep``: a local or joined Ray, the trial function and the Tuner.
+"""The Ray Tune side of ``sac-sweep``: a local or joined Ray, the storage probe, the trial function and the Tuner.
 
-A trial is ``sac-train``'s own ``Trainer`` in a Ray worker, writing an ordinary run dir; the only addition
-is that each evaluation is reported to Tune right after the checkpoint holding it is on disk, so a trial
-that ASHA stops (or Ctrl-C interrupts) is a whole run dir whose last reported return was measured on its
-saved weights. On ``--resume`` a fresh Tuner runs the trials that had not ended (``state``), each continuing
-its run dir with ``sac-train --resume``.
+A trial is ``sac-train``'s own ``Trainer`` in a Ray worker, writing an ordinary run dir on the node that runs
+it; at each evaluation, once the checkpoint holding the evaluated weights is written, the whole run dir goes
+to Tune as a checkpoint (persisted to the storage before the return is reported), so a trial that ASHA
+stops, Ctrl-C interrupts or a dead node loses continues from weights its reported return was measured on.
+A lost worker is retried by Tune from that checkpoint; the trainer's own errors end the trial. On
+``--resume`` a fresh Tuner runs the trials that had not ended (``state``), each from its newest checkpoint
+in the storage (``storage``).
 """
 
 from __future__ import annotations
@@ -295,11 +297,11 @@ def _probe_node(storage: Storage, token_path: str, token: str) -> str | None:
         with storage.fs.open_input_stream(token_path) as fh:
             seen = fh.read(len(token) + 1).decode(errors="replace")
         if seen != token:
-            return "it sees another file there (a disk of its own, not the shared one)"
+            return "it sees another file there: a disk of its own, not the shared one"
         with storage.fs.open_output_stream(f"{token_path}.{ray.get_runtime_context().get_node_id()}") as fh:
             fh.write(token.encode())
     except FileNotFoundError:
-        return "the path does not exist there (a disk of its own, not the shared one)"
+        return "the path does not exist there: a disk of its own, not the shared one"
     except Exception as err:  # any failure of the storage client is the answer
         return _error_line(err)
     return None
