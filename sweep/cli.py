@@ -95,7 +95,7 @@ def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, Train
         return _saved(sweep_dir, sweep)
     if train.eval_every <= 0 or train.eval_every > train.total_steps:
         raise SacEdgeError("a sweep ranks trials by their evaluations; give 0 < --eval-every <= --total-steps")
-    if sweep_dir.is_symlink() or (sweep_dir / SAVED).exists():
+    if (sweep_dir / SAVED).exists():
         if not sweep.force:
             raise SacEdgeError(
                 f"{sweep_dir} already holds a sweep; pass --resume to continue it or --force to replace it"

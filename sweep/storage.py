@@ -136,9 +136,9 @@ def newest_any(storage: Storage) -> bool:
 
 def checked_trials_dir(sweep_dir: Path) -> Path:
     """``DIR/trials``, refused when it (or a trial dir in it) is a symlink: a sweep writes and deletes only
-    inside its own directory."""
+    inside its own directory (``--out`` itself may be a link the user made)."""
     trials = sweep_dir / TRIALS
-    for path in (sweep_dir, trials, *(trials.iterdir() if trials.is_dir() and not trials.is_symlink() else ())):
+    for path in (trials, *(trials.iterdir() if trials.is_dir() and not trials.is_symlink() else ())):
         if path.is_symlink():
             raise SacEdgeError(
                 f"{path} is a symlink; a sweep dir holds its own trials only: replace the link with the directory "
