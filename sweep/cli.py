@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sac_edge.common.config import build_parser, check_fields, config_dict, config_from_dict
 from sac_edge.common.errors import InternalError, SacEdgeError, run_cli
@@ -18,7 +18,10 @@ from sac_edge.common.summary import emit_json
 from sac_edge.train.config import TrainConfig, check_values
 
 from .config import SweepConfig
-from .grid import parse_grid, plan
+from .grid import Trial, parse_grid, plan
+
+if TYPE_CHECKING:
+    from .storage import Storage
 
 PROG = "sac-sweep"
 INSTALL = "pip install 'sac-edge[sweep]'"
@@ -62,7 +65,9 @@ def _require_extra() -> None:
 
 def _saved(sweep_dir: Path, sweep: SweepConfig) -> tuple[SweepConfig, TrainConfig]:
     saved = read_json(sweep_dir / SAVED, "sweep config", "nothing to resume; run without --resume")
-    flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
+    # --storage again on --resume: the same store reached another way (a new endpoint, another mount point).
+    given = ("storage",) if sweep.storage is not None else ()
+    flags = {k: getattr(sweep, k) for k in (*RESUME_FROM_FLAGS, *given)}
     source = str(sweep_dir / SAVED)
     if not all(isinstance(saved.get(part), dict) for part in ("sweep", "train")):  # was a KeyError, exit 1
         raise SacEdgeError(f"{source}: holds no 'sweep' and 'train' settings; nothing to resume; run without --resume")
@@ -77,8 +82,21 @@ def _saved(sweep_dir: Path, sweep: SweepConfig) -> tuple[SweepConfig, TrainConfi
     return sweep_cfg, train_cfg
 
 
+def _check_address(address: str | None) -> None:
+    """Ray Client (``ray://``) would run the sweep's driver on the cluster, so its records (trial_state.json,
+    the copies in DIR/trials) would stay there: refused with the two ways that keep them here."""
+    if address is not None and address.startswith("ray://"):
+        raise SacEdgeError(
+            f"--address {address}: Ray Client keeps the sweep's records on the cluster; run sac-sweep on a node of "
+            f"the cluster with --address auto (or HOST:PORT of its head), or submit it there with "
+            f"`ray job submit --working-dir . -- sac-sweep ... --address auto`"
+        )
+
+
 def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, TrainConfig]:
-    """Checks that need no Ray; on --resume the saved settings, otherwise a fresh DIR with them saved."""
+    """Checks that need no Ray; on --resume the saved settings, otherwise a fresh DIR (the config is saved
+    once the storage is known to work)."""
+    _check_address(sweep.address)
     sweep_dir = Path(sweep.out)
     if sweep.resume:
         return _saved(sweep_dir, sweep)
@@ -89,10 +107,41 @@ def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, Train
             raise SacEdgeError(
                 f"{sweep_dir} already holds a sweep; pass --resume to continue it or --force to replace it"
             )
-        shutil.rmtree(sweep_dir)
+        if sweep_dir.is_symlink():  # the link goes, never what it points to
+            sweep_dir.unlink()
+        else:
+            shutil.rmtree(sweep_dir)
     elif sweep_dir.exists() and any(sweep_dir.iterdir()):
         raise SacEdgeError(f"{sweep_dir} is not empty and holds no sweep; choose another --out")
     return sweep, train
+
+
+def _fresh_storage(storage: Storage, force: bool) -> None:
+    """A new sweep starts on an empty storage prefix: --force clears it, otherwise old checkpoints refuse."""
+    from .storage import clear, newest_any
+
+    if force:
+        clear(storage)
+    elif newest_any(storage):
+        raise SacEdgeError(
+            f"--storage {storage.uri} already holds another sweep's checkpoints; pass --force to clear them or "
+            "give another prefix"
+        )
+
+
+def _resume_from(sweep: SweepConfig, storage: Storage, trials: list[Trial]) -> dict[str, str]:
+    """Where each trial continues: its newest checkpoint in storage; on a local Ray also a newer run dir in
+    DIR/trials (every worker sees it)."""
+    from .state import saved_step
+    from .storage import newest
+
+    found = newest(storage, {t.run.name for t in trials})
+    starts = {name: n.path for name, n in found.items()}
+    if sweep.address is None and storage.local:
+        for t in trials:
+            if saved_step(t.run) > (found[t.run.name].step if t.run.name in found else 0):
+                starts[t.run.name] = str(t.run)
+    return starts
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -104,21 +153,41 @@ def _main(argv: Sequence[str] | None) -> int:
 
     from . import state
     from .report import CURVES, curves, plot_curves, summarize, write_summary
-    from .tune_run import ray_session, run_trials, trial_resources
+    from .storage import checked_trials_dir, collect, open_storage
+    from .tune_run import probe_storage, ray_session, run_trials, trial_resources
 
     sweep_dir = Path(sweep.out)
-    if not sweep.resume:
-        from sac_edge.common.atomic import atomic_write_json
-
-        atomic_write_json(sweep_dir / SAVED, {"sweep": config_dict(sweep), "train": config_dict(train)})
+    storage = open_storage(sweep.storage or str(sweep_dir))
+    if sweep.resume:
+        checked_trials_dir(sweep_dir)
+        collect(storage, trials, sweep_dir)  # a driver killed outright copied nothing back
+    elif sweep.storage:
+        _fresh_storage(storage, sweep.force)
     ended = state.ended(sweep_dir) if sweep.resume else {}
     pending = state.to_run(trials, train.total_steps, ended)
+    lost: dict[str, str] = {}
     start = time.perf_counter()
     if pending:
         with ray_session(sweep.address, sweep.cpus, trial_resources(train)):
-            run_trials(
-                pending, train, sweep_dir, scheduler=sweep.scheduler, max_concurrent=sweep.max_concurrent, ended=ended
-            )
+            if sweep.address is not None or sweep.storage:
+                probe_storage(storage, given=bool(sweep.storage))
+            if not sweep.resume:
+                from sac_edge.common.atomic import atomic_write_json
+
+                atomic_write_json(sweep_dir / SAVED, {"sweep": config_dict(sweep), "train": config_dict(train)})
+            try:
+                lost = run_trials(
+                    pending,
+                    train,
+                    sweep_dir,
+                    storage,
+                    scheduler=sweep.scheduler,
+                    max_concurrent=sweep.max_concurrent,
+                    ended=ended,
+                    resume_from=_resume_from(sweep, storage, pending),
+                )
+            finally:  # after the run and after Ctrl-C: each trial's newest checkpoint into DIR/trials
+                collect(storage, trials, sweep_dir)
     outcomes = state.outcomes(trials, ended)
     wall = time.perf_counter() - start
     summary = summarize(
@@ -131,9 +200,12 @@ def _main(argv: Sequence[str] | None) -> int:
         wall_s=round(wall, 1),
         summary=str((sweep_dir / "summary.json").resolve()),
     )
-    # Under fifo a trial short of --total-steps was interrupted; under asha it may have been stopped early.
+    # Under fifo a trial short of --total-steps was interrupted; under asha it may have been stopped early,
+    # unless the cluster lost it.
     unfinished = {"pending"} | ({"stopped"} if sweep.scheduler == "fifo" else set())
-    summary["unfinished"] = sum(r["status"] in unfinished for r in summary["trial_results"])
+    summary["unfinished"] = sum(
+        r["status"] in unfinished or Path(r["run"]).name in lost for r in summary["trial_results"]
+    )
     write_summary(summary, sweep_dir)
     plot_curves(curves(outcomes), sweep_dir / CURVES, f"{train.env}: {len(outcomes)} trials")
     _report(summary, sweep_dir, sweep.json)
@@ -150,12 +222,15 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _report(summary: dict[str, Any], sweep_dir: Path, as_json: bool) -> None:
+    from . import state
     from .report import table
 
     out = sys.stderr if as_json else sys.stdout
     for row in summary["trial_results"]:
         if row["status"] == "error":
-            print(f"{PROG}: trial {Path(row['run']).name} failed: {row['error']}", file=sys.stderr)
+            log = sweep_dir / state.LOGS / f"{Path(row['run']).name}.log"
+            where = f" (traceback: {log})" if log.is_file() else ""
+            print(f"{PROG}: trial {Path(row['run']).name} failed: {row['error']}{where}", file=sys.stderr)
     print(table(summary), file=out)
     print(
         f"{PROG}: {summary['completed']}/{summary['trials']} trials completed, {summary['errors']} failed, "

@@ -33,7 +33,17 @@ class SweepConfig:
     max_concurrent: int = field(default=0, metadata={"help": "trials at once (0: as many as the resources allow)"})
     address: str | None = field(
         default=None,
-        metadata={"help": "Ray cluster to join ('auto' or ray://host:port); default: a local Ray for this sweep"},
+        metadata={
+            "help": "Ray cluster to join from one of its nodes ('auto' or HOST:PORT); default: a local Ray for this "
+            "sweep (docs/CLUSTER.md)"
+        },
+    )
+    storage: str | None = field(
+        default=None,
+        metadata={
+            "help": "where trials persist their checkpoints: a path every node sees, or a filesystem URI "
+            "(s3://bucket/prefix?endpoint_override=HOST:PORT, gs://...); default: --out (enough on one machine)"
+        },
     )
     cpus: int = field(default=0, metadata={"help": "CPUs of the local Ray (0: this machine's cores)"})
     out: str = field(default="sweeps/latest", metadata={"help": "sweep directory (trials/, summary.json, curves.png)"})

@@ -23,6 +23,8 @@ from sac_edge.train import checkpoint as ckpt
 from .grid import Trial, TrialOutcome
 
 TRIAL_STATE = "trial_state.json"
+#: DIR/logs/<trial>.log: the traceback of a trial that failed, the Ray error of one that lost its node.
+LOGS = "logs"
 #: metrics.csv holds one row per 1000 steps: 16 MiB is far more than any sweep's trial writes.
 MAX_METRICS_BYTES = MAX_JSON_BYTES
 

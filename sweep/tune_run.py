@@ -1,10 +1,12 @@
-"""The Ray Tune side of ``sac-sweep``: a local or joined Ray, the trial function and the Tuner.
+"""The Ray Tune side of ``sac-sweep``: a local or joined Ray, the storage probe, the trial function and the Tuner.
 
-A trial is ``sac-train``'s own ``Trainer`` in a Ray worker, writing an ordinary run dir; the only addition
-is that each evaluation is reported to Tune right after the checkpoint holding it is on disk, so a trial
-that ASHA stops (or Ctrl-C interrupts) is a whole run dir whose last reported return was measured on its
-saved weights. On ``--resume`` a fresh Tuner runs the trials that had not ended (``state``), each continuing
-its run dir with ``sac-train --resume``.
+A trial is ``sac-train``'s own ``Trainer`` in a Ray worker, writing an ordinary run dir on the node that runs
+it; at each evaluation, once the checkpoint holding the evaluated weights is written, the whole run dir goes
+to Tune as a checkpoint (persisted to the storage before the return is reported), so a trial that ASHA
+stops, Ctrl-C interrupts or a dead node loses continues from weights its reported return was measured on.
+A lost worker is retried by Tune from that checkpoint; the trainer's own errors end the trial. On
+``--resume`` a fresh Tuner runs the trials that had not ended (``state``), each from its newest checkpoint
+in the storage (``storage``).
 """
 
 from __future__ import annotations
@@ -12,35 +14,47 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ipaddress
+import logging
 import os
 import shutil
 import sys
+import tempfile
+import traceback
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.train import checkpoint as ckpt
 from sac_edge.train.config import TrainConfig
 from sac_edge.train.trainer import Trainer
 
 from . import state
 from .grid import Trial
+from .state import LOGS
+from .storage import TUNE_DIR, Storage, download, trial_dirname, write_manifest
 
 EVAL = "eval_return"
 STEP = "step"
-TUNE_DIR = "tune"
+ERROR = "error"
+TRACEBACK = "traceback"
 NAME = "trial"
 ASHA_REDUCTION = 2
+#: Retries of a trial whose actor or node died (each from its newest checkpoint, wherever Ray places it).
+MAX_RETRIES = 3
+MAX_TRACEBACK = 64 * 1024
+PROBE_TIMEOUT_S = 120.0
 
 
 class _ReportingTrainer(Trainer):
-    """``sac-train``'s trainer, reporting each new evaluation to Tune once its checkpoint is written."""
+    """``sac-train``'s trainer, handing its run dir to Tune as a checkpoint with each new evaluation, once the
+    checkpoint holding the evaluated weights is written: every reported return was measured on persisted
+    weights, and a trial retried elsewhere continues from them."""
 
     reported_step = -1
 
@@ -48,7 +62,9 @@ class _ReportingTrainer(Trainer):
         super().save()
         if self.last_eval is not None and self.step != self.reported_step:
             self.reported_step = self.step
-            tune.report({EVAL: self.last_eval, STEP: self.step})
+            write_manifest(self.run)
+            checkpoint = tune.Checkpoint.from_directory(str(self.run))
+            tune.report({EVAL: self.last_eval, STEP: self.step}, checkpoint=checkpoint)
 
 
 def _name(trial: Any) -> str:
@@ -56,22 +72,76 @@ def _name(trial: Any) -> str:
     return str(trial.config[NAME])
 
 
-def _run_trial(config: dict[str, Any], base: TrainConfig, trials: dict[str, Trial]) -> None:
-    """One Tune trial: ``config`` names the trial (grid point and seed); ``base`` holds every other option."""
-    trial = trials[config[NAME]]
-    resume = (trial.run / ckpt.CHECKPOINT).exists()
-    cfg = dataclasses.replace(
-        base,
-        **trial.point.values,
-        seed=trial.seed,
-        out=str(trial.run),
-        resume=resume,
-        force=not resume,
-        progress=False,
-        json=False,
-        checkpoint_every=base.eval_every,
-    )
-    _ReportingTrainer(cfg).train()
+def local_run_dir(session: str, name: str) -> Path:
+    """A trial's working run dir on the node that runs it (fresh for each attempt)."""
+    return Path(tempfile.gettempdir()) / f"sac-sweep-{os.getuid()}" / session / name
+
+
+def _start(run: Path, name: str, storage: Storage, resume_from: dict[str, str]) -> bool:
+    """Fill the fresh ``run`` with the trial's newest checkpoint: this session's (a retry after a lost node)
+    or an earlier session's; False when the trial starts from step 0."""
+    if run.exists():
+        shutil.rmtree(run)
+    run.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        checkpoint.to_directory(str(run))
+    elif name in resume_from:
+        download(storage, resume_from[name], run)
+    else:
+        return False
+    where = ray.util.get_node_ip_address()
+    print(f"sac-sweep: {name}: resuming at step {state.saved_step(run)} on {where}", file=sys.stderr, flush=True)
+    return True
+
+
+def _run_trial(
+    config: dict[str, Any],
+    base: TrainConfig,
+    trials: dict[str, Trial],
+    session: str,
+    storage: Storage,
+    resume_from: dict[str, str],
+) -> None:
+    """One Tune trial: ``config`` names the trial (grid point and seed); ``base`` holds every other option.
+
+    The trainer's own errors end the trial with a final result naming the error (and its traceback, which
+    the head writes to the trial's log): only a lost actor or node is an error to Tune, and so retried.
+    """
+    name = config[NAME]
+    trial = trials[name]
+    run = local_run_dir(session, name)
+    trainer: _ReportingTrainer | None = None
+    try:
+        resume = _start(run, name, storage, resume_from)
+        cfg = dataclasses.replace(
+            base,
+            **trial.point.values,
+            seed=trial.seed,
+            out=str(run),
+            resume=resume,
+            force=not resume,
+            progress=False,
+            json=False,
+            checkpoint_every=base.eval_every,
+        )
+        trainer = _ReportingTrainer(cfg)
+        trainer.train()
+    except Exception as err:  # the trainer's (or its env's) own error: final, never retried
+        step = trainer.reported_step if trainer is not None else -1
+        last = trainer.last_eval if trainer is not None else None
+        tune.report(
+            {
+                EVAL: float("nan") if last is None else last,
+                STEP: max(step, 0),
+                ERROR: f"{type(err).__name__}: {_error_line(err)}",
+                TRACEBACK: traceback.format_exc()[-MAX_TRACEBACK:],
+            }
+        )
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            run.parent.rmdir()  # the session's folder on this node, once its last trial here is gone
 
 
 def trial_resources(base: TrainConfig) -> dict[str, float]:
@@ -106,12 +176,84 @@ def _loopback_only() -> Iterator[None]:
             os.environ[LOOPBACK_ONLY] = saved_env
 
 
+#: Environment variables a trial's storage client reads (S3, GCS, Azure), passed to every Ray worker.
+CREDENTIALS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_PROFILE",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+)
+#: Ray's loggers whose records sac-sweep replaces with its own lines: the token-auth notice of every
+#: ``ray.init`` and Tune's trial tracebacks (kept in ``DIR/logs/<trial>.log`` instead).
+QUIET_LOGGERS = ("ray._private.authentication.authentication_token_setup", "ray.tune", "ray.train", "ray.air")
+AUTH_REFUSED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
+TOKEN_FIX = (
+    "set RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH; `ray get-auth-token` "
+    "on the head prints it)"
+)
+
+
+def runtime_env() -> dict[str, Any]:
+    """The job's runtime environment: the storage credentials set here, for the trials on every node."""
+    env = {k: os.environ[k] for k in CREDENTIALS if os.environ.get(k)}
+    return {"env_vars": env} if env else {}
+
+
+@contextmanager
+def _quiet_ray() -> Iterator[None]:
+    saved = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")  # errors a lost node leaves: ours say it
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+@contextmanager
+def _fd2_to(sink: IO[bytes]) -> Iterator[None]:
+    """The process's stderr (fd 2, where Ray's C++ core logs) into ``sink`` for the ``with`` block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(sink.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _join(address: str) -> None:
+    """Join the cluster at ``address``; Ray's C++ core logs each refused attempt (tens of lines) on stderr,
+    so they are kept aside and read to say why a join failed (a token the cluster refused)."""
+    with tempfile.TemporaryFile() as said:
+        try:
+            with _fd2_to(said):
+                ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env())
+        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:
+            said.seek(0)
+            text = f"{err} {said.read()[-MAX_TRACEBACK:].decode(errors='replace')}"
+            if isinstance(err, ray.exceptions.AuthenticationError) or any(w in text for w in AUTH_REFUSED):
+                raise SacEdgeError(f"the Ray cluster at {address} refused this machine's token; {TOKEN_FIX}") from None
+            first = _error_line(err)
+            raise SacEdgeError(f"cannot join the Ray cluster at {address} ({first}); check --address") from None
+
+
 @contextmanager
 def ray_session(address: str | None, cpus: int, resources: dict[str, float]) -> Iterator[None]:
     """A local Ray on this machine's cores (every listener on the loopback, no dashboard), shut down at the
     end, or the cluster at ``address``, left running. Refuses, before any trial starts, a trial bigger than
     the whole cluster, and a local Ray whose node address is not the loopback."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_quiet_ray())
         if address is None:
             stack.enter_context(_loopback_only())
             ray.init(
@@ -121,12 +263,10 @@ def ray_session(address: str | None, cpus: int, resources: dict[str, float]) -> 
                 log_to_driver=False,
                 configure_logging=False,
                 _node_ip_address="127.0.0.1",
+                runtime_env=runtime_env(),
             )
         else:
-            try:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
-            except ConnectionError as err:
-                raise SacEdgeError(f"cannot join the Ray cluster at {address} ({err}); check --address") from None
+            _join(address)
         try:
             node_ip = ray.util.get_node_ip_address()
             if address is None and not ipaddress.ip_address(node_ip).is_loopback:
@@ -148,13 +288,80 @@ def ray_session(address: str | None, cpus: int, resources: dict[str, float]) -> 
             ray.shutdown()
 
 
+PROBE = ".probe"
+
+
+def _probe_node(storage: Storage, token_path: str, token: str) -> str | None:
+    """On one node: None when it reads the driver's token from storage and writes beside it, else why not."""
+    try:
+        with storage.fs.open_input_stream(token_path) as fh:
+            seen = fh.read(len(token) + 1).decode(errors="replace")
+        if seen != token:
+            return "it sees another file there: a disk of its own, not the shared one"
+        with storage.fs.open_output_stream(f"{token_path}.{ray.get_runtime_context().get_node_id()}") as fh:
+            fh.write(token.encode())
+    except FileNotFoundError:
+        return "the path does not exist there: a disk of its own, not the shared one"
+    except Exception as err:  # any failure of the storage client is the answer
+        return _error_line(err)
+    return None
+
+
+def probe_storage(storage: Storage, given: bool) -> None:
+    """Refuse, before any trial starts, a storage that an alive node of the cluster cannot read and write."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    token = uuid.uuid4().hex
+    probe_dir = f"{storage.tune_dir}/{PROBE}"
+    token_path = f"{probe_dir}/{token}"
+    try:
+        storage.fs.create_dir(probe_dir, recursive=True)
+        with storage.fs.open_output_stream(token_path) as fh:
+            fh.write(token.encode())
+    except Exception as err:
+        raise SacEdgeError(f"--storage {storage.uri}: cannot write there from here ({_error_line(err)})") from None
+    task = ray.remote(num_cpus=0, max_retries=0)(_probe_node)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    try:
+        refs = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+                storage, token_path, token
+            )
+            for n in nodes
+        ]
+        answers = ray.get(refs, timeout=PROBE_TIMEOUT_S)
+    except (ray.exceptions.RayError, TimeoutError) as err:
+        answers = [f"no answer ({_error_line(err)})"] * len(nodes)
+    finally:
+        with contextlib.suppress(Exception):
+            storage.fs.delete_dir(probe_dir)
+    for node, answer in zip(nodes, answers):
+        if answer is not None:
+            what = f"--storage {storage.uri}" if given else f"the sweep dir {storage.uri} (the default storage)"
+            raise SacEdgeError(
+                f"{what} is not usable from node {node.get('NodeManagerAddress')} ({answer}); give --storage a path "
+                "every node mounts or a filesystem URI such as s3://bucket/prefix (docs/CLUSTER.md)"
+            )
+
+
 class _Progress(tune.Callback):
     """One stderr line as each trial ends, and the ended trials saved in ``DIR/trial_state.json`` (what
-    ``--resume`` does not run again: Tune calls neither hook for a trial that Ctrl-C interrupts)."""
+    ``--resume`` does not run again: Tune calls neither hook for a trial that Ctrl-C interrupts).
+
+    A trial whose actor or node was lost and could not be retried is ``lost``, not ended: ``--resume``
+    reruns it from its newest checkpoint. Tracebacks go to ``DIR/logs/<trial>.log``, named in the line.
+    """
 
     def __init__(self, total: int, total_steps: int, sweep_dir: Path, ended: dict[str, str | None]) -> None:
         self.total, self.total_steps, self.done = total, total_steps, len(ended)
         self.sweep_dir, self.ended = sweep_dir, ended
+        self.lost: dict[str, str] = {}
+
+    def _log(self, name: str, text: str) -> Path:
+        path = self.sweep_dir / LOGS / f"{name}.log"
+        with open(path, "a") as fh:
+            fh.write(text.rstrip() + "\n")
+        return path
 
     def _line(self, trial: Any, what: str, error: str | None = None) -> None:
         self.done += 1
@@ -164,14 +371,42 @@ class _Progress(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         last = trial.last_result or {}
-        if last.get(EVAL) is None:
+        if last.get(ERROR):
+            log = self._log(_name(trial), str(last.get(TRACEBACK) or last[ERROR]))
+            self._line(trial, f"failed: {last[ERROR]} (traceback: {log})", str(last[ERROR]))
+        elif last.get(EVAL) is None:
             self._line(trial, "no evaluation")
         else:
             stopped = f" (stopped at step {last[STEP]})" if last[STEP] < self.total_steps else ""
             self._line(trial, f"return {last[EVAL]:.1f}{stopped}")
 
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        line = _error_line(RuntimeError(_error_text(trial)))
+        log = self._log(_name(trial), _error_text(trial))
+        print(
+            f"sac-sweep: {_name(trial)}: lost its worker ({line}); retrying from its newest checkpoint (log: {log})",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._line(trial, "failed", _error_line(RuntimeError(trial.get_error() or "failed")))
+        line = _error_line(RuntimeError(_error_text(trial)))
+        log = self._log(_name(trial), _error_text(trial))
+        self.lost[_name(trial)] = line
+        print(
+            f"sac-sweep: {_name(trial)}: lost to the cluster after {MAX_RETRIES} retries ({line}; log: {log}); "
+            "--resume reruns it from its newest checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _error_text(trial: Any) -> str:
+    """The text of a trial's latest error as Tune recorded it (a text file, never its pickle)."""
+    path = trial.error_file
+    if path and Path(path).is_file():
+        return Path(path).read_text(errors="replace")[-MAX_TRACEBACK:]
+    return str(trial.get_error() or "the trial's actor died")
 
 
 def _scheduler(name: str, base: TrainConfig) -> TrialScheduler:
@@ -195,24 +430,32 @@ def run_trials(
     trials: Sequence[Trial],
     base: TrainConfig,
     sweep_dir: Path,
+    storage: Storage,
     *,
     scheduler: str,
     max_concurrent: int,
     ended: dict[str, str | None],
-) -> None:
-    """Run ``trials`` (those not yet ended; each continues its run dir if it has a checkpoint) on the current
-    Ray, adding each trial that ends to ``ended`` (with its error line if it failed).
+    resume_from: dict[str, str],
+) -> dict[str, str]:
+    """Run ``trials`` (those not yet ended; each continues from ``resume_from`` where it has a checkpoint)
+    on the current Ray, adding each trial that ends to ``ended`` (with its error line if it failed).
+    Returns the trials lost to the cluster (retries exhausted), which ``--resume`` reruns.
 
     A trial that raises is recorded with its error; the others go on. Ctrl-C stops Tune cleanly and returns.
-    Tune's experiment state (``DIR/tune``) is written for Tune's own use only: a fresh Tuner replaces it
-    each session and nothing of it is ever restored.
+    Tune's experiment state (``<storage>/tune``) is written for Tune's own use only: nothing of it but the
+    trials' checkpoints (safetensors and JSON) is ever read back.
     """
     by_name = {t.run.name: t for t in trials}
-    trainable = tune.with_resources(tune.with_parameters(_run_trial, base=base, trials=by_name), trial_resources(base))
+    session = uuid.uuid4().hex[:12]
+    trainable = tune.with_resources(
+        tune.with_parameters(
+            _run_trial, base=base, trials=by_name, session=session, storage=storage, resume_from=resume_from
+        ),
+        trial_resources(base),
+    )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables on stdout
-    storage = sweep_dir.resolve()
-    _remove(storage / TUNE_DIR)
-    total = len(ended) + len(trials)
+    (sweep_dir / LOGS).mkdir(exist_ok=True)
+    progress = _Progress(len(ended) + len(trials), base.total_steps, sweep_dir, ended)
     tuner = tune.Tuner(
         trainable,
         param_space={NAME: tune.grid_search(list(by_name))},
@@ -223,26 +466,19 @@ def run_trials(
             max_concurrent_trials=max_concurrent or None,
             reuse_actors=True,  # a worker keeps torch imported for its next trial
             trial_name_creator=_name,
-            trial_dirname_creator=_name,
+            trial_dirname_creator=lambda trial: trial_dirname(_name(trial), session),
         ),
         run_config=tune.RunConfig(
             name=TUNE_DIR,
-            storage_path=str(storage),
+            storage_path=storage.root,
+            storage_filesystem=storage.fs,
             verbose=0,
-            callbacks=[_Progress(total, base.total_steps, storage, ended)],
+            callbacks=[progress],
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            failure_config=tune.FailureConfig(max_failures=MAX_RETRIES),
         ),
     )
-    grid = tuner.fit()
-    # A trial that never reported has no config, but always its directory.
-    for result in (grid[i] for i in range(len(grid))):
-        if result.error is not None:
-            ended[Path(result.path).name] = _error_line(result.error)
-    state.record_ended(storage, ended)
-
-
-def _remove(path: Path) -> None:
-    """Delete an earlier session's Tune state (a symlink itself, never what it points to)."""
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
+    with _quiet_ray():
+        tuner.fit()
+    state.record_ended(sweep_dir, ended)
+    return progress.lost

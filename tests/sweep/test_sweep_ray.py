@@ -68,3 +68,26 @@ def test_a_crashing_trial_is_reported_and_the_others_finish(
     failed = [r for r in json.loads((out / "summary.json").read_text())["trial_results"] if r["status"] == "error"]
     assert [Path(r["run"]).name for r in failed] == ["default-seed1"]
     assert result["best"]["run"].endswith("default-seed0") and result["configs"][0]["per_seed"]["1"] is None
+
+
+def test_storage_holds_one_checkpoint_per_trial_and_force_clears_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, store = tmp_path / "sweep", tmp_path / "store"
+    tiny = [*TINY[TINY.index("--eval-episodes") :], "--total-steps", "500", "--learning-starts", "400", "--eval-every",
+            "500", "--seeds", "1", "--storage", str(store)]  # fmt: skip
+    assert main(["--out", str(out), "--grid", "actor_lr=1e-3", *tiny]) == 0
+    assert [p.parent.name.partition("@")[0] for p in store.glob("tune/*/checkpoint_*")] == ["actor_lr=1e-3-seed0"]
+    capsys.readouterr()
+    assert main(["--out", str(tmp_path / "other"), *tiny]) == 2  # another sweep's checkpoints: refused
+    assert "already holds another sweep's checkpoints; pass --force" in capsys.readouterr().err
+    assert main(["--out", str(out), "--force", *tiny]) == 0
+    assert [p.parent.name.partition("@")[0] for p in store.glob("tune/*/checkpoint_*")] == ["default-seed0"]
+    assert [p.name for p in (out / "trials").iterdir()] == ["default-seed0"]
+
+
+def test_ray_client_addresses_are_refused_with_the_alternatives(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--address", "ray://head:10001", "--out", "unused", *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--address auto" in err and "ray job submit" in err, err
+    assert not Path("unused").exists()
