@@ -51,6 +51,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "bf16+compile+graphs": {"amp": "bf16", "compile": "on", "cuda_graphs": True},
     # Deep critics (8 hidden layers), with and without gradient checkpointing (which needs autograd): the
     # time it costs and the activation memory it saves (the "upd MB" column).
+    "ckpt": {"grad_checkpoint": True},  # at the default 2 critic layers
     "deep": {"critic_layers": 8, "backward": "autograd"},
     "deep+ckpt": {"critic_layers": 8, "grad_checkpoint": True},
 }

@@ -35,7 +35,10 @@ class SweepConfig:
         default=None,
         metadata={"help": "Ray cluster to join ('auto' or ray://host:port); default: a local Ray for this sweep"},
     )
-    cpus: int = field(default=0, metadata={"help": "CPUs of the local Ray (0: this machine's cores)"})
+    cpus: int = field(
+        default=0,
+        metadata={"help": "CPUs of the local Ray (0: the CPUs this process may use, a cgroup quota included)"},
+    )
     out: str = field(default="sweeps/latest", metadata={"help": "sweep directory (trials/, summary.json, curves.png)"})
     resume: bool = field(
         default=False, metadata={"help": "continue the sweep in --out with its saved settings (Tune's restore)"}
