@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,8 @@ from sac_edge.common.table import format_table
 from sac_edge.train.threads import candidate_counts, usable_cpus
 
 HERE = Path(__file__).resolve().parent
-BUSY_LOOP = "while True: pass"
+#: A pure-Python busy loop that also ends when this script is gone (it checks its parent now and then).
+BUSY_LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(10**6): pass"
 #: The goal: the default within this factor of the best forced count in every state.
 GOAL = 1.5
 
@@ -59,7 +61,23 @@ def busy_neighbours(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait()
 
 
-def sac_train(env_id: str, steps: int, learning_starts: int, threads: int | None, workdir: Path) -> dict[str, Any]:
+def capped(cmd: list[str], cap_s: float | None) -> subprocess.CompletedProcess[str] | None:
+    """``cmd`` run to its end, or None when it ran past ``cap_s`` seconds (then killed)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=cap_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def timed_out(updates: int, cap_s: float) -> dict[str, Any]:
+    """A process killed at the cap: ``updates / cap_s`` stands in for its rate, marked "<" (its true bound is
+    ``updates / (cap_s - start-up)``, a little higher: start-up is a few seconds of a cap of minutes)."""
+    return {"updates_per_s": updates / cap_s, "capped": True, "threads": None, "log": [], "probe_s": None}
+
+
+def sac_train(
+    env_id: str, steps: int, learning_starts: int, threads: int | None, workdir: Path, cap_s: float | None
+) -> dict[str, Any]:
     """One ``sac-train`` process: its updates/s, and (auto) the thread choices it logged and saved."""
     run = workdir / f"run-{threads}"
     cmd = [sys.executable, "-m", "sac_edge.train.cli", "--env", env_id, "--total-steps", str(steps),
@@ -67,21 +85,27 @@ def sac_train(env_id: str, steps: int, learning_starts: int, threads: int | None
            "--no-progress", "--json", "--out", str(run), "--force"]  # fmt: skip
     if threads is not None:
         cmd += ["--threads", str(threads)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = capped(cmd, cap_s)
+    if done is None:
+        assert cap_s is not None
+        return timed_out(steps - learning_starts, cap_s)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     record = json.loads((run / "config.json").read_text())["choices"]["threads"]
     logged = [line.split(": ", 1)[-1] for line in done.stderr.splitlines() if "--threads auto" in line]
     return {"updates_per_s": summary["updates_per_s"], "threads": record["threads"], "log": logged,
-            "probe_s": record.get("probe_s")}  # fmt: skip
+            "probe_s": record.get("probe_s"), "capped": False}  # fmt: skip
 
 
-def sb3(env_id: str, steps: int, learning_starts: int, seed: int) -> dict[str, Any]:
+def sb3(env_id: str, steps: int, learning_starts: int, seed: int, cap_s: float | None) -> dict[str, Any]:
     """One SB3 ``learn`` process (``bench/default_speed.py``'s child): updates/s inside its ``train`` calls."""
     cmd = [sys.executable, str(HERE / "default_speed.py"), "--sb3-child", env_id, str(steps), str(seed),
            str(learning_starts)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = capped(cmd, cap_s)
+    if done is None:
+        assert cap_s is not None
+        return timed_out(steps - learning_starts, cap_s)
     timed = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"updates_per_s": timed["updates"] / timed["update_s"]}
+    return {"updates_per_s": timed["updates"] / timed["update_s"], "capped": False}
 
 
 def run_state(args: argparse.Namespace, busy: int, counts: list[int], workdir: Path) -> dict[str, Any]:
@@ -96,11 +120,12 @@ def run_state(args: argparse.Namespace, busy: int, counts: list[int], workdir: P
         for _ in range(args.repeats):
             for name, threads in impls.items():
                 if threads == "sb3":
-                    samples[name].append(sb3(args.env, steps, args.learning_starts, args.seed))
+                    samples[name].append(sb3(args.env, steps, args.learning_starts, args.seed, args.cap_s))
                 else:
-                    samples[name].append(sac_train(args.env, steps, args.learning_starts, threads, workdir))
+                    samples[name].append(sac_train(args.env, steps, args.learning_starts, threads, workdir, args.cap_s))
                 print(f"  busy={busy} {name}: {samples[name][-1]['updates_per_s']:.1f} updates/s", file=sys.stderr)
     rates = {name: statistics.median(s["updates_per_s"] for s in runs) for name, runs in samples.items()}
+    capped_impls = sorted(name for name, runs in samples.items() if any(s["capped"] for s in runs))
     best = max(rates[f"--threads {n}"] for n in counts)
     default = rates["default (auto)"]
     auto_runs = samples["default (auto)"]
@@ -109,7 +134,8 @@ def run_state(args: argparse.Namespace, busy: int, counts: list[int], workdir: P
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
         "updates_per_s": {name: round(r, 1) for name, r in rates.items()},
-        "default_threads": [s["threads"] for s in auto_runs],
+        "capped": capped_impls,  # killed at --cap-s: their figure is an upper bound
+        "default_threads": [s["threads"] for s in auto_runs if s["threads"] is not None],
         "default_log": auto_runs[0]["log"],
         "default_probe_s": [s["probe_s"] for s in auto_runs],
         "default_vs_best": round(default / best, 2),
@@ -128,7 +154,14 @@ def main() -> None:
     parser.add_argument("--forced", default="", help="forced counts (default: 1, 2, 4, ... up to the usable CPUs)")
     parser.add_argument("--states", default="quiet,one,all", help="quiet, one (busy process), all (one per CPU)")
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 rows")
+    parser.add_argument(
+        "--cap-s",
+        type=float,
+        default=None,
+        help="kill a process after this many seconds and report updates / cap as its (upper-bound) rate",
+    )
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still runs the neighbours' cleanup
 
     cpus = usable_cpus()
     counts = [int(n) for n in args.forced.split(",")] if args.forced else candidate_counts(cpus.n)
@@ -144,7 +177,8 @@ def main() -> None:
         for impl, rate in s["updates_per_s"].items():
             sb3_rate = s["updates_per_s"].get("SB3")
             threads = ",".join(map(str, s["default_threads"])) if impl.startswith("default") else ""
-            rows.append([f"{s['state']} ({s['busy']} busy, load {s['load_before']:.1f})", impl, threads, rate,
+            shown = f"< {rate}" if impl in s["capped"] else rate
+            rows.append([f"{s['state']} ({s['busy']} busy, load {s['load_before']:.1f})", impl, threads, shown,
                          round(rate / best, 2), None if sb3_rate is None else round(rate / sb3_rate, 2)])  # fmt: skip
     print(f"{args.env}, {args.updates} updates a process, {cpus.n} usable CPUs ({cpus.source})")
     print(format_table(rows, ("state", "impl", "threads chosen", "updates/s", "x best forced", "x SB3")))

@@ -59,9 +59,9 @@ class TrainConfig:
         default=False,
         metadata={
             "help": "recompute the critics' hidden activations during backward instead of keeping them (runs the "
-            "autograd backward): at 8 critic layers a quarter to a third less working memory at 0.73-0.87x the "
-            "speed; at 2 or 3 it saves little and sac-train warns (BENCHMARKS.md, 'Working memory and gradient "
-            "checkpointing')"
+            "autograd backward): measured a quarter to a third less working memory than autograd alone at 8 critic "
+            "layers, at 0.67-0.87x its speed; a tenth to a fifth at 2 layers, where sac-train warns; refused at 1 "
+            "(BENCHMARKS.md, 'Working memory and gradient checkpointing')"
         },
     )
     gamma: float = field(default=0.99, metadata={"help": "discount factor"})
@@ -124,3 +124,5 @@ def check_values(cfg: TrainConfig) -> None:
         problem = value_error(name, getattr(cfg, name))
         if problem:
             raise SacEdgeError(f"--{name.replace('_', '-')} {problem}")
+    if cfg.grad_checkpoint and cfg.critic_layers < 2:  # the first layer is never checkpointed
+        raise SacEdgeError("--grad-checkpoint has no layer to checkpoint with --critic-layers 1: drop it")

@@ -99,7 +99,7 @@ def test_the_backward_that_ran_is_saved_and_shallow_checkpointing_warned(
     args = ["--env", "Pendulum-v1", "--learning-starts", "40", "--hidden", "16,16", "--batch-size", "16"]
     assert main([*args, *extra, "--total-steps", "50", "--out", str(run), "--no-progress", "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert ("warning: --grad-checkpoint saves little at --critic-layers 2" in out) == warned
+    assert ("warning: --grad-checkpoint at --critic-layers 2 saves little" in out) == warned
     saved = json.loads((run / "config.json").read_text())
     assert saved["backward"] == saved["choices"]["backward"] == backward
     if extra:
@@ -110,4 +110,11 @@ def test_help_states_the_checkpointing_trade(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "0.73-0.87x the speed" in text and "BENCHMARKS.md" in text
+    assert "0.67-0.87x its speed" in text and "BENCHMARKS.md" in text
+
+
+def test_checkpointing_without_a_layer_to_checkpoint_is_refused(tmp_path: Path, capsys):
+    argv = ["--grad-checkpoint", "--critic-layers", "1", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert "--grad-checkpoint has no layer to checkpoint with --critic-layers 1" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
