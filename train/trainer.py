@@ -241,7 +241,7 @@ class Trainer:
             torch.tensor(self.spec.action_low, device=self.device),
             torch.tensor(self.spec.action_high, device=self.device),
         )
-        with torch_threads(1):  # batch-1 acting: threads only add barrier waits (BENCHMARKS.md, threads)
+        with torch_threads(1):  # batch-1 acting: too little work per op to share, only barriers to wait at
             returns = evaluate(policy, self.eval_env, self.cfg.eval_episodes, self.cfg.seed + EVAL_SEED_OFFSET)
         return float(np.mean(returns))
 
