@@ -8,7 +8,8 @@ parallel speed-up (1.3x on 2 quiet cores). So:
 
 1. ``usable_cpus``: the CPUs this process may run on (``sched_getaffinity``), capped by the cgroup's CPU
    quota (a container limited to 2 CPUs on a 64-core host), never the host's core count.
-2. ``probe_threads``: a short timing at start (well under a second): the run's own update on a throwaway
+2. ``probe_threads``: a short timing at start (no new round after ``PROBE_BUDGET_S``; a count at under half
+   the best is dropped after a round; 3.9-4.6 s measured beside heavy load): the run's own update on a throwaway
    learner, at 1, 2, 4, ... up to the usable CPUs, interleaved rounds, median per count; the fewest
    threads within ``TOLERANCE`` of the fastest wins (fewer threads hold up better when neighbours come).
 3. ``ThreadWatch``: during the run, windows of update time; when updates/s falls below ``COLLAPSE`` of the
