@@ -56,8 +56,9 @@ def sb3_process(env_id: str, steps: int, seed: int) -> dict[str, Any]:
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "wall_s": wall, "compile_s": None}
 
 
-def sb3_child(env_id: str, steps: int, seed: int) -> None:
-    """SB3 SAC ``learn`` (defaults, learning_starts as sac-train), timing its ``train`` calls."""
+def sb3_child(env_id: str, steps: int, seed: int, learning_starts: int = LEARNING_STARTS) -> None:
+    """SB3 SAC ``learn`` (defaults, learning_starts as sac-train), timing its ``train`` calls (also the SB3
+    process of ``bench/train_threads.py``)."""
     from stable_baselines3 import SAC
 
     from sac_edge.common.envs import make_env
@@ -71,14 +72,14 @@ def sb3_child(env_id: str, steps: int, seed: int) -> None:
             timed["update_s"] += time.perf_counter() - t0
             timed["updates"] += gradient_steps
 
-    model = TimedSAC("MlpPolicy", make_env(env_id), learning_starts=LEARNING_STARTS, seed=seed, device="cpu")
+    model = TimedSAC("MlpPolicy", make_env(env_id), learning_starts=learning_starts, seed=seed, device="cpu")
     model.learn(total_timesteps=steps)
     print(json.dumps(timed))
 
 
 def main() -> None:
-    if len(sys.argv) == 5 and sys.argv[1] == "--sb3-child":
-        sb3_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "--sb3-child":  # env steps seed [learning_starts]
+        sb3_child(sys.argv[2], *(int(a) for a in sys.argv[3:]))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default="Pendulum-v1")

@@ -13,6 +13,7 @@ allocator's peak on CUDA, a profiled update on a CPU, none for compiled CPU rows
     python bench/train_speed.py --variants eager,autograd,compile,bf16,bf16+compile   # every CPU path
     python bench/train_speed.py --device cuda --batch 256,1024 --variants eager,bf16,compile,graphs,compile+graphs
     python bench/train_speed.py --envs Pendulum-v1 --batch 1024 --variants eager,deep,deep+ckpt
+    python bench/train_speed.py --batch-table       # samples/s against batch 64..1024, per native precision
 
 Prints a table, then one JSON line.
 """
@@ -33,17 +34,21 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from sac_edge.common.envs import make_env
 from sac_edge.train.config import TrainConfig
+from sac_edge.train.defaults import cpu_bf16_flags
 from sac_edge.train.envs import policy_spec
 from sac_edge.train.memory import peak_bytes
+from sac_edge.train.precision import device_precision
 from sac_edge.train.sac import SAC
 
 FILL = 20_000
+BATCH_TABLE = "64,128,256,512,1024"
 # Named fast paths: TrainConfig overrides on top of the eager fp32 baseline.
 VARIANTS: dict[str, dict[str, Any]] = {
     "eager": {},
     "autograd": {"backward": "autograd"},
     "manual": {"backward": "manual"},
     "bf16": {"amp": "bf16"},
+    "fp16": {"amp": "fp16"},
     "bf16+compile": {"amp": "bf16", "compile": "on"},
     "compile": {"compile": "on"},
     "graphs": {"cuda_graphs": True},
@@ -51,6 +56,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "bf16+compile+graphs": {"amp": "bf16", "compile": "on", "cuda_graphs": True},
     # Deep critics (8 hidden layers), with and without gradient checkpointing (which needs autograd): the
     # time it costs and the activation memory it saves (the "upd MB" column).
+    "ckpt": {"grad_checkpoint": True},  # at the default 2 critic layers
     "deep": {"critic_layers": 8, "backward": "autograd"},
     "deep+ckpt": {"critic_layers": 8, "grad_checkpoint": True},
 }
@@ -132,6 +138,28 @@ def matmul_rate(device: str, dtype: torch.dtype = torch.float32, size: int = 256
     return 2 * size**3 / best / 1e9
 
 
+def native_precisions(device: str) -> list[str]:
+    """The variants of the precisions ``device`` multiplies natively: eager fp32, and bf16 (fp16 on a CUDA
+    device of compute capability 7.x) where it has the units."""
+    if device == "cuda":  # the --amp auto choice of this GPU (train/precision.py)
+        amp = device_precision(torch.device(device)).amp
+        return ["eager"] if amp == "off" else ["eager", amp]
+    return ["eager", "bf16"] if cpu_bf16_flags() else ["eager"]
+
+
+def print_batch_table(rows: list[dict[str, Any]]) -> None:
+    """Samples/s (batch x updates/s) per env, precision and batch, against batch 256 of the same precision."""
+    print("throughput against batch size (samples/s = batch x updates/s; x256: against batch 256, same precision)")
+    print(f"{'env':<16}{'precision':<26}{'batch':>6}{'ms/upd':>9}{'upd/s':>9}{'samples/s':>11}{'x256':>7}")
+    for r in rows:
+        ref = next((q for q in rows if q["env"] == r["env"] and q["impl"] == r["impl"] and q["batch"] == 256), None)
+        samples = r["batch"] * r["updates_per_s"]
+        r["samples_per_s"] = round(samples, 0)
+        x256 = "" if ref is None else f"{samples / (256 * ref['updates_per_s']):.2f}"
+        print(f"{r['env']:<16}{r['impl']:<26}{r['batch']:>6}{r['ms_per_update']:>9.2f}{r['updates_per_s']:>9.1f}"
+              f"{samples:>11.0f}{x256:>7}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default="Pendulum-v1,HalfCheetah-v5")
@@ -145,7 +173,15 @@ def main() -> None:
         help=f"comma list of {', '.join(VARIANTS)} (eager: the default path, which is --backward manual on a CPU)",
     )
     parser.add_argument("--no-sb3", action="store_true", help="skip the Stable-Baselines3 reference")
+    parser.add_argument(
+        "--batch-table",
+        action="store_true",
+        help=f"throughput against batch size: batches {BATCH_TABLE}, each precision this device multiplies "
+        "natively (fp32; bf16 on CUDA or a CPU with bf16 units), no SB3; adds a samples/s table",
+    )
     args = parser.parse_args()
+    if args.batch_table:
+        args.batch, args.no_sb3, args.variants = BATCH_TABLE, True, ",".join(native_precisions(args.device))
 
     rates = {"off": matmul_rate(args.device), "bf16": matmul_rate(args.device, torch.bfloat16)}
     rows = []
@@ -229,6 +265,8 @@ def main() -> None:
             f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<32}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
             f"{ratio:>7}{eager:>8}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}{mem:>8}"
         )
+    if args.batch_table:
+        print_batch_table(rows)
     print(
         json.dumps(
             {

@@ -5,7 +5,9 @@
 #      --cuda-graphs and their combination, 8-layer critics with and without --grad-checkpoint, with each
 #      update's peak GPU memory (bench/train_speed.py, GPU replay buffer);
 #   2. the same learning curve: a short seeded Pendulum-v1 run eager vs the fastest path;
-#   3. the gpu/tensorrt-marked tests.
+#   3. the gpu/tensorrt-marked tests;
+#   4. --amp auto's choice on this GPU (train/precision.py): fp16 + scaler on 7.x, bf16 from 8.0, TF32 for
+#      fp32 matmuls from 8.0, as the log line and config.json's choices state it.
 # Writes $OUT/gpu_check.txt (tables) and $OUT/gpu_check.jsonl (one JSON line per part). Budget: < 8 minutes.
 #
 # The device image has torch but not gymnasium/mujoco/SB3: run scripts/gpu_wheels.sh here first, which
@@ -45,4 +47,20 @@ for variant in "eager:" "fast:--amp bf16 --compile --cuda-graphs"; do
 done
 
 (cd "$SRC" && timeout 60 python3 -m pytest -q -m "gpu or tensorrt" tests 2>&1 | tail -n 15) >> "$OUT/gpu_check.txt"
+
+timeout 120 python3 -m sac_edge.train.cli --env Pendulum-v1 --total-steps 400 --learning-starts 200 --eval-every 0 \
+    --device cuda --out /tmp/gpu_amp --force --no-progress --json 2>/tmp/gpu_amp.log >/dev/null
+python3 - /tmp/gpu_amp.log /tmp/gpu_amp/config.json <<'PY' 2>&1 | tee -a "$OUT/gpu_check.txt" | tail -n 1 >> "$OUT/gpu_check.jsonl"
+import json, sys
+import torch
+log, config = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
+major, minor = torch.cuda.get_device_capability()
+want = "bf16" if major >= 8 else "fp16" if major == 7 else "off"
+line = next((l for l in log.splitlines() if "--amp auto ->" in l), "")
+got = config["choices"]["precision"]
+ok = got["amp"] == config["amp"] == want and got["tf32"] == (major >= 8) and torch.cuda.get_device_name() in line
+print(line)
+print(json.dumps({"check": "amp_auto", "device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}",
+                  "want": want, "got": got, "ok": ok}))
+PY
 cat "$OUT/gpu_check.txt"

@@ -45,7 +45,10 @@ class SweepConfig:
             "(s3://bucket/prefix?endpoint_override=HOST:PORT, gs://...); default: --out (enough on one machine)"
         },
     )
-    cpus: int = field(default=0, metadata={"help": "CPUs of the local Ray (0: this machine's cores)"})
+    cpus: int = field(
+        default=0,
+        metadata={"help": "CPUs of the local Ray (0: the CPUs this process may use, a cgroup quota included)"},
+    )
     out: str = field(default="sweeps/latest", metadata={"help": "sweep directory (trials/, summary.json, curves.png)"})
     resume: bool = field(
         default=False, metadata={"help": "continue the sweep in --out with its saved settings (Tune's restore)"}

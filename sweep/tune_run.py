@@ -32,6 +32,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.train.config import TrainConfig
+from sac_edge.train.threads import usable_cpus
 from sac_edge.train.trainer import Trainer
 
 from . import state
@@ -118,6 +119,7 @@ def _run_trial(
             base,
             **trial.point.values,
             seed=trial.seed,
+            threads=int(trial_resources(base)["cpu"]),  # its share of the node: no probe, no oversubscription
             out=str(run),
             resume=resume,
             force=not resume,
@@ -145,7 +147,8 @@ def _run_trial(
 
 
 def trial_resources(base: TrainConfig) -> dict[str, float]:
-    """CPUs per trial = ``--threads`` (0 means 1, so trials do not oversubscribe); one GPU with ``--device cuda``."""
+    """CPUs per trial = ``--threads`` (0 means 1, so trials do not oversubscribe: the trial runs with that many
+    threads, ``--threads 0``'s probe off); one GPU with ``--device cuda``."""
     return {"cpu": max(base.threads, 1), "gpu": 1 if base.device == "cuda" else 0}
 
 
@@ -258,7 +261,7 @@ def ray_session(address: str | None, cpus: int, resources: dict[str, float]) -> 
             stack.enter_context(_loopback_only())
             ray.init(
                 address="local",
-                num_cpus=cpus or os.cpu_count(),
+                num_cpus=cpus or usable_cpus().n,  # the CPUs this process may use, not the host's
                 include_dashboard=False,
                 log_to_driver=False,
                 configure_logging=False,

@@ -56,7 +56,15 @@ class TrainConfig:
     batch_size: int = field(default=256, metadata={"help": "minibatch size per update"})
     hidden: tuple[int, ...] = field(default=(256, 256), metadata={"help": "actor hidden layer widths"})
     critic_layers: int = field(default=2, metadata={"help": "hidden layers in each critic (width: last of --hidden)"})
-    grad_checkpoint: bool = field(default=False, metadata={"help": "gradient checkpointing in deep critics"})
+    grad_checkpoint: bool = field(
+        default=False,
+        metadata={
+            "help": "recompute the critics' hidden activations during backward instead of keeping them (runs the "
+            "autograd backward): measured a quarter to a third less working memory than autograd alone at 8 critic "
+            "layers, at 0.67-0.87x its speed; a tenth to a fifth at 2 layers, where sac-train warns; refused at 1 "
+            "(BENCHMARKS.md, 'Working memory and gradient checkpointing')"
+        },
+    )
     gamma: float = field(default=0.99, metadata={"help": "discount factor"})
     tau: float = field(default=0.005, metadata={"help": "soft target update rate"})
     actor_lr: float = field(default=3e-4, metadata={"help": "actor learning rate"})
@@ -70,7 +78,14 @@ class TrainConfig:
     eval_episodes: int = field(default=5, metadata={"help": "episodes per evaluation"})
     checkpoint_every: int = field(default=10_000, metadata={"help": "steps between checkpoints (0: only at end)"})
     calib_states: int = field(default=4096, metadata={"help": "observations saved to calib_states.npy"})
-    threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: all cores)"})
+    threads: int = field(
+        default=0,
+        metadata={
+            "help": "torch intra-op threads; 0 (auto): the fewest that run the update about as fast as any, "
+            "timed at start on the CPUs this process may use, and stepped down if updates/s collapses beside "
+            "busy neighbours (BENCHMARKS.md, 'Training: threads beside busy neighbours')"
+        },
+    )
     out: str = field(default="runs/latest", metadata={"help": "run directory"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its checkpoint"})
     force: bool = field(default=False, metadata={"help": "overwrite an existing run in --out"})
@@ -125,3 +140,5 @@ def check_values(cfg: TrainConfig) -> None:
         problem = value_error(name, getattr(cfg, name))
         if problem:
             raise SacEdgeError(f"--{name.replace('_', '-')} {problem}")
+    if cfg.grad_checkpoint and cfg.critic_layers < 2:  # the first layer is never checkpointed
+        raise SacEdgeError("--grad-checkpoint has no layer to checkpoint with --critic-layers 1: drop it")

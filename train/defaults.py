@@ -1,10 +1,12 @@
 """``--amp auto`` and ``--compile auto``: the fastest training path that learns the same, chosen per machine
 and run, and saved resolved in ``config.json`` (so ``--resume`` continues on exactly the same path).
 
-- ``--amp auto``: bf16 where the device multiplies bf16 natively (a CUDA device with bf16; a CPU with
-  AVX512-BF16 or AMX), fp32 elsewhere: without those units oneDNN emulates bf16 GEMMs in fp32, slower.
+- ``--amp auto``: on CUDA by compute capability (``train/precision.py``: fp16 with a scaler on 7.x, bf16
+  from 8.0, with TF32 for fp32 matmuls); on a CPU bf16 where it multiplies bf16 natively (AVX512-BF16 or
+  AMX), fp32 elsewhere: without those units oneDNN emulates bf16 GEMMs in fp32, slower.
   bf16 GEMM operands learn the same curves as fp32 (BENCHMARKS.md, learning
   curves).
+- ``--backward auto``: resolved too, so ``config.json`` says which backward ran.
 - ``--compile auto``: on when the run has enough updates to repay compiling them: from
   ``COMPILE_S / SAVED_S`` updates (the saving scaled linearly with the batch size). The two constants are
   defaults measured on the reference CPU (``bench/train_speed.py``; the figures and the resulting
@@ -18,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from . import compat
+from . import compat, precision
 from .config import TrainConfig
 
 #: Default seconds to compile the hand-written update (the reference CPU's measurement, BENCHMARKS.md).
@@ -33,10 +35,12 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
 
 
 class Resolved(NamedTuple):
-    """The config with ``auto`` replaced by the choice, and one log line per ``auto`` resolved, saying why."""
+    """The config with ``auto`` replaced by the choice, one log line per ``auto`` resolved (or warning), saying
+    why, and the choices for ``config.json``."""
 
     cfg: TrainConfig
     reasons: tuple[str, ...]
+    choices: dict[str, Any]
 
 
 def cpu_bf16_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
@@ -58,9 +62,8 @@ def resolve_amp(amp: str, device: torch.device) -> tuple[str, str]:
     if amp != "auto":
         return amp, ""
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return "bf16", "--amp auto -> bf16: this CUDA device computes in bf16"
-        return "off", "--amp auto -> off (fp32): this CUDA device has no bf16 support"
+        choice = precision.device_precision(device)
+        return choice.amp, choice.reason
     flags = cpu_bf16_flags()
     if flags:
         return "bf16", f"--amp auto -> bf16: this CPU has bf16 matrix instructions ({', '.join(flags)})"
@@ -100,12 +103,48 @@ def resolve_compile(cfg: TrainConfig, device: torch.device, manual: bool, step: 
     )
 
 
-def resolve_speed(cfg: TrainConfig, device: torch.device, step: int = 0) -> Resolved:
-    """Resolve ``--amp`` then ``--compile`` (which depends on the precision and the gradient path)."""
+def resolve_backward(cfg: TrainConfig, device: torch.device) -> tuple[str, str]:
+    """``--backward`` resolved to the path that runs, and why when ``auto`` leaves the CPU's fast manual path
+    for a flag that needs autograd (empty otherwise)."""
     from .sac import use_manual_backward  # the one rule for the gradient path
 
+    backward = "manual" if use_manual_backward(cfg, device) else "autograd"
+    if cfg.backward != "auto" or backward == "manual" or device.type != "cpu":
+        return backward, ""
+    why = "--grad-checkpoint" if cfg.grad_checkpoint else "--amp fp16"
+    return backward, f"--backward auto -> autograd: {why} needs it, slower than the manual backward on a CPU"
+
+
+#: Fewer critic layers than this: checkpointing saves less than from here on (BENCHMARKS.md, gradient
+#: checkpointing: 10-21% of an update's working memory at 2 layers, 23-33% at 8, against autograd alone).
+CHECKPOINT_PAYS_FROM = 4
+
+
+def checkpoint_warning(cfg: TrainConfig) -> str:
+    """One warning line when ``--grad-checkpoint`` is asked for critics too shallow for it to pay well."""
+    if not cfg.grad_checkpoint or cfg.critic_layers >= CHECKPOINT_PAYS_FROM:
+        return ""
+    return (
+        f"warning: --grad-checkpoint at --critic-layers {cfg.critic_layers} saves little: measured at 2 layers "
+        "10-21% less working memory than --backward autograd alone, at 0.86-0.99x its speed; most of the "
+        "saving over the manual backward comes from autograd itself (BENCHMARKS.md, gradient checkpointing)"
+    )
+
+
+def resolve_speed(cfg: TrainConfig, device: torch.device, step: int = 0) -> Resolved:
+    """Resolve ``--amp``, ``--backward`` then ``--compile`` (which depends on the precision and the gradient
+    path); the CUDA device's precision record goes into ``choices``."""
     amp, amp_reason = resolve_amp(cfg.amp, device)
+    reasons = [amp_reason]
+    choices: dict[str, Any] = {}
+    if device.type == "cuda":
+        cuda = precision.device_precision(device)
+        choices["precision"] = {**cuda.record, "amp": amp}
+        reasons.append(precision.explicit_amp_warning(cfg.amp, cuda) or "")
     cfg = dataclasses.replace(cfg, amp=amp)
-    compile_, compile_reason = resolve_compile(cfg, device, use_manual_backward(cfg, device), step)
-    reasons = tuple(r for r in (amp_reason, compile_reason) if r)
-    return Resolved(dataclasses.replace(cfg, compile=compile_), reasons)
+    backward, backward_reason = resolve_backward(cfg, device)
+    cfg = dataclasses.replace(cfg, backward=backward)
+    compile_, compile_reason = resolve_compile(cfg, device, backward == "manual", step)
+    reasons += [backward_reason, checkpoint_warning(cfg), compile_reason]
+    choices["backward"] = backward
+    return Resolved(dataclasses.replace(cfg, compile=compile_), tuple(r for r in reasons if r), choices)

@@ -10,6 +10,8 @@ capture what gymnasium keeps per env: the env's RNG, the TimeLimit step count an
 
 from __future__ import annotations
 
+import os
+import sys
 from functools import partial
 from typing import Any
 
@@ -28,8 +30,23 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync") -> gym.vecto
     make_env(env_id).close()  # one-line errors for bad ids/spaces before any worker process starts
     fns = [partial(make_env, env_id) for _ in range(num_envs)]
     if mode == "async":
-        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+        workers = [partial(_one_thread_env, env_id) for _ in range(num_envs)]
+        return gym.vector.AsyncVectorEnv(workers, autoreset_mode=AutoresetMode.SAME_STEP)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+#: The thread-pool variables of the math libraries an env may load (torch, MKL, OpenBLAS).
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def _one_thread_env(env_id: str) -> gym.Env:
+    """``make_env`` in an async worker process, with one intra-op thread for whatever math library the env
+    uses: K workers beside the learner's threads must not each start a pool the size of the machine."""
+    for var in THREAD_VARS:
+        os.environ[var] = "1"
+    if "torch" in sys.modules:  # a forked worker inherits the learner's pool size
+        sys.modules["torch"].set_num_threads(1)
+    return make_env(env_id)
 
 
 def policy_spec(env_id: str, env: gym.Env | gym.vector.VectorEnv, hidden: tuple[int, ...]) -> PolicySpec:

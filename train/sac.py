@@ -20,7 +20,7 @@ from torch import Tensor
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.spec import PolicySpec
 
-from . import compat
+from . import compat, precision
 from .buffer import ReplayBatch, ReplayBuffer
 from .config import TrainConfig
 from .manual_update import ManualUpdate
@@ -72,6 +72,8 @@ class SAC:
         self.cfg = cfg
         self.spec = spec
         self.device = device
+        if device.type == "cuda":  # fp32 matmuls on TF32 tensor cores from compute capability 8.0
+            precision.apply_tf32(precision.device_precision(device).tf32)
         torch.manual_seed(cfg.seed)
         self.actor = Actor(spec.obs_dim, spec.act_dim, cfg.hidden).to(device)
         self.critic = CriticEnsemble(

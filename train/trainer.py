@@ -38,6 +38,7 @@ from .evaluate import evaluate
 from .metrics import MetricsLog
 from .policies import InferencePolicy
 from .sac import SAC
+from .threads import ThreadWatch, choose_threads, torch_threads
 from .update_types import UpdateMetrics
 
 LOG_EVERY = 1000
@@ -124,16 +125,19 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         cfg, self.run = resolve_config(cfg)
         self.device = torch.device(cfg.device)
-        cfg, reasons = resolve_speed(cfg, self.device)  # on --resume the saved choices, already resolved
-        self.cfg = cfg
+        speed = resolve_speed(cfg, self.device)  # on --resume the saved choices, already resolved
+        self.cfg = cfg = speed.cfg
         assert cfg.env is not None
-        for reason in reasons:  # beside the summary line (stderr under --json, which owns stdout)
+        for reason in speed.reasons:  # beside the summary line (stderr under --json, which owns stdout)
             print(f"sac-train: {reason}", file=sys.stderr if cfg.json else sys.stdout)
-        if cfg.threads > 0:
-            torch.set_num_threads(cfg.threads)
         self.eval_env = make_env(cfg.env)  # fails fast with a one-line error on a bad id or space
         self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode)
         self.spec: PolicySpec = policy_spec(cfg.env, self.envs, cfg.hidden)
+        threads = choose_threads(cfg, self.spec, self.device)  # before the learner: the probe reseeds torch
+        if cfg.threads == 0 or "warning" in threads.reason:
+            print(f"sac-train: {threads.reason}", file=sys.stderr if cfg.json else sys.stdout)
+        self.thread_watch = ThreadWatch(threads.threads, threads.threads) if cfg.threads == 0 else None
+        self.choices = {**speed.choices, "threads": threads.record}
         if cfg.device == "cpu" and cfg.amp == "bf16" and not cpu_bf16_flags():
             print(
                 "sac-train: warning: this CPU has no bf16 matmul units (AVX512-BF16 or AMX), so --amp bf16 "
@@ -155,6 +159,7 @@ class Trainer:
             shutil.rmtree(self.run)
         self.run.mkdir(parents=True, exist_ok=True)
         ckpt_config = {**config_dict(cfg), "spec": self.spec.to_dict(), "versions": _versions()}
+        ckpt_config["choices"] = self.choices  # what auto chose on this machine, and why
         atomic_write_json(self.run / ckpt.CONFIG, ckpt_config)
         self.metrics = MetricsLog(self.run, resume_step)
         if not cfg.resume and self.cfg.normalize_obs:
@@ -243,7 +248,8 @@ class Trainer:
             torch.tensor(self.spec.action_low, device=self.device),
             torch.tensor(self.spec.action_high, device=self.device),
         )
-        returns = evaluate(policy, self.eval_env, self.cfg.eval_episodes, self.cfg.seed + EVAL_SEED_OFFSET)
+        with torch_threads(1):  # batch-1 acting: too little work per op to share, only barriers to wait at
+            returns = evaluate(policy, self.eval_env, self.cfg.eval_episodes, self.cfg.seed + EVAL_SEED_OFFSET)
         return float(np.mean(returns))
 
     def train(self) -> TrainSummary:
@@ -267,13 +273,15 @@ class Trainer:
                 before = self.step
                 self.collect()
                 if self.step >= cfg.learning_starts:
-                    t0 = time.perf_counter()
+                    warm, t0 = fast_ready, time.perf_counter()
                     for _ in range(cfg.num_envs * cfg.utd):
                         metrics = self.sac.step() if fast_ready else self._first_step()
                         fast_ready = True
                         finite &= metrics.finite
                     update_time += time.perf_counter() - t0
                     self.updates += cfg.num_envs * cfg.utd
+                    if warm:
+                        self._watch_threads(cfg.num_envs * cfg.utd, time.perf_counter() - t0)
                 bar.update(self.step - before)
                 last = self.step >= cfg.total_steps
                 do_eval = cfg.eval_every > 0 and (_crossed(before, self.step, cfg.eval_every) or last)
@@ -318,6 +326,11 @@ class Trainer:
                 file=sys.stderr if self.cfg.json else sys.stdout,
             )
         return metrics
+
+    def _watch_threads(self, updates: int, seconds: float) -> None:
+        """Under ``--threads 0``: feed the watch; a kept change of thread count is one log line."""
+        if self.thread_watch is not None and (line := self.thread_watch.observe(updates, seconds)):
+            print(f"sac-train: {line}", file=sys.stderr if self.cfg.json else sys.stdout, flush=True)
 
     def _row(self, metrics: Any, start: float, update_time: float, updates_at_start: int) -> dict[str, Any]:
         elapsed = time.perf_counter() - start

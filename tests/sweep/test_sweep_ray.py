@@ -18,7 +18,7 @@ from sac_edge.sweep.cli import main
 HERE = Path(__file__).resolve().parent
 TINY = [
     "--total-steps", "1000", "--learning-starts", "400", "--eval-every", "500", "--eval-episodes", "1",
-    "--hidden", "16,16", "--batch-size", "32", "--cpus", "2", "--threads", "1", "--json",
+    "--hidden", "16,16", "--batch-size", "32", "--cpus", "2", "--json",
 ]  # fmt: skip
 
 
@@ -45,6 +45,8 @@ def test_tiny_sweep_run_dirs_export_and_resume_reruns_nothing(
     for run in runs:  # ordinary run dirs: sac-train's files, the grid value in the saved config
         config = json.loads((run / "config.json").read_text())
         assert config["actor_lr"] == (1e-3 if "1e-3" in run.name else 3e-4) and config["seed"] == int(run.name[-1])
+        # --threads 0 (the default) runs each trial on its one-CPU share: no probe, no oversubscription
+        assert config["threads"] == 1 and config["choices"]["threads"]["mode"] == "forced"
         assert export_main([str(run), "--out", str(tmp_path / "bundles" / run.name)]) == 0
         assert (tmp_path / "bundles" / run.name / "policy.onnx").is_file()
     capsys.readouterr()

@@ -85,3 +85,36 @@ def test_a_run_saved_with_a_boolean_compile_resumes(tmp_path: Path):
     (run / "config.json").write_text(json.dumps({**config, "compile": False}))
     assert main(["--resume", "--total-steps", "70", "--out", str(run), "--no-progress"]) == 0
     assert json.loads((run / "config.json").read_text())["compile"] == "off"
+
+
+@pytest.mark.parametrize(("extra", "backward", "warned"), [
+    ([], "manual", False),
+    (["--grad-checkpoint"], "autograd", True),
+    (["--grad-checkpoint", "--critic-layers", "4"], "autograd", False),
+])  # fmt: skip
+def test_the_backward_that_ran_is_saved_and_shallow_checkpointing_warned(
+    tmp_path: Path, capsys, extra, backward, warned
+):
+    run = tmp_path / "run"
+    args = ["--env", "Pendulum-v1", "--learning-starts", "40", "--hidden", "16,16", "--batch-size", "16"]
+    assert main([*args, *extra, "--total-steps", "50", "--out", str(run), "--no-progress", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert ("warning: --grad-checkpoint at --critic-layers 2 saves little" in out) == warned
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["backward"] == saved["choices"]["backward"] == backward
+    if extra:
+        assert "--backward auto -> autograd: --grad-checkpoint needs it" in out
+
+
+def test_help_states_the_checkpointing_trade(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "0.67-0.87x its speed" in text and "BENCHMARKS.md" in text
+
+
+def test_checkpointing_without_a_layer_to_checkpoint_is_refused(tmp_path: Path, capsys):
+    argv = ["--grad-checkpoint", "--critic-layers", "1", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert "--grad-checkpoint has no layer to checkpoint with --critic-layers 1" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
