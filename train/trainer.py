@@ -262,7 +262,7 @@ class Trainer:
         self._finite = torch.ones((), dtype=torch.bool, device=self.device)
         self._fast_ready = False
         self.monitor = monitor = IntervalMonitor(self.device, self.step)
-        steps_at_start, updates_at_start = self.step, self.updates
+        uncounted, updates_at_start = self.step, self.updates  # steps out of the summary's rate (earlier sessions')
         loop_s = 0.0  # seconds of collecting and updating in this process (no evaluations, no checkpoints)
         metrics = None
         # Only on a terminal: a redirected log gets metrics.csv and the summary, not carriage-return noise.
@@ -281,8 +281,10 @@ class Trainer:
                 metrics = self._advance()[2] or metrics
                 loop_s += time.perf_counter() - t0
                 profiled = bool(cfg.profile) and self.updates - updates_at_start >= WARMUP_UPDATES
-                if profiled:
+                if profiled:  # its steps run under the profiler: out of the summary's rate
+                    profiled_from = self.step
                     metrics = self._profile() or metrics
+                    uncounted += self.step - profiled_from
                 bar.update(self.step - before)
                 last = self.step >= cfg.total_steps or profiled
                 do_eval = cfg.eval_every > 0 and (_crossed(before, self.step, cfg.eval_every) or last)
@@ -306,7 +308,7 @@ class Trainer:
             monitor.close()
             self.envs.close()
         monitor.timer.drain()
-        steps_per_s = (self.step - steps_at_start) / loop_s if loop_s > 0 else 0.0
+        steps_per_s = (self.step - uncounted) / loop_s if loop_s > 0 else 0.0
         peak_rss = monitor.memory.read()[1]
         costs = cost_fields(steps_per_s, self.wall_before + self._session_s(), cfg.price_per_hour)
         print(f"sac-train: {cost_line(costs, peak_rss)}", file=sys.stderr if cfg.json else sys.stdout)
