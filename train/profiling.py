@@ -60,11 +60,11 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ),
 )
 OTHER = "other"
-UNTRACED = "untraced (Python between ops)"
+UNTRACED = "untraced (Python between phases)"
 COLUMNS = [name for name, _ in CATEGORIES] + [OTHER]
 _PATTERNS = [(name, re.compile(pattern)) for name, pattern in CATEGORIES]
 
-_ranges_on = False
+_ranges_on = _nvtx_on = False
 _NULL = contextlib.nullcontext()
 
 
@@ -79,10 +79,10 @@ def category(name: str) -> str:
     return OTHER
 
 
-def enable_ranges(on: bool) -> None:
-    """Turn the phase ranges on (CUDA: always, for Nsight; CPU: while profiling) or off."""
-    global _ranges_on
-    _ranges_on = on
+def enable_ranges(on: bool, nvtx: bool = False) -> None:
+    """Turn the phase ranges on (CUDA: always, for Nsight, with ``nvtx``; CPU: while profiling) or off."""
+    global _ranges_on, _nvtx_on
+    _ranges_on, _nvtx_on = on, on and nvtx
 
 
 def phase(name: str) -> contextlib.AbstractContextManager[Any]:
@@ -115,7 +115,7 @@ class _Range:
     def __init__(self, name: str) -> None:
         self.name = name
         self.fn = torch.profiler.record_function(PREFIX + name)
-        self.nvtx = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.nvtx = _nvtx_on
 
     def __enter__(self) -> None:
         self.fn.__enter__()
@@ -155,14 +155,15 @@ class ProfileSession:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        enable_ranges(True)
+        cuda = self.device.type == "cuda"
+        enable_ranges(True, nvtx=cuda)
         try:
             with self.prof:
                 yield
-                if self.device.type == "cuda":
+                if cuda:
                     torch.cuda.synchronize(self.device)
         finally:
-            enable_ranges(self.device.type == "cuda")
+            enable_ranges(cuda, nvtx=cuda)
 
     def add(self, collect_s: float, update_s: float, updates: int) -> None:
         self.collect_s += collect_s
@@ -171,45 +172,66 @@ class ProfileSession:
         self.updates += updates
 
     def breakdown(self) -> dict[str, Any]:
-        """Host (and on CUDA device) milliseconds per update by category, over the update ranges."""
-        host = dict.fromkeys(COLUMNS, 0.0)
+        """Milliseconds per update by category over the update ranges: ``op_ms`` the ops' own time,
+        ``host_ms`` that plus the Python call before each op (argument parsing, the binding), which ends
+        where the op starts; what is left between phases is ``untraced_ms``. On CUDA ``device_ms`` adds the
+        kernels' time by the category of the op that launched them."""
+        ops = dict.fromkeys(COLUMNS, 0.0)
+        calls = dict.fromkeys(COLUMNS, 0.0)
         device = dict.fromkeys(COLUMNS, 0.0)
         untraced = 0.0
         for event in self.prof.events():
             if not _inside_update(event):
                 continue
-            self_us = event.self_cpu_time_total
             if event.name.startswith(PREFIX):
-                untraced += self_us
+                untraced += _book_gaps(event, calls)
                 continue
             cat = category(event.name)
-            host[cat] += self_us
+            ops[cat] += event.self_cpu_time_total
             for kernel in getattr(event, "kernels", []):
                 device[category(kernel.name) if "memcpy" in kernel.name.lower() else cat] += kernel.duration
         n = max(self.updates, 1)
         update_ms = self.update_s * 1000.0 / n
+        per_update = 1000.0 * n  # microseconds in total -> milliseconds per update
         result: dict[str, Any] = {
             "updates": self.updates,
             "steps": self.steps,
             "collect_ms_per_step": self.collect_s * 1000.0 / max(self.steps, 1),
             "update_ms": update_ms,
             "collect_share": self.collect_s / max(self.collect_s + self.update_s, 1e-12),
-            "host_ms": {k: v / 1000.0 / n for k, v in host.items()},
-            "untraced_ms": untraced / 1000.0 / n,
+            "host_ms": {k: (ops[k] + calls[k]) / per_update for k in COLUMNS},
+            "op_ms": {k: ops[k] / per_update for k in COLUMNS},
+            "untraced_ms": untraced / per_update,
         }
         if self.device.type == "cuda":
-            result["device_ms"] = {k: v / 1000.0 / n for k, v in device.items()}
-        result["coverage"] = sum(result["host_ms"].values()) / update_ms if update_ms > 0 else 0.0
+            result["device_ms"] = {k: v / per_update for k, v in device.items()}
+        covered = sum(result["host_ms"].values())
+        result["coverage"] = covered / update_ms if update_ms > 0 else 0.0
+        result["op_coverage"] = sum(result["op_ms"].values()) / update_ms if update_ms > 0 else 0.0
         return result
 
-    def write(self, run: Path) -> Path:
-        """``RUN/profile/``: the trace and ``breakdown.json``; returns the directory."""
+    def write(self, run: Path, result: dict[str, Any]) -> Path:
+        """``RUN/profile/``: the trace and ``breakdown.json`` (``result``); returns the directory."""
         out = run / PROFILE_DIR
         out.mkdir(exist_ok=True)
         with atomic_path(out / TRACE) as tmp:
             self.prof.export_chrome_trace(str(tmp))
-        atomic_write_json(out / BREAKDOWN, self.breakdown())
+        atomic_write_json(out / BREAKDOWN, result)
         return out
+
+
+def _book_gaps(phase_event: Any, calls: dict[str, float]) -> float:
+    """Charge each gap inside a phase range to the op that ends it (its Python call) in ``calls``; return
+    the microseconds before the phase's nested ranges and after its last child (Python between phases)."""
+    rest, previous = 0.0, phase_event.time_range.start
+    for child in sorted(phase_event.cpu_children, key=lambda e: e.time_range.start):
+        gap = max(child.time_range.start - previous, 0)
+        if child.name.startswith(PREFIX):
+            rest += gap
+        else:
+            calls[category(child.name)] += gap
+        previous = max(previous, child.time_range.end)
+    return rest + max(phase_event.time_range.end - previous, 0)
 
 
 def _inside_update(event: Any) -> bool:
@@ -228,18 +250,19 @@ def table(result: dict[str, Any]) -> str:
     rows = []
     for cat in COLUMNS:
         ms = result["host_ms"][cat]
-        row: list[Any] = [cat, round(ms, 4), f"{100 * ms / total:.1f}%"]
+        row: list[Any] = [cat, round(ms, 4), f"{100 * ms / total:.1f}%", round(result["op_ms"][cat], 4)]
         if cuda:
             row.append(round(result["device_ms"][cat], 4))
         rows.append(row)
     untraced = result["untraced_ms"]
-    rows.append([UNTRACED, round(untraced, 4), f"{100 * untraced / total:.1f}%"] + (["-"] if cuda else []))
-    header = ["category", "ms/update", "% of update"] + (["GPU ms/update"] if cuda else [])
+    rows.append([UNTRACED, round(untraced, 4), f"{100 * untraced / total:.1f}%", "-"] + (["-"] if cuda else []))
+    header = ["category", "ms/update", "% of update", "in the op"] + (["GPU ms/update"] if cuda else [])
     share = result["collect_share"]
     return "\n".join(
         [
             format_table(rows, header),
-            f"categories cover {100 * result['coverage']:.1f}% of the update's wall time "
+            f"categories cover {100 * result['coverage']:.1f}% of the update's wall time, the ops alone "
+            f"{100 * result['op_coverage']:.1f}% (the rest of a row is its Python call) "
             f"({result['update_ms']:.3f} ms per update over {result['updates']} updates)",
             f"collection {result['collect_ms_per_step']:.3f} ms per env step ({100 * share:.1f}% of the profiled "
             f"time), updates {100 * (1 - share):.1f}%",
@@ -249,8 +272,9 @@ def table(result: dict[str, Any]) -> str:
 
 def report(session: ProfileSession, run: Path, to_stderr: bool) -> None:
     """Write the trace and the breakdown under ``RUN/profile`` and print the table."""
-    out = session.write(run)
-    print(table(session.breakdown()), file=sys.stderr if to_stderr else sys.stdout)
+    result = session.breakdown()
+    out = session.write(run, result)
+    print(table(result), file=sys.stderr if to_stderr else sys.stdout)
     print(
         f"sac-train: profile in {out / TRACE} (open in ui.perfetto.dev, or `tensorboard --logdir {out}` with "
         "torch-tb-profiler); the run stops here and continues with --resume",

@@ -158,7 +158,7 @@ class Trainer:
         self.obs = np.asarray(obs, dtype=np.float32)
         resume_step = self._load() if cfg.resume else None
         check_fits(cfg, self.step)
-        enable_ranges(self.device.type == "cuda")  # NVTX for Nsight Systems
+        enable_ranges(self.device.type == "cuda", nvtx=True)  # NVTX for Nsight Systems (nsys profile sac-train)
         if not cfg.resume and cfg.force and self.run.exists():
             shutil.rmtree(self.run)
         self.run.mkdir(parents=True, exist_ok=True)

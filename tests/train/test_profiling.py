@@ -50,6 +50,7 @@ def test_profile_prints_the_breakdown_and_stops_resumably(tmp_path, capsys, back
     result = json.loads((run / PROFILE_DIR / BREAKDOWN).read_text())
     assert result["updates"] == 20 and set(result["host_ms"]) == set(COLUMNS)
     assert result["coverage"] >= 0.9, result  # the bar: categories explain the update's time
+    assert 0 < result["op_coverage"] <= result["coverage"] and set(result["op_ms"]) == set(COLUMNS)
     assert result["host_ms"]["matmul"] > 0 and result["host_ms"]["optimiser"] > 0
     assert 0 < result["collect_share"] < 1
     trace = json.loads((run / PROFILE_DIR / TRACE).read_text())
