@@ -84,8 +84,9 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def _time_entry(rows: list[dict[str, Any]], price_per_hour: float) -> dict[str, Any]:
-    """A config's clock: median seconds (and dollars) per run over its seeds, and time to the target."""
-    wall = _median([r["wall_s"] for r in rows])
+    """A config's clock: median seconds (and dollars) per run over its completed seeds (a stopped or
+    interrupted run's time is not a run's), and time to the target over every seed that reached it."""
+    wall = _median([r["wall_s"] for r in rows if r["status"] == "completed"])
     return {
         "wall_s": wall,
         "cost_usd": dollars(wall, price_per_hour),
