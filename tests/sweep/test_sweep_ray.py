@@ -30,7 +30,7 @@ def test_tiny_sweep_run_dirs_export_and_resume_reruns_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "sweep"
-    cost = ["--target-return", "-1e9", "--price-per-hour", "3.6"]  # a target every evaluation reaches
+    cost = ["--target-return", "-1000000000", "--price-per-hour", "3.6"]  # a target every evaluation reaches
     assert main(["--out", str(out), "--seeds", "2", "--grid", "actor_lr=1e-3,3e-4", *cost, *TINY]) == 0
     result = _last_json(capsys)
     for c in result["configs"]:  # each trial's clock, read from its run dir
