@@ -321,7 +321,7 @@ class Trainer:
             self.last_eval,
             time.perf_counter() - start,
             self.compile_s,
-            round(steps_per_s, 1),
+            steps_per_s,
             costs["hours_per_million_steps"],
             round(peak_rss, 1),
             round(monitor.cuda_peak_allocated, 1) if self.device.type == "cuda" else None,
