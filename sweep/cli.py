@@ -193,6 +193,8 @@ def _main(argv: Sequence[str] | None) -> int:
     summary = summarize(
         outcomes,
         train.total_steps,
+        target_return=sweep.target_return,
+        price_per_hour=train.price_per_hour,
         engine="ray",
         ray_version=ray.__version__,
         env=train.env,

@@ -55,3 +55,7 @@ class SweepConfig:
     )
     force: bool = field(default=False, metadata={"help": "replace an existing sweep in --out"})
     json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})
+    target_return: float | None = field(
+        default=None,
+        metadata={"help": "evaluation return to reach: the table and summary.json add each config's seconds to it"},
+    )

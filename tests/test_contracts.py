@@ -4,6 +4,7 @@ everything documented is produced (a few entries only appear with hardware or fl
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import subprocess
@@ -24,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: documented, but produced only with a GPU (engines) or a flag this run does not give
 NEEDS_TENSORRT = {"policy.<precision>.plan"}
 NEEDS_FINETUNE = {"finetune"}
+NEEDS_PROFILE = {"profile"}
+#: metrics.csv columns a CPU run without NVML leaves empty in every row
+NEEDS_CUDA = {"cuda_max_allocated_mb", "cuda_max_reserved_mb", "gpu_util_pct", "gpu_power_w"}
 
 
 def _json(cmd: list[str], tmp_path: Path) -> dict:
@@ -60,6 +64,25 @@ def test_run_config_keys_documented() -> None:
     _config_documented(config_dict(RunConfig(bundle="b")), "sac-edge run config")
 
 
+def test_metrics_columns_documented() -> None:
+    from sac_edge.train.metrics import COLUMNS
+
+    _both_ways(set(COLUMNS), "metrics.csv")
+
+
+def _metrics_keep_the_contract(run: Path) -> None:
+    """The header is the documented columns; every column the run can measure here is filled in some row
+    (and the monitoring ones in every row), and the CUDA/NVML ones stay empty on a CPU."""
+    with open(run / "metrics.csv", newline="") as fh:
+        reader = csv.DictReader(fh)
+        _both_ways(set(reader.fieldnames or ()), "metrics.csv")
+        rows = list(reader)
+    filled = {k for row in rows for k, v in row.items() if v != ""}
+    assert filled == documented("metrics.csv") - NEEDS_CUDA, "metrics.csv columns measured on a CPU"
+    for column in ("steps_per_s", "rss_mb", "peak_rss_mb", "cpu_util_pct", "eta_s", "wall_s"):
+        assert all(float(row[column]) >= 0 for row in rows), column
+
+
 def test_sweep_json_keys_documented() -> None:
     _both_ways(set(JSON_KEYS), "sac-sweep --json")
 
@@ -73,7 +96,8 @@ def test_train_export_run_bench_doctor_keep_the_contracts(tmp_path: Path) -> Non
         "--no-progress", "--out", str(run), "--json",
     ], tmp_path)  # fmt: skip
     _both_ways(set(train), "sac-train --json")
-    _both_ways({p.name for p in run.iterdir()}, "Run dir")
+    _both_ways({p.name for p in run.iterdir()}, "Run dir", NEEDS_PROFILE)
+    _metrics_keep_the_contract(run)
 
     subprocess.run([str(BIN / "sac-edge"), "keygen", str(key)], check=True, capture_output=True, timeout=60)
     export = _json([

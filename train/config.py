@@ -91,6 +91,26 @@ class TrainConfig:
     force: bool = field(default=False, metadata={"help": "overwrite an existing run in --out"})
     progress: bool = field(default=True, metadata={"help": "tqdm progress bar on stderr (on a terminal)"})
     json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})
+    # What a run reports about its own speed, memory and cost (train/monitor.py, profiling.py, cost.py).
+    log_every: int = field(
+        default=1000,
+        metadata={
+            "help": "env steps between metrics.csv / TensorBoard rows, each with its interval's rates, ms per "
+            "update, memory and utilisation (0: rows only at evaluations and the end)"
+        },
+    )
+    profile: int = field(
+        default=0,
+        metadata={
+            "help": "profile N updates after a warm-up (bare --profile: 200) under torch.profiler: prints where "
+            "an update's time goes by op category, writes RUN/profile/ (Perfetto / TensorBoard trace), then "
+            "stops the run (continue it with --resume); 0: off",
+            "const": 200,
+        },
+    )
+    price_per_hour: float = field(
+        default=0.0, metadata={"help": "the machine's price in $/h: the summary adds $ per run and per million steps"}
+    )
 
     @property
     def critic_hidden(self) -> tuple[int, ...]:
@@ -102,7 +122,8 @@ POSITIVE = ("actor_lr", "critic_lr", "alpha_lr", "init_alpha")
 FRACTIONS = ("gamma", "tau")
 #: Counts that must be at least 1, and those that may also be 0 (off, or all).
 AT_LEAST_ONE = ("total_steps", "num_envs", "batch_size", "buffer_size", "critic_layers", "utd", "eval_episodes")
-NOT_NEGATIVE = ("seed", "learning_starts", "eval_every", "checkpoint_every", "calib_states", "threads")
+NOT_NEGATIVE: tuple[str, ...] = ("seed", "learning_starts", "eval_every", "checkpoint_every", "calib_states", "threads")
+NOT_NEGATIVE += ("log_every", "profile")
 #: Upper bounds on sizes that are allocated or started up front: past them a run failed after minutes (an
 #: allocation of the replay buffer or a batch), never started (100000 envs, 100000 critic layers) or crashed
 #: (100000 torch threads); they are far above what a run needs. ``threads``: the CPUs this process may use.
@@ -128,6 +149,8 @@ def value_error(name: str, value: Any) -> str | None:
         return f"must be at least 1, got {value}"
     if name in NOT_NEGATIVE and not (isinstance(value, int) and value >= 0):
         return f"must be 0 or more, got {value}"
+    if name == "price_per_hour" and not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+        return f"must be a price of 0 or more, got {value}"
     most = usable_cpus() if name == "threads" else AT_MOST.get(name)
     if most is not None and value > most:
         return f"must be at most {most}{' (the CPUs this process may use)' if name == 'threads' else ''}, got {value}"
@@ -136,7 +159,7 @@ def value_error(name: str, value: Any) -> str | None:
 
 def check_values(cfg: TrainConfig) -> None:
     """One-line ``SacEdgeError`` for the first setting of ``cfg`` ``value_error`` refuses."""
-    for name in (*POSITIVE, *FRACTIONS, *AT_LEAST_ONE, *NOT_NEGATIVE):
+    for name in (*POSITIVE, *FRACTIONS, *AT_LEAST_ONE, *NOT_NEGATIVE, "price_per_hour"):
         problem = value_error(name, getattr(cfg, name))
         if problem:
             raise SacEdgeError(f"--{name.replace('_', '-')} {problem}")

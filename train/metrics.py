@@ -17,11 +17,24 @@ COLUMNS = (
     "alpha",
     "steps_per_s",
     "updates_per_s",
+    # The interval's cost (train/monitor.py); empty where this machine cannot measure it.
+    "update_ms_p50",
+    "update_ms_p99",
+    "rss_mb",
+    "peak_rss_mb",
+    "cpu_util_pct",
+    "cuda_max_allocated_mb",
+    "cuda_max_reserved_mb",
+    "gpu_util_pct",
+    "gpu_power_w",
+    "eta_s",
+    "wall_s",
 )
 
 
 class MetricsLog:
-    """Appends one CSV row per log event; on resume, rows after the resumed step are dropped first."""
+    """Appends one CSV row per log event (every ``--log-every`` steps, each evaluation, the end); on resume,
+    rows after the resumed step are dropped first."""
 
     def __init__(self, run_dir: Path, resume_step: int | None) -> None:
         self.path = run_dir / "metrics.csv"

@@ -25,6 +25,7 @@ from .buffer import ReplayBatch, ReplayBuffer
 from .config import TrainConfig
 from .manual_update import ManualUpdate
 from .policies import OBS_CLIP, Actor, CriticEnsemble, ObsNormalizer
+from .profiling import phase
 from .update_types import UpdateMetrics
 
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -145,31 +146,35 @@ class SAC:
         alpha = self.log_alpha.detach().exp()
 
         # Critic: soft Bellman target from the target critics (min of the twins), entropy bonus included.
-        with torch.no_grad(), self._autocast():
-            next_action, next_log_prob = self.actor.sample(next_obs, self.noise(obs.shape[0]))
-            next_q = self.critic_target(next_obs, next_action).float().min(0).values - alpha * next_log_prob
-            target_q = batch.rewards + cfg.gamma * (1.0 - batch.dones) * next_q
-        with self._autocast():
-            q = self.critic(obs, batch.actions).float()
-        critic_loss = 0.5 * (q - target_q).square().mean(1).sum()
-        self.critic_opt.zero_grad(set_to_none=not cfg.cuda_graphs)
-        self.scaler.scale(critic_loss).backward()
-        self.scaler.step(self.critic_opt)
+        with phase("critic"):
+            with torch.no_grad(), self._autocast():
+                next_action, next_log_prob = self.actor.sample(next_obs, self.noise(obs.shape[0]))
+                next_q = self.critic_target(next_obs, next_action).float().min(0).values - alpha * next_log_prob
+                target_q = batch.rewards + cfg.gamma * (1.0 - batch.dones) * next_q
+            with self._autocast():
+                q = self.critic(obs, batch.actions).float()
+            critic_loss = 0.5 * (q - target_q).square().mean(1).sum()
+            self.critic_opt.zero_grad(set_to_none=not cfg.cuda_graphs)
+            self.scaler.scale(critic_loss).backward()
+            self.scaler.step(self.critic_opt)
 
         # Actor: maximise min-Q minus alpha * log-prob; critic weights detached (no weight-grad GEMMs).
-        with self._autocast():
+        with phase("actor"), self._autocast():
             action, log_prob = self.actor.sample(obs, self.noise(obs.shape[0]))
             q_pi = self.critic(obs, action, detach_params=True).float().min(0).values
         actor_loss = (alpha * log_prob - q_pi).mean()
-        # Temperature: drive the policy entropy towards -act_dim (fp32), stepped with the actor.
-        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
-        self.actor_opt.zero_grad(set_to_none=not cfg.cuda_graphs)
-        self.scaler.scale(actor_loss + alpha_loss if cfg.autotune else actor_loss).backward()
-        self.scaler.step(self.actor_opt)
-        self.scaler.update()
+        # Temperature: drive the policy entropy towards -act_dim (fp32), stepped with the actor (its range
+        # holds the loss; the shared backward and Adam step are the actor's).
+        with phase("alpha"):
+            alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        with phase("actor"):
+            self.actor_opt.zero_grad(set_to_none=not cfg.cuda_graphs)
+            self.scaler.scale(actor_loss + alpha_loss if cfg.autotune else actor_loss).backward()
+            self.scaler.step(self.actor_opt)
+            self.scaler.update()
 
         # Targets: Polyak averaging in one fused foreach kernel.
-        with torch.no_grad():
+        with phase("target"), torch.no_grad():
             torch._foreach_lerp_(self.target_params, self.critic_params, cfg.tau)
 
         finite = torch.isfinite(critic_loss) & torch.isfinite(actor_loss)
@@ -177,10 +182,13 @@ class SAC:
 
     def train_step(self) -> UpdateMetrics:
         """Sample a minibatch on the device and update (the compiled / captured unit)."""
-        rows = self.buffer.sample_rows(self.cfg.batch_size, self.generator)
+        with phase("sample"):
+            rows = self.buffer.sample_rows(self.cfg.batch_size, self.generator)
         if self._manual is not None:
             return self._manual.step(rows)  # gathers the minibatch inside its compiled graph
-        return self.autograd_update(self.buffer.gather(rows))
+        with phase("sample"):
+            batch = self.buffer.gather(rows)
+        return self.autograd_update(batch)
 
     def prepare_fast_path(self) -> None:
         """Apply ``--compile`` and/or ``--cuda-graphs``; call once the buffer holds data."""

@@ -32,16 +32,19 @@ from sac_edge.common.spec import PolicySpec
 
 from . import checkpoint as ckpt
 from .config import TrainConfig, check_values
+from .cost import cost_fields, cost_line, eta_s
 from .defaults import cpu_bf16_flags, resolve_speed
 from .envs import env_state, make_vector_env, policy_spec, restore_env_state
 from .evaluate import evaluate
 from .metrics import MetricsLog
+from .monitor import IntervalMonitor
 from .policies import InferencePolicy
+from .profiling import WARMUP_UPDATES, ProfileSession, check_fits, enable_ranges, phase
+from .profiling import report as profile_report
 from .sac import SAC
 from .threads import ThreadWatch, choose_threads, torch_threads
 from .update_types import UpdateMetrics
 
-LOG_EVERY = 1000
 EVAL_SEED_OFFSET = 10_000
 RECENT_EPISODES = 10
 
@@ -57,6 +60,15 @@ class TrainSummary(NamedTuple):
     final_eval_return: float | None
     wall_s: float
     compile_s: float | None  # the first (compiling) update under --compile on; None otherwise
+    # Speed, memory and cost (train/cost.py): this process's rate, the whole run's time (resumes included).
+    steps_per_s: float
+    hours_per_million_steps: float | None
+    peak_rss_mb: float
+    cuda_peak_allocated_mb: float | None
+    run_wall_s: float
+    price_per_hour: float | None
+    cost_usd: float | None
+    usd_per_million_steps: float | None
 
 
 def _versions() -> dict[str, str]:
@@ -102,7 +114,7 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
             raise SacEdgeError(f"{run}: no {ckpt.CHECKPOINT} to resume from; train without --resume")
         if isinstance(saved_cfg.get("compile"), bool):  # runs saved before --compile auto
             saved_cfg["compile"] = "on" if saved_cfg["compile"] else "off"
-        keep = {"total_steps", "progress", "json", "resume", "out", "threads"}
+        keep = {"total_steps", "progress", "json", "resume", "out", "threads", "log_every", "profile", "price_per_hour"}
         resumed = dataclasses.replace(cfg, **{k: v for k, v in saved_cfg.items() if k not in keep})
         try:  # a saved value of the wrong type failed deep in torch after the envs and networks were built
             check_fields(resumed)
@@ -152,9 +164,12 @@ class Trainer:
         self.last_eval: float | None = None
         self.last_good_step: int | None = None
         self.compile_s: float | None = None
+        self.wall_before = 0.0  # the run's seconds before this process (up to the checkpoint resumed)
         obs, _ = self.envs.reset(seed=cfg.seed)
         self.obs = np.asarray(obs, dtype=np.float32)
         resume_step = self._load() if cfg.resume else None
+        check_fits(cfg, self.step)
+        enable_ranges(self.device.type == "cuda", nvtx=True)  # NVTX for Nsight Systems (nsys profile sac-train)
         if not cfg.resume and cfg.force and self.run.exists():
             shutil.rmtree(self.run)
         self.run.mkdir(parents=True, exist_ok=True)
@@ -177,6 +192,7 @@ class Trainer:
             "numpy_rng": self.np_rng.bit_generator.state,
             "env_state": env_state(self.envs),
             "obs": self.obs.tolist(),
+            "wall_s": self.wall_before + self._session_s(),
         }
 
     def save(self) -> None:
@@ -204,6 +220,7 @@ class Trainer:
         self.step, self.updates, self.episodes = state["step"], state["updates"], state["episodes"]
         self.ep_returns = np.asarray(state["episode_returns"], dtype=np.float64)
         self.recent, self.last_eval = list(state["recent_returns"]), state["last_eval"]
+        self.wall_before = float(state.get("wall_s", 0.0))
         self.np_rng.bit_generator.state = state["numpy_rng"]
         if state["env_state"] is None or not restore_env_state(self.envs, state["env_state"]):
             print("sac-train: warning: env state not restorable (async envs); episodes restart", file=sys.stderr)
@@ -254,11 +271,13 @@ class Trainer:
 
     def train(self) -> TrainSummary:
         cfg = self.cfg
-        start = time.perf_counter()
-        updates_at_start, update_time = self.updates, 0.0
-        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        self._start = start = time.perf_counter()
+        self._finite = torch.ones((), dtype=torch.bool, device=self.device)
+        self._fast_ready = False
+        self.monitor = monitor = IntervalMonitor(self.device, self.step)
+        uncounted, updates_at_start = self.step, self.updates  # steps out of the summary's rate (earlier sessions')
+        loop_s = 0.0  # seconds of collecting and updating in this process (no evaluations, no checkpoints)
         metrics = None
-        fast_ready = False
         # Only on a terminal: a redirected log gets metrics.csv and the summary, not carriage-return noise.
         bar = tqdm(
             total=cfg.total_steps,
@@ -271,47 +290,98 @@ class Trainer:
         try:
             while self.step < cfg.total_steps:
                 before = self.step
-                self.collect()
-                if self.step >= cfg.learning_starts:
-                    warm, t0 = fast_ready, time.perf_counter()
-                    for _ in range(cfg.num_envs * cfg.utd):
-                        metrics = self.sac.step() if fast_ready else self._first_step()
-                        fast_ready = True
-                        finite &= metrics.finite
-                    update_time += time.perf_counter() - t0
-                    self.updates += cfg.num_envs * cfg.utd
-                    if warm:
-                        self._watch_threads(cfg.num_envs * cfg.utd, time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                metrics = self._advance()[2] or metrics
+                loop_s += time.perf_counter() - t0
+                profiled = bool(cfg.profile) and self.updates - updates_at_start >= WARMUP_UPDATES
+                if profiled:  # its steps run under the profiler: out of the summary's rate
+                    profiled_from = self.step
+                    metrics = self._profile() or metrics
+                    uncounted += self.step - profiled_from
                 bar.update(self.step - before)
-                last = self.step >= cfg.total_steps
+                last = self.step >= cfg.total_steps or profiled
                 do_eval = cfg.eval_every > 0 and (_crossed(before, self.step, cfg.eval_every) or last)
-                if do_eval or last or _crossed(before, self.step, LOG_EVERY):
-                    self._check_finite(finite)
-                    row = self._row(metrics, start, update_time, updates_at_start)
+                if do_eval or last or _crossed(before, self.step, cfg.log_every):
+                    self._check_finite(self._finite)
+                    row = self._row(metrics)
                     if do_eval:
                         self.last_eval = row["eval_return"] = self._evaluate()
                     self.metrics.log(row)
-                    bar.set_postfix(ret=row["train_return"], ups=f"{row['updates_per_s']:.0f}", refresh=False)
+                    bar.set_postfix(ret=row["train_return"], ups=f"{row['updates_per_s'] or 0:.0f}", refresh=False)
                 if cfg.checkpoint_every and _crossed(before, self.step, cfg.checkpoint_every):
-                    self._check_finite(finite)
+                    self._check_finite(self._finite)
                     self.save()
-            self._check_finite(finite)
+                if profiled:
+                    break
+            self._check_finite(self._finite)
             self.save()
         finally:
             bar.close()
             self.metrics.close()
+            monitor.close()
             self.envs.close()
-        ups = _rate(self.updates - updates_at_start, update_time)
+        monitor.timer.drain()
+        steps_per_s = (self.step - uncounted) / loop_s if loop_s > 0 else 0.0
+        peak_rss = monitor.memory.read()[1]
+        costs = cost_fields(steps_per_s, self.wall_before + self._session_s(), cfg.price_per_hour)
+        print(f"sac-train: {cost_line(costs, peak_rss)}", file=sys.stderr if cfg.json else sys.stdout)
         return TrainSummary(
             str(self.run),
             self.step,
             self.updates,
             self.episodes,
-            ups,
+            _rate(monitor.timer.total_updates, monitor.timer.total_s),
             self.last_eval,
             time.perf_counter() - start,
             self.compile_s,
+            steps_per_s,
+            costs["hours_per_million_steps"],
+            round(peak_rss, 1),
+            round(monitor.cuda_peak_allocated, 1) if self.device.type == "cuda" else None,
+            round(self.wall_before + self._session_s(), 1),
+            costs["price_per_hour"],
+            costs["cost_usd"],
+            costs["usd_per_million_steps"],
         )
+
+    def _advance(self) -> tuple[float, float, UpdateMetrics | None]:
+        """One vector step of collection and the updates it earns (none before --learning-starts): the
+        seconds of each, and the last update's metrics."""
+        cfg, timer = self.cfg, self.monitor.timer
+        t0 = time.perf_counter()
+        with phase("collect"):
+            self.collect()
+        t1 = time.perf_counter()
+        metrics = None
+        if self.step >= cfg.learning_starts:
+            warm = self._fast_ready  # a first (compiling) update says nothing of the thread count
+            with phase("update"):
+                for _ in range(cfg.num_envs * cfg.utd):
+                    timer.start()
+                    metrics = self.sac.step() if self._fast_ready else self._first_step()
+                    timer.stop()
+                    self._fast_ready = True
+                    self._finite &= metrics.finite
+            self.updates += cfg.num_envs * cfg.utd
+            if warm:
+                self._watch_threads(cfg.num_envs * cfg.utd, time.perf_counter() - t1)
+        return t1 - t0, time.perf_counter() - t1, metrics
+
+    def _profile(self) -> UpdateMetrics | None:
+        """``--profile``: the next ``cfg.profile`` updates (and their collection) under torch.profiler."""
+        session, metrics, goal = ProfileSession(self.device), None, self.updates + self.cfg.profile
+        with session.running():
+            while self.updates < goal and self.step < self.cfg.total_steps:
+                updates = self.updates
+                collect_s, update_s, metrics = self._advance()
+                session.add(collect_s, update_s, self.updates - updates)
+        profile_report(session, self.run, to_stderr=self.cfg.json)
+        return metrics
+
+    def _session_s(self) -> float:
+        """Seconds since this process started training (0 before)."""
+        start = getattr(self, "_start", None)
+        return 0.0 if start is None else time.perf_counter() - start
 
     def _first_step(self) -> UpdateMetrics:
         """The first update of this process: apply the fast path, and under ``--compile on`` log how long
@@ -332,16 +402,17 @@ class Trainer:
         if self.thread_watch is not None and (line := self.thread_watch.observe(updates, seconds)):
             print(f"sac-train: {line}", file=sys.stderr if self.cfg.json else sys.stdout, flush=True)
 
-    def _row(self, metrics: Any, start: float, update_time: float, updates_at_start: int) -> dict[str, Any]:
-        elapsed = time.perf_counter() - start
+    def _row(self, metrics: Any) -> dict[str, Any]:
         row: dict[str, Any] = {
             "step": self.step,
             "updates": self.updates,
             "episodes": self.episodes,
             "train_return": round(float(np.mean(self.recent)), 2) if self.recent else "",
-            "steps_per_s": round(self.step / max(elapsed, 1e-9), 1),
-            "updates_per_s": _rate(self.updates - updates_at_start, update_time),
+            **self.monitor.row(self.step),
+            "wall_s": round(self.wall_before + self._session_s(), 1),
         }
+        eta = eta_s(self.cfg.total_steps - self.step, row["steps_per_s"] or 0.0)
+        row["eta_s"] = "" if eta is None else round(eta, 1)
         if metrics is not None:
             row.update(
                 critic_loss=float(metrics.critic_loss),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from docs_tables import documented
 
 from sac_edge.sweep.grid import TrialOutcome, parse_grid, plan
 from sac_edge.sweep.report import curves, plot_curves, summarize, table
@@ -74,3 +76,34 @@ def test_curves_use_the_seeds_that_reached_each_step(tmp_path: Path) -> None:
     assert first[0]["iqm"] == pytest.approx(-800.0) and data["actor_lr=1e-2"] == []
     plot_curves(data, tmp_path / "curves.png", "test")
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _write_clock(run: Path, wall_s: float, rows: list[tuple[int, float, float | None]]) -> None:
+    """What sac-train leaves for the report's clock: trainer_state.json's wall_s, metrics.csv's wall_s."""
+    run.mkdir(parents=True)
+    (run / "trainer_state.json").write_text(json.dumps({"step": rows[-1][0] if rows else 0, "wall_s": wall_s}))
+    lines = ["step,eval_return,wall_s"] + [f"{s},{'' if r is None else r},{w}" for s, w, r in rows]
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_wall_time_cost_and_time_to_target_per_config(tmp_path: Path) -> None:
+    outcomes = _outcomes(tmp_path)
+    for o in outcomes:
+        if o.curve:
+            wall = 100.0 * (1 + o.trial.seed) * (2 if o.trial.point.label == "actor_lr=1e-4" else 1)
+            _write_clock(o.trial.run, wall, [(step, wall * step / 1000, ret) for step, ret in o.curve])
+    summary = summarize(outcomes, 1000, target_return=-300.0, price_per_hour=3.6, engine="ray")
+    by = {c["config"]: c for c in summary["configs"]}
+    fast, slow, none = by["actor_lr=1e-3"], by["actor_lr=1e-4"], by["actor_lr=1e-2"]
+    assert fast["wall_s"] == pytest.approx(150.0) and fast["cost_usd"] == pytest.approx(0.15)
+    # seed 0 reached -150 at step 1000 (100 s), seed 1 -250 at 1000 (200 s): median 150 s
+    assert fast["time_to_target_s"] == pytest.approx(150.0) and fast["reached_target"] == 2
+    assert slow["wall_s"] == pytest.approx(300.0)  # seeds 0 and 1: the stopped seed 2's 600 s is not a run's
+    assert slow["reached_target"] == 1  # only seed 1 reached -300
+    assert slow["time_to_target_s"] == pytest.approx(400.0)
+    assert none["wall_s"] is None and none["time_to_target_s"] is None and none["reached_target"] == 0
+    assert set(fast) == documented("summary.json configs")  # the contract, both ways
+    header = table(summary).splitlines()[0].split("  ")
+    assert [h.strip() for h in header if h.strip()][6:9] == ["wall s/run", "$/run", "s to -300"]
+    plain = table(summarize(outcomes, 1000)).splitlines()[0]
+    assert "wall s/run" in plain and "$/run" not in plain and "s to" not in plain

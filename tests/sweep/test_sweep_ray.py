@@ -30,8 +30,12 @@ def test_tiny_sweep_run_dirs_export_and_resume_reruns_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "sweep"
-    assert main(["--out", str(out), "--seeds", "2", "--grid", "actor_lr=1e-3,3e-4", *TINY]) == 0
+    cost = ["--target-return", "-1000000000", "--price-per-hour", "3.6"]  # a target every evaluation reaches
+    assert main(["--out", str(out), "--seeds", "2", "--grid", "actor_lr=1e-3,3e-4", *cost, *TINY]) == 0
     result = _last_json(capsys)
+    for c in result["configs"]:  # each trial's clock, read from its run dir
+        assert c["wall_s"] > 0 and c["cost_usd"] == pytest.approx(c["wall_s"] / 1000) and c["reached_target"] == 2
+        assert 0 < c["time_to_target_s"] <= c["wall_s"]
     assert not ray.is_initialized()  # the embedded Ray was shut down
     assert result["engine"] == "ray" and result["ray_version"] == ray.__version__
     assert (result["trials"], result["completed"], result["errors"]) == (4, 4, 0)
