@@ -177,10 +177,12 @@ def test_a_run_dir_whose_config_and_checkpoint_disagree_is_one_line(
     run.mkdir()
     shutil.copyfile(clean_bundle / "learner.safetensors", run / "checkpoint.safetensors")
     spec = json.loads((clean_bundle / "manifest.json").read_text())["spec"]
-    spec["hidden"] = [16, 16]  # the checkpoint's networks are 64 wide
+    # the checkpoint's networks are 64 wide: wider in config.json, so no tensor is larger than the spec allows
+    # (a narrower spec is refused from the header already, test_threat_memory_totals.py) and the shapes decide
+    spec["hidden"] = [128, 128]
     (run / "config.json").write_text(json.dumps({"spec": spec, "env": spec["env_id"]}))
     err = refused(export_cli.main, [str(run), "--out", str(tmp_path / "out")], prog="sac-export")
-    assert "checkpoint.safetensors does not fit config.json's spec (hidden=[16, 16]" in err
+    assert "checkpoint.safetensors does not fit config.json's spec (hidden=[128, 128]" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -45,10 +45,22 @@ S3_URI = f"s3://{BUCKET}/cluster?endpoint_override=127.0.0.1:{S3_PORT}&scheme=ht
 TIMEOUT = 300
 
 
+WALL_TIME_KEYS = ("wall_s", "cost_usd", "time_to_target_s")
+
+
 def comparable(summary: dict[str, Any], out: Path) -> str:
-    """A summary without what differs between two runs of the same sweep (its folder, its wall time)."""
-    kept = {k: v for k, v in summary.items() if k not in ("wall_s", "summary")}
+    """A summary without what differs between two runs of the same sweep (its folder, its wall times and
+    what follows from them: cost, time to a target)."""
+    kept = _without_times({k: v for k, v in summary.items() if k != "summary"})
     return json.dumps(kept, sort_keys=True).replace(str(out.resolve()), "DIR")
+
+
+def _without_times(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_times(v) for k, v in value.items() if k not in WALL_TIME_KEYS}
+    if isinstance(value, list):
+        return [_without_times(v) for v in value]
+    return value
 
 
 def curves(out: Path) -> dict[str, list[str]]:
