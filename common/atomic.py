@@ -41,6 +41,16 @@ def check_output_path(path: str | os.PathLike[str], flag: str, *, directory: boo
         raise SacEdgeError(f"{flag} {target}: {parent} is not a writable directory; choose another path")
 
 
+def check_new_file(path: str | os.PathLike[str], flag: str, *, replace: bool, replace_flag: str) -> None:
+    """``check_output_path`` for a file, and an existing one (a dangling symlink too) refused in one line
+    naming ``replace_flag`` unless ``replace``: no command replaces a file it was not told to. The write
+    itself then claims the path (``atomic_path(path, replace=replace)``), so a file that appears meanwhile
+    is not replaced either."""
+    check_output_path(path, flag)
+    if os.path.lexists(path) and not replace:
+        raise SacEdgeError(f"{flag} {path} already exists; choose another path or pass {replace_flag}")
+
+
 def fsync_dir(path: Path) -> None:
     """Flush a directory entry so a completed rename survives power loss."""
     fd = os.open(path, os.O_RDONLY)
@@ -150,20 +160,20 @@ def atomic_path(path: str | os.PathLike[str], *, replace: bool = True) -> Iterat
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
-    with atomic_path(path) as tmp:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, replace: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically (``replace=False``: only if nothing is there, as ``atomic_path``)."""
+    with atomic_path(path, replace=replace) as tmp:
         tmp.write_bytes(data)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, replace: bool = True) -> None:
     """Write UTF-8 ``text`` to ``path`` atomically."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), replace=replace)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, replace: bool = True) -> None:
     """Write ``obj`` as indented JSON atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", replace=replace)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

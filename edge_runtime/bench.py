@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
+from sac_edge.common.atomic import atomic_path, atomic_write_json, check_new_file
 from sac_edge.common.config import config_dict
 from sac_edge.common.cpus import check_threads
 from sac_edge.common.errors import SacEdgeError
@@ -45,10 +45,9 @@ def _validate(cfg: BenchConfig) -> None:
         check_precision(precision)
     if not cfg.batch or any(not 1 <= b <= MAX_BATCH for b in cfg.batch):
         raise SacEdgeError(f"--batch needs sizes from 1 to {MAX_BATCH}, got {','.join(map(str, cfg.batch))}")
-    if cfg.out:
-        check_output_path(cfg.out, "--out")
-    if cfg.plot:
-        check_output_path(cfg.plot, "--plot")
+    for flag, path in (("--out", cfg.out), ("--plot", cfg.plot)):
+        if path:
+            check_new_file(path, flag, replace=cfg.overwrite, replace_flag="--overwrite")
     if not (1 <= cfg.calls <= MAX_CALLS and 0 <= cfg.warmup <= MAX_CALLS):  # the timings are kept per call
         raise SacEdgeError(f"--calls must be from 1 and --warmup from 0, both to {MAX_CALLS}")
     check_threads(cfg.threads)
@@ -125,9 +124,9 @@ def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any
         "config": config_dict(cfg),
     }
     if cfg.out:
-        atomic_write_json(cfg.out, result)
+        atomic_write_json(cfg.out, result, replace=cfg.overwrite)
     if cfg.plot:
-        plot(samples, power, Path(cfg.plot), meter.sensor.measured)
+        plot(samples, power, Path(cfg.plot), meter.sensor.measured, replace=cfg.overwrite)
     return result
 
 
@@ -158,8 +157,16 @@ def bench_table(rows: list[dict[str, Any]]) -> str:
     return format_table(body, header)
 
 
-def plot(samples: dict[str, np.ndarray], power: list[tuple[float, float, str]], path: Path, measured: bool) -> None:
-    """Latency distributions per row (log scale) and power over the whole bench, written atomically."""
+def plot(
+    samples: dict[str, np.ndarray],
+    power: list[tuple[float, float, str]],
+    path: Path,
+    measured: bool,
+    *,
+    replace: bool = False,
+) -> None:
+    """Latency distributions per row (log scale) and power over the whole bench, written atomically (an
+    existing ``path`` replaced only with ``replace``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,6 +187,6 @@ def plot(samples: dict[str, np.ndarray], power: list[tuple[float, float, str]], 
     ax_pow.set_ylabel("power (W, " + ("measured" if measured else "ESTIMATED") + ")")
     ax_pow.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
+    with atomic_path(path, replace=replace) as tmp:
         fig.savefig(tmp, format="png", dpi=90)
     plt.close(fig)

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from sac_edge.common.atomic import check_output_path
+from sac_edge.common.atomic import check_new_file, check_output_path
 from sac_edge.common.bundle_format import PRECISIONS
 from sac_edge.common.config import check_fields, config_from_flags
 from sac_edge.common.cpus import check_cpus, check_threads
@@ -313,11 +313,9 @@ class RunConfig:
 
             parse_shift(self.shift)
         if self.telemetry is not None:
-            check_output_path(self.telemetry, "--telemetry")
-            if os.path.lexists(self.telemetry) and not self.overwrite_telemetry:
-                raise SacEdgeError(
-                    f"--telemetry {self.telemetry} already exists; choose another path or pass --overwrite-telemetry"
-                )
+            check_new_file(
+                self.telemetry, "--telemetry", replace=self.overwrite_telemetry, replace_flag="--overwrite-telemetry"
+            )
             if os.path.islink(self.telemetry) or (
                 os.path.lexists(self.telemetry) and not os.path.isfile(self.telemetry)
             ):
@@ -345,6 +343,9 @@ class BenchConfig:
     threads: int = field(default=1, metadata={"help": "intra-op threads for the backends"})
     out: str | None = field(default=None, metadata={"help": "write the rows (and the config) to this JSON file"})
     plot: str | None = field(default=None, metadata={"help": "PNG: latency distributions and power over time"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace an existing --out or --plot file (otherwise it is refused)"}
+    )
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power sensors read"})
     trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
     allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
@@ -388,6 +389,9 @@ class DrillConfig:
     seed: int = field(default=1000, metadata={"help": "first episode seed"})
     out: str | None = field(default=None, metadata={"help": "write the rows and checks to this JSON file"})
     save: bool = field(default=False, metadata={"help": "write them beside the bundle, as BUNDLE.drill.json"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "replace an existing --out or --save file (otherwise it is refused)"}
+    )
     trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
     allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
     json: bool = field(default=False, metadata={"help": "print the results as one JSON object on the last line"})

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from sac_edge.common.atomic import atomic_write_json, check_output_path
+from sac_edge.common.atomic import atomic_write_json, check_new_file
 from sac_edge.common.bundle import Bundle, open_bundle
 from sac_edge.common.bundle_format import ENVELOPE_KIND, FP32, MANIFEST
 from sac_edge.common.config import config_dict
@@ -143,8 +143,9 @@ def check_drill(cfg: DrillConfig) -> tuple[str, ...]:
     if not 0 < cfg.drop_rate <= 1:
         raise SacEdgeError(f"--drop-rate is a probability in (0, 1], got {cfg.drop_rate}")
     cfg.shield.check()
-    if cfg.out:
-        check_output_path(cfg.out, "--out")
+    out = saved_path(cfg)
+    if out is not None:
+        check_new_file(out, "--out" if cfg.out else "--save", replace=cfg.overwrite, replace_flag="--overwrite")
     return tuple(dict.fromkeys(faults))
 
 
@@ -164,8 +165,6 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
     """Run every fault with and without the shield; the rows and the facts (also written per ``--out``)."""
     faults = check_drill(cfg)
     out = saved_path(cfg)
-    if out is not None:
-        check_output_path(out, "--out")
     bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
     spec = bundle.spec
     env_name = cfg.env or file_env(spec.env_id, str(bundle.path / MANIFEST))
@@ -204,7 +203,7 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
         "checks": _checks(rows, cfg),
     }
     if out is not None:
-        atomic_write_json(out, result)
+        atomic_write_json(out, result, replace=cfg.overwrite)
         result["written"] = str(out)
     return result
 

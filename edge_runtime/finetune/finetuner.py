@@ -42,7 +42,7 @@ import numpy as np
 
 from sac_edge.common.bundle import Bundle
 from sac_edge.common.bundle_format import FINETUNE_DIR, LEARNER_KIND
-from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.errors import SacEdgeError, one_line
 from sac_edge.common.spec import PolicySpec
 from sac_edge.edge_runtime.backends.base import Backend
 from sac_edge.edge_runtime.budget.governor import Governor
@@ -265,7 +265,7 @@ class FineTuner:
                 if failure is not None:
                     raise SacEdgeError(failure)
         except Exception as err:  # the loop keeps running on the last good weights; reported in the summary
-            self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            self.error = one_line(err)
             self.event("error", error=self.error)
             try:
                 self.swapper.install(self.good_sets)
