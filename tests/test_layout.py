@@ -355,3 +355,18 @@ def test_bundle_and_open_bundle_are_defined_once() -> None:
                 elsewhere.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert defined == ["common/bundle.py", "common/bundle.py"]
     assert elsewhere == [], "import Bundle/open_bundle from sac_edge.common.bundle: " + ", ".join(elsewhere)
+
+
+def test_every_package_folder_ships_in_the_wheel() -> None:
+    """A folder with an ``__init__.py`` missing from pyproject's package list is left out of a wheel (the
+    editable dev install still finds it, so only the device install would fail, at its first import)."""
+    tomllib = pytest.importorskip("tomllib")
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {
+        "sac_edge." + ".".join(init.parent.relative_to(ROOT).parts)
+        for stage in STAGES
+        for init in (ROOT / stage).rglob("__init__.py")
+    }
+    assert folders - set(setuptools["packages"]) == set()
+    for package in folders:
+        assert setuptools["package-dir"].get(package) == package.split(".", 1)[1].replace(".", "/"), package
