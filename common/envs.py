@@ -70,6 +70,8 @@ def make_env(env: str, **kwargs: Any) -> gym.Env:
             cls = getattr(importlib.import_module(module_name), class_name)
         except (ImportError, AttributeError) as err:
             raise SacEdgeError(f"cannot load environment class {env!r} ({err}); use module:Class") from None
+        if not isinstance(cls, type):  # a function such as os:system would be called with the env's kwargs
+            raise SacEdgeError(f"{env!r} names a {type(cls).__name__}, not a class; use module:Class")
         instance = cls(**kwargs)
     else:
         try:

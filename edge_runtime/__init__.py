@@ -8,7 +8,8 @@
 - ``finetune/``: learner, experience ring, promotion/rollback and last-good store, weight swap, sizing,
   dynamics shift. A new fine-tuning rule goes here.
 
-``run.py``, ``bench.py``, ``doctor.py``, ``drill.py``, ``cli.py``, ``config.py``, ``compose.py`` (the one builder
+``run.py``, ``bench.py``, ``doctor.py``, ``drill.py``, ``cli.py``, ``config.py``, ``preflight.py`` (the flags checked
+against the verified bundle before slow work), ``compose.py`` (the one builder
 of a run) and ``runtime.py`` (the runtime as a library for a loop the caller owns) compose the subpackages and
 are the only modules that import across all of them. Subpackages import ``sac_edge.common`` and each other only
 downward: ``control`` may use ``backends``; ``finetune`` may use ``backends`` and ``budget``; ``backends`` and

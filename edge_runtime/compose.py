@@ -45,6 +45,7 @@ from sac_edge.edge_runtime.finetune.settings import FinetuneSettings
 from sac_edge.edge_runtime.finetune.weight_swap import WeightSwapper
 
 from .config import BenchConfig, RunConfig
+from .preflight import checked_bundle
 
 Emit = typing.Callable[[typing.Dict[str, Any]], None]
 Log = typing.Callable[[str], None]
@@ -71,7 +72,7 @@ def finetune_settings(cfg: RunConfig) -> FinetuneSettings:
 
 def verified_bundle(cfg: RunConfig | BenchConfig) -> Bundle:
     """``cfg.bundle`` opened with its checksums verified (and its signature, with ``--trusted-keys``)."""
-    return open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
+    return checked_bundle(open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade), cfg)
 
 
 class LastGoodWeights(NamedTuple):

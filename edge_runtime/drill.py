@@ -44,10 +44,16 @@ from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 
 from .config import BackendSection, DrillConfig, LoopSection, RunConfig, ShieldSection
+from .preflight import check_action_sizes, check_gate
 from .runtime import Runtime
 
 FAULTS = ("none", "nan", "stuck", "spike", "drop", "delay", "ood_start", "swap")
 MODES = ("on", "guards")
+MAX_EPISODES = 1000
+"""``--episodes`` at most: each is run per fault and mode (16 runs of each episode with every fault), so a
+thousand Pendulum episodes is already hours of drill."""
+MAX_STEPS = 1_000_000
+"""``--max-steps`` and the fault's step counts at most (an env without a time limit ends at ``--max-steps``)."""
 START_STEPS = 20
 """The largest action change in the first this many steps of an episode is reported as the start jump."""
 SWAP_NOISE = 0.5
@@ -127,16 +133,23 @@ def check_drill(cfg: DrillConfig) -> tuple[str, ...]:
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
         raise SacEdgeError(f"--faults: unknown {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
-    for flag, value, least in (
-        ("--episodes", cfg.episodes, 1),
-        ("--max-steps", cfg.max_steps, 0),
-        ("--fault-start", cfg.fault_start, 1),
-        ("--fault-steps", cfg.fault_steps, 1),
-        ("--delay-steps", cfg.delay_steps, 1),
-        ("--fault-dim", cfg.fault_dim, 0),
+    for flag, value, least, most in (
+        ("--episodes", cfg.episodes, 1, MAX_EPISODES),
+        ("--max-steps", cfg.max_steps, 0, MAX_STEPS),
+        ("--fault-start", cfg.fault_start, 1, MAX_STEPS),
+        ("--fault-steps", cfg.fault_steps, 1, MAX_STEPS),
+        ("--delay-steps", cfg.delay_steps, 1, MAX_STEPS),
+        ("--fault-dim", cfg.fault_dim, 0, None),
     ):
         if value < least:
             raise SacEdgeError(f"{flag} must be at least {least}, got {value}")
+        if most is not None and value > most:
+            raise SacEdgeError(f"{flag} must be at most {most}, got {value}; a drill is meant to end in minutes")
+    if cfg.max_steps and cfg.fault_start >= cfg.max_steps and any(f not in ("none", "ood_start") for f in faults):
+        raise SacEdgeError(
+            f"--fault-start {cfg.fault_start} is not below --max-steps {cfg.max_steps}: the fault would never "
+            "start; lower --fault-start or raise --max-steps"
+        )
     for flag, number in (("--spike-sigma", cfg.spike_sigma), ("--ood-scale", cfg.ood_scale)):
         if not 0 < number < math.inf:
             raise SacEdgeError(f"{flag} must be a positive number, got {number}")
@@ -167,6 +180,8 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
     out = saved_path(cfg)
     bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
     spec = bundle.spec
+    check_gate(bundle)
+    check_action_sizes(cfg.shield.settings(), spec.act_dim)  # before the env is made
     env_name = cfg.env or file_env(spec.env_id, str(bundle.path / MANIFEST))
     obs_space, act_space = _env_spaces(env_name, spec)
     if cfg.fault_dim >= spec.obs_dim:

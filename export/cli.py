@@ -55,12 +55,27 @@ def _main(argv: Sequence[str] | None) -> int:
     return 0
 
 
+#: Each count's largest value: about 100 times the default, where the export still ends in minutes (a larger
+#: one ran for hours or until the allocator failed); ``--workspace-mb`` 1 TiB (more is a size in bytes).
+MOST = {
+    "parity_states": 1_000_000,
+    "calib_samples": 1_000_000,
+    "gate_episodes": 1_000,
+    "envelope_episodes": 1_000,
+    "max_batch": 65_536,
+    "workspace_mb": 1_048_576,
+}
+
+
 def _check_flags(cfg: ExportConfig) -> None:
     for name in ("parity_states", "calib_samples", "max_batch", "workspace_mb"):
         if getattr(cfg, name) < 1:
             raise SacEdgeError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
     if cfg.gate_episodes < 1:
         raise SacEdgeError(f"--gate-episodes must be >= 1 (got {cfg.gate_episodes})")
+    for name, most in MOST.items():
+        if getattr(cfg, name) > most:
+            raise SacEdgeError(f"--{name.replace('_', '-')} must be at most {most} (got {getattr(cfg, name)})")
     if cfg.discard_finetuned and not cfg.force:
         raise SacEdgeError("--discard-finetuned only makes sense with --force")
     if not 0 <= cfg.envelope_margin <= 10:

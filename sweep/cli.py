@@ -17,7 +17,7 @@ from sac_edge.common.jsonfile import read_json
 from sac_edge.common.summary import emit_json
 from sac_edge.train.config import TrainConfig, check_values
 
-from .config import SweepConfig
+from .config import SweepConfig, check_sizes
 from .grid import Trial, parse_grid, plan
 
 if TYPE_CHECKING:
@@ -97,7 +97,10 @@ def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, Train
     """Checks that need no Ray; on --resume the saved settings, otherwise a fresh DIR (the config is saved
     once the storage is known to work)."""
     _check_address(sweep.address)
+    check_sizes(sweep)
     sweep_dir = Path(sweep.out)
+    if sweep_dir.exists() and not sweep_dir.is_dir():  # was a NotADirectoryError, exit 1
+        raise SacEdgeError(f"--out {sweep_dir} is a file; pass a directory path")
     if sweep.resume:
         return _saved(sweep_dir, sweep)
     if train.eval_every <= 0 or train.eval_every > train.total_steps:

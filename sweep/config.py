@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sac_edge.common.cpus import usable_cpus
+from sac_edge.common.errors import SacEdgeError
+
+MAX_TRIALS = 10_000
+"""Grid points x seeds at most: past it a sweep would not end (``--seeds 100000000000`` started Ray and ran on)."""
+
 
 @dataclass(frozen=True)
 class SweepConfig:
@@ -59,3 +65,15 @@ class SweepConfig:
         default=None,
         metadata={"help": "evaluation return to reach: the table and summary.json add each config's seconds to it"},
     )
+
+
+def check_sizes(cfg: SweepConfig) -> None:
+    """``--seeds``, ``--max-concurrent`` and ``--cpus`` within what a sweep can start: one line before Ray
+    (``--cpus 100000000000`` failed Ray's start-up after 38 s, exit 1)."""
+    if not 1 <= cfg.seeds <= MAX_TRIALS:
+        raise SacEdgeError(f"--seeds must be from 1 to {MAX_TRIALS}, got {cfg.seeds}")
+    if cfg.max_concurrent < 0:
+        raise SacEdgeError(f"--max-concurrent must be 0 (as many as resources allow) or more, got {cfg.max_concurrent}")
+    most = usable_cpus()
+    if cfg.address is None and not 0 <= cfg.cpus <= most:
+        raise SacEdgeError(f"--cpus must be from 0 (all) to {most} (the CPUs this process may use), got {cfg.cpus}")

@@ -17,6 +17,8 @@ from sac_edge.common.config import parse_value
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.train.config import TrainConfig, value_error
 
+from .config import MAX_TRIALS
+
 # Set by the sweep itself (per trial or for the whole sweep's resources), so not grid keys.
 NOT_GRID_KEYS = {
     "env": "--env",
@@ -113,6 +115,11 @@ def plan(points: list[GridPoint], first_seed: int, seeds: int, sweep_dir: Path) 
     """Every grid point x seed, grid point major."""
     if seeds < 1:
         raise SacEdgeError("--seeds must be at least 1")
+    if len(points) * seeds > MAX_TRIALS:
+        raise SacEdgeError(
+            f"--grid and --seeds make {len(points)} x {seeds} trials, more than {MAX_TRIALS}; "
+            "sweep fewer values or seeds"
+        )
     trials_dir = sweep_dir.resolve() / TRIALS
     return [
         Trial(p, s, trials_dir / run_name(p.label, s)) for p in points for s in range(first_seed, first_seed + seeds)

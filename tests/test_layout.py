@@ -41,7 +41,7 @@ SUBPACKAGE_MAY_IMPORT = {
     "finetune": {"backends", "budget"},
     "ros2": set(),
 }
-COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "drill", "ros2_node", "runtime"}
+COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "drill", "preflight", "ros2_node", "runtime"}
 
 
 def module_name(path: Path) -> str:

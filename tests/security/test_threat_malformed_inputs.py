@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from sac_edge.common.config import config_dict
-from sac_edge.edge_runtime import bench, compose
+from sac_edge.edge_runtime import bench, compose, drill, preflight
 from sac_edge.edge_runtime import cli as edge_cli
+from sac_edge.edge_runtime import run as edge_run
 from sac_edge.export import cli as export_cli
 from sac_edge.sweep import cli as sweep_cli
 from sac_edge.train import cli as train_cli
@@ -204,3 +205,168 @@ def test_a_saved_sweep_setting_of_the_wrong_type_is_one_line_on_resume(
     sweep.mkdir()
     (sweep / "sweep_config.json").write_text(json.dumps(saved))
     assert message in refused(sweep_cli.main, ["--out", str(sweep), "--resume"], prog="sac-sweep")
+
+
+def _no_slow_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making the env (seconds for MuJoCo, any time for a user's class) or a backend fails the test."""
+    _no_backends(monkeypatch)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the env was made before the input was checked")
+
+    monkeypatch.setattr(edge_run, "make_env", refuse)
+    monkeypatch.setattr(drill, "make_env", refuse)
+
+
+#: Shield flags of the wrong size for the bundle's one action. On bca952e each was refused (exit 2) only once
+#: the env was made (``run``: and the fine-tuning lock taken), by the shield's own check.
+ACTION_SIZE_CASES = [
+    (["--safe-action", "0.1,0.2"], "--safe-action takes 1 numbers (the bundle's act_dim), got 2"),
+    (["--slew", "0.1,0.2,0.3"], "--slew takes one value or 1 (the bundle's act_dim), got 3"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), ACTION_SIZE_CASES)
+@pytest.mark.parametrize("command", ["run", "drill"])
+def test_a_shield_flag_of_the_wrong_size_is_one_line_before_the_env(
+    bundle: Path,
+    refused: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    flags: list[str],
+    message: str,
+) -> None:
+    _no_slow_work(monkeypatch)
+    assert message in refused(edge_cli.main, [command, str(bundle), *flags])
+
+
+#: On bca952e: exit 2, but after the backends were opened and the learner process imported torch (5-7 s here,
+#: minutes on a Jetson), from the learner's own sizing.
+@pytest.mark.parametrize("budget", ["300", "1"])
+def test_a_memory_budget_below_the_learner_is_one_line_before_any_backend(
+    bundle: Path, refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, budget: str
+) -> None:
+    _no_slow_work(monkeypatch)
+    err = refused(edge_cli.main, ["run", str(bundle), "--finetune", "--mem-budget-mb", budget])
+    assert f"--mem-budget-mb {budget} cannot hold fine-tuning: its learner process alone needs about 350 MiB" in err
+    assert "raise --mem-budget-mb to at least 350 or drop --finetune" in err
+
+
+def test_the_memory_floor_refuses_only_budgets_below_it() -> None:
+    preflight.check_finetune_memory(True, preflight.FINETUNE_FLOOR_MB)
+    preflight.check_finetune_memory(False, 1.0)  # no fine-tuning: the governor alone, no learner
+    preflight.check_finetune_memory(True, None)
+
+
+#: Accuracy-gate records of the wrong type. On bca952e each was read as "no verdict" (or a verdict of 5): the
+#: damage went unreported, int8 was skipped and the commands went on (exit 0).
+GATE_CASES = [
+    ("accepted", "the accuracy gate is str 'accepted', not a record"),
+    (5, "the accuracy gate is int '5', not a record"),
+    ({"verdict": 5}, "the accuracy gate verdict for int8 is int '5', not a word"),
+    ({"verdict": "accepted", "float_layers": "actor"}, "float_layers for int8 is str 'actor', not a list"),
+    ({"int8": "accepted"}, "the accuracy gate record for int8 is str 'accepted', not a record"),
+    ({"int4": {"verdict": "accepted"}}, "the accuracy gate names str 'int4', not one of fp32, fp16, int8"),
+]
+
+
+@pytest.mark.parametrize(("gate", "message"), GATE_CASES)
+@pytest.mark.parametrize("command", ["run", "bench", "drill"])
+def test_a_gate_of_the_wrong_type_is_one_line(
+    bundle: Path,
+    refused: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    gate: object,
+    message: str,
+) -> None:
+    _no_slow_work(monkeypatch)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    (bundle / "manifest.json").write_text(json.dumps({**manifest, "gate": gate}))
+    err = refused(edge_cli.main, [command, str(bundle)])
+    assert message in err and err.endswith("re-export the bundle with sac-export")
+
+
+#: Drill sizes that never end. On bca952e each ran (the env made, the episodes started): 10^9 episodes per fault
+#: and mode, or a fault that never starts within --max-steps (a drill that measures nothing, exit 0).
+DRILL_CASES = [
+    (["--episodes", "1000000000"], "--episodes must be at most 1000, got 1000000000"),
+    (["--max-steps", "100000000000"], "--max-steps must be at most 1000000, got 100000000000"),
+    (["--fault-steps", "100000000000"], "--fault-steps must be at most 1000000"),
+    (["--delay-steps", "100000000000"], "--delay-steps must be at most 1000000"),
+    (["--max-steps", "5", "--fault-start", "50"], "--fault-start 50 is not below --max-steps 5"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), DRILL_CASES)
+def test_a_drill_that_would_not_end_is_one_line(
+    bundle: Path, refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    _no_slow_work(monkeypatch)
+    assert message in refused(edge_cli.main, ["drill", str(bundle), *flags])
+
+
+#: sac-export counts past any export. On bca952e the first four ran on past 2 minutes (never ended); the
+#: last two exited 0 with a TensorRT profile or workspace no device can build.
+EXPORT_CASES = [
+    (["--parity-states", "100000000000"], "--parity-states must be at most 1000000"),
+    (["--int8", "--calib-samples", "100000000000"], "--calib-samples must be at most 1000000"),
+    (["--int8", "--gate-episodes", "100000000000"], "--gate-episodes must be at most 1000"),
+    (["--envelope-episodes", "100000000000"], "--envelope-episodes must be at most 1000"),
+    (["--max-batch", "100000000000"], "--max-batch must be at most 65536"),
+    (["--workspace-mb", "100000000000"], "--workspace-mb must be at most 1048576"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), EXPORT_CASES)
+def test_an_export_count_past_any_export_is_one_line_before_the_source(
+    tmp_path: Path, refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the source was read before the flags were checked")
+
+    monkeypatch.setattr(export_cli, "load_source", refuse)
+    argv = [str(tmp_path / "run"), "--out", str(tmp_path / "out"), *flags]
+    assert message in refused(export_cli.main, argv, prog="sac-export")
+
+
+#: On bca952e: exit 1, "internal error: TypeError: system() missing required argument" (the function was
+#: called as the env's class) and "ValueError: Overflow when unpacking long long" (torch's seed).
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--env", "os:system"], "'os:system' names a builtin_function_or_method, not a class; use module:Class"),
+        (["--seed", "100000000000000000000000"], "--seed must be at most 9223372036854775807"),
+    ],
+)
+def test_a_train_value_that_was_an_internal_error_is_one_line(
+    tmp_path: Path, refused: Callable[..., str], flags: list[str], message: str
+) -> None:
+    argv = ["--total-steps", "10", "--out", str(tmp_path / "run"), *flags]
+    assert message in refused(train_cli.main, argv, prog="sac-train")
+
+
+#: sac-sweep values found only inside Ray, or never. On bca952e: --out naming a file was exit 1
+#: (NotADirectoryError); --seeds 10^11 (and 10^5) and 20 values x 1000 seeds started Ray and ran on; --cpus 10^11 failed
+#: Ray's start-up after 38 s (exit 1, "internal error"); negative --cpus and --max-concurrent reached Ray.
+SWEEP_CASES = [
+    (["--out", "{tmp}/file"], "--out {tmp}/file is a file; pass a directory path"),
+    (["--seeds", "100000"], "--seeds must be from 1 to 10000, got 100000"),
+    (["--grid", "utd=" + ",".join(map(str, range(1, 21))), "--seeds", "1000"], "make 20 x 1000 trials, more than"),
+    (["--cpus", "100000000000"], "(the CPUs this process may use), got 100000000000"),
+    (["--cpus=-1"], "--cpus must be from 0 (all) to"),
+    (["--max-concurrent=-1"], "--max-concurrent must be 0 (as many as resources allow) or more, got -1"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), SWEEP_CASES)
+def test_a_sweep_value_found_inside_ray_is_one_line_before_it(
+    tmp_path: Path, refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    def refuse() -> None:
+        raise AssertionError("Ray was reached before the flags were checked")
+
+    monkeypatch.setattr(sweep_cli, "_require_extra", refuse)
+    (tmp_path / "file").write_text("not a directory")
+    argv = ["--out", str(tmp_path / "sweep"), *(f.replace("{tmp}", str(tmp_path)) for f in flags)]
+    assert message.replace("{tmp}", str(tmp_path)) in refused(sweep_cli.main, argv, prog="sac-sweep")
