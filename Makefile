@@ -38,14 +38,22 @@ test: lint typecheck venv-ros2 unit test-device test-aarch64
 # PyPI wheels of ROS 2 Kilted (x86_64, CPython 3.10+) in a venv of their own, never in .venv or .venv-device
 # (their .pth re-executes every interpreter of the venv), with sac-edge itself torch-free. Where they cannot be
 # installed it says why in one line and the ROS tests skip with that reason (tests/ros2/harness.py).
+# Every file pip downloads is checked against its sha256 (--require-hashes) from requirements/ros2-cpXY.txt, the
+# pins and all they pull in for this CPython (scripts/pin_hashes.py writes it: docs/TESTING.md); a Python without
+# one installs the same pins by version alone and says so (.venv-ros2.log).
 ROS2 := .venv-ros2
 ROS2_STAMP := $(ROS2)/.installed-stamp
 ROS2_PINS := "ros-rclpy[fastrtps]==9.1.2" ros-std-msgs==5.5.1 ros-sensor-msgs==5.5.1 ros-diagnostic-msgs==5.5.1 \
-	ros-lifecycle-msgs ros-trajectory-msgs==5.5.1 mcap==1.6.0 mcap-ros2-support==0.6.0
+	ros-lifecycle-msgs==2.3.0 ros-trajectory-msgs==5.5.1 mcap==1.6.0 mcap-ros2-support==0.6.0
+ROS2_HASHED = requirements/ros2-$(shell $(PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])').txt
 
-$(ROS2_STAMP): pyproject.toml
+$(ROS2_STAMP): pyproject.toml $(wildcard requirements/ros2-*.txt)
 	rm -rf $(ROS2) && $(PY) -m venv $(ROS2)
-	$(ROS2)/bin/python -m pip install -q $(ROS2_PINS) -e .
+	if [ -f $(ROS2_HASHED) ]; then \
+		$(ROS2)/bin/python -m pip install -q --require-hashes --no-deps --no-build-isolation -r $(ROS2_HASHED) && \
+		$(ROS2)/bin/python -m pip install -q --no-deps --no-build-isolation -e .; \
+	else echo "venv-ros2: no $(ROS2_HASHED): the pins are installed by version, their files not hash-checked"; \
+		$(ROS2)/bin/python -m pip install -q $(ROS2_PINS) -e .; fi
 	touch $(ROS2_STAMP)
 
 venv-ros2:

@@ -8,7 +8,11 @@
   resolve it: with the device pins (the Makefile's ``DEVICE_PINS``) and with the newest wheels. This
   machine's pip installs PyPI's aarch64 wheels (``--platform``/``--target``) and compiles their bytecode
   (the same 3.11 magic), so pip never runs under emulation. The dependencies are cached by what they were
-  resolved from (the newest ones for a day); the project itself is reinstalled every run.
+  resolved from (the newest ones for a day); the project itself is reinstalled every run. The pins' install
+  is hash-checked (``pip --require-hashes`` on ``PINS_HASHED``, every file pip downloads for it, both
+  architectures); the newest wheels cannot be (their files change with each release). The root file
+  system's packages are checked by apt's own rule: mmdebstrap verifies them against the archive's signed
+  ``Release`` file with the host's Debian keyring.
 - Everything arm64 runs in a private mount namespace (``/proc`` with a generated arm64 ``/proc/cpuinfo``
   over the host's x86 one, which onnxruntime's cpuinfo crashes on at import; ``/sys``, ``/dev``, and the
   repository at ``/src``), chrooted, with ``QEMU_CPU`` choosing the emulated CPU: ``cortex-a57`` (no dot
@@ -58,6 +62,9 @@ SKIP = 3  # prepare's exit status when the suite cannot run here (make turns it 
 
 SUITE = "bookworm"  # Debian 12: Python 3.11 (bullseye's 3.9 has no newer numpy wheels; no 3.8 for arm64)
 PYTHON = "3.11"
+PINS_HASHED = ROOT / "requirements" / "aarch64-pins-cp311.txt"
+"""The pins lane's dependencies (the Makefile's ``DEVICE_PINS`` and what they pull in) with the sha256 of
+each file, for CPython 3.11 on aarch64 and x86_64; written by ``scripts/pin_hashes.py`` (docs/TESTING.md)."""
 GLIBC_MINOR = 36  # bookworm's glibc 2.36: the newest manylinux tag its wheels may carry
 ROOTFS_PACKAGES = ("python3", "libstdc++6", "dash")  # the extract variant installs only what is named
 APT_PACKAGES = {
@@ -97,6 +104,8 @@ class Env(NamedTuple):
     name: str
     requirements: tuple[str, ...]
     daily: bool
+    hashed: Path | None = None
+    """A ``--require-hashes`` requirements file holding every dependency (then installed from it alone)."""
 
 
 class Lane(NamedTuple):
@@ -501,6 +510,18 @@ def platform_options(arch: str) -> list[str]:
     ]
 
 
+def check_hashed(pins: Sequence[str], hashed: Path) -> Path:
+    """``hashed``, once each of ``pins`` is in it at that version (else the pins changed without it)."""
+    lines = {line.split(" ", 1)[0].lower() for line in hashed.read_text().splitlines() if "==" in line}
+    stale = [pin for pin in pins if pin.lower() not in lines]
+    if stale:
+        raise SystemExit(
+            f"test-aarch64: {hashed.relative_to(ROOT)} lacks {', '.join(stale)}; regenerate it as docs/TESTING.md "
+            'says ("Downloads pinned by hash")'
+        )
+    return hashed
+
+
 def pip_install(site: Path, packages: Sequence[str], arch: str, log: Path, *extra: str) -> None:
     """This machine's pip installs ``packages`` into ``site`` for ``arch``."""
     run(
@@ -515,11 +536,15 @@ def install(place: Path, env: Env, wheel: Path, arch: str, today: str, work: Pat
     from) with this run's project; its site-packages."""
     site = place / "lib" / f"python{PYTHON}" / "site-packages"
     log = work / f"pip-{env.name}-{arch or 'x86_64'}.log"
-    key = _key(env.requirements, requires_dist(wheel), platform_options(arch), today if env.daily else "")
+    hashed = env.hashed.read_text() if env.hashed else ""
+    key = _key(env.requirements, requires_dist(wheel), platform_options(arch), today if env.daily else "", hashed)
     stamp = place / ".deps-key"
     if not stamp.exists() or stamp.read_text() != key:
         shutil.rmtree(place, ignore_errors=True)
-        pip_install(site, [str(wheel), *env.requirements], arch, log)
+        if env.hashed:  # every file checked against its sha256; the project's wheel comes below, --no-deps
+            pip_install(site, ["--require-hashes", "--no-deps", "-r", str(env.hashed)], arch, log)
+        else:
+            pip_install(site, [str(wheel), *env.requirements], arch, log)
         run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(site)], log=log)
         stamp.write_text(key)
     pip_install(site, [str(wheel)], "", log, "--no-deps", "--upgrade")
@@ -656,10 +681,11 @@ def run_all(work: Path, pins: Sequence[str], tests: Sequence[str]) -> int:
     rootfs = build_rootfs(archive)
     extras = ("pytest", "pytest-timeout")
     pinned = tuple(pins) + tuple(e for e in extras if not any(p.startswith(e + "==") for p in pins))
+    hashed = check_hashed(pinned, PINS_HASHED) if all("==" in pin for pin in pinned) else None
     # qemu's "max" (every feature it emulates, SVE included) for the newest onnxruntime, whose kernels may
     # use them
     lanes = (
-        Lane(Env("pins", pinned, False), "cortex-a57", ("cortex-a57", "neoverse-n1")),
+        Lane(Env("pins", pinned, False, hashed), "cortex-a57", ("cortex-a57", "neoverse-n1")),
         Lane(Env("newest", extras, True), "neoverse-n1", ("cortex-a57", "neoverse-n1", "max")),
     )
     wheel = build_wheel(work)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,70 @@ def test_prepare_without_host_setup_changes_nothing(
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].startswith("test-aarch64: skipped: needs qemu-user-static"), out
     assert "HOST_SETUP=0" in out[0]
+
+
+def _makefile_pins(variable: str) -> list[str]:
+    """The Makefile's ``variable := ...`` (continued lines joined), one pin each, quotes and extras dropped."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    line = next(line for line in text.splitlines() if line.startswith(f"{variable} :="))
+    pins = line.split(":=", 1)[1].replace('"', "").split()
+    return [pin.split("[")[0] + pin[pin.index("]") + 1 :] if "[" in pin else pin for pin in pins]
+
+
+def _hashed(name: str) -> dict[str, int]:
+    """``requirements/name``: each ``package==version`` and how many sha256 hashes it carries."""
+    entries: dict[str, int] = {}
+    for block in (ROOT / "requirements" / name).read_text().replace("\\\n", " ").splitlines():
+        if "==" in block and not block.startswith("#"):
+            entries[block.split()[0].lower()] = block.count("--hash=sha256:")
+    return entries
+
+
+@pytest.mark.parametrize(
+    ("variable", "hashed", "per_file"),
+    [("ROS2_PINS", "ros2-cp311.txt", 1), ("DEVICE_PINS", "aarch64-pins-cp311.txt", 1)],
+)
+def test_every_pinned_download_is_in_its_hash_file(variable: str, hashed: str, per_file: int) -> None:
+    """On bca952e nothing was pinned by hash and ``ros-lifecycle-msgs`` had no version."""
+    pins, entries = _makefile_pins(variable), _hashed(hashed)
+    assert all("==" in pin for pin in pins), pins
+    missing = [pin for pin in pins if pin.lower() not in entries]
+    assert missing == [], f"regenerate requirements/{hashed} (docs/TESTING.md): {missing}"
+    assert all(count >= per_file for count in entries.values()), entries
+
+
+@needs_make
+def test_the_ros2_venv_installs_only_hash_checked_files() -> None:
+    recipe = subprocess.run(
+        ["make", "-n", "-B", ".venv-ros2/.installed-stamp", "PY=" + sys.executable],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert f"--require-hashes --no-deps --no-build-isolation -r requirements/ros2-{tag}.txt" in recipe, recipe
+    assert "--no-deps --no-build-isolation -e ." in recipe, recipe
+
+
+def test_the_aarch64_pins_install_is_hash_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pins lane's dependencies come from the hash file alone; a pin it lacks is refused in one line."""
+    ran: list[list[str]] = []
+
+    def run(argv: list[str], **_: object) -> None:  # pip and compileall, recorded; pip's --target made
+        ran.append(list(argv))
+        if "--target" in argv:
+            Path(argv[argv.index("--target") + 1]).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(aarch64, "run", run)
+    wheel = tmp_path / "sac_edge-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sac_edge-0.1.0.dist-info/METADATA", "Name: sac-edge\nRequires-Dist: numpy>=1.24\n")
+    pins = tuple(_makefile_pins("DEVICE_PINS"))
+    env = aarch64.Env("pins", pins, False, aarch64.check_hashed(pins, aarch64.PINS_HASHED))
+    aarch64.install(tmp_path / "place", env, wheel, "aarch64", "2026-01-01", tmp_path)
+    first = ran[0]
+    assert first[first.index("--require-hashes") :][:4] == ["--require-hashes", "--no-deps", "-r", str(env.hashed)]
+    assert str(wheel) not in first and "--platform=manylinux2014_aarch64" in first
+    with pytest.raises(SystemExit, match=r"aarch64-pins-cp311.txt lacks numpy==9.9.9; regenerate it"):
+        aarch64.check_hashed(("numpy==9.9.9",), aarch64.PINS_HASHED)
