@@ -70,8 +70,8 @@ class SweepConfig:
 def check_sizes(cfg: SweepConfig) -> None:
     """``--seeds``, ``--max-concurrent`` and ``--cpus`` within what a sweep can start: one line before Ray
     (``--cpus 100000000000`` failed Ray's start-up after 38 s, exit 1)."""
-    if not 1 <= cfg.seeds <= MAX_TRIALS:
-        raise SacEdgeError(f"--seeds must be from 1 to {MAX_TRIALS}, got {cfg.seeds}")
+    if cfg.seeds > MAX_TRIALS:  # fewer than 1: grid.plan's line
+        raise SacEdgeError(f"--seeds must be at most {MAX_TRIALS}, got {cfg.seeds}")
     if cfg.max_concurrent < 0:
         raise SacEdgeError(f"--max-concurrent must be 0 (as many as resources allow) or more, got {cfg.max_concurrent}")
     most = usable_cpus()

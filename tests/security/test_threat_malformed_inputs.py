@@ -351,7 +351,7 @@ def test_a_train_value_that_was_an_internal_error_is_one_line(
 #: Ray's start-up after 38 s (exit 1, "internal error"); negative --cpus and --max-concurrent reached Ray.
 SWEEP_CASES = [
     (["--out", "{tmp}/file"], "--out {tmp}/file is a file; pass a directory path"),
-    (["--seeds", "100000"], "--seeds must be from 1 to 10000, got 100000"),
+    (["--seeds", "100000"], "--seeds must be at most 10000, got 100000"),
     (["--grid", "utd=" + ",".join(map(str, range(1, 21))), "--seeds", "1000"], "make 20 x 1000 trials, more than"),
     (["--cpus", "100000000000"], "(the CPUs this process may use), got 100000000000"),
     (["--cpus=-1"], "--cpus must be from 0 (all) to"),
