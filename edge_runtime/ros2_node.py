@@ -528,7 +528,7 @@ class SacEdgeNode(LifecycleNode):
             if stale is not None:
                 steps.stale_steps += 1
                 steps.stale_by[stale] = steps.stale_by.get(stale, 0) + 1
-                action = self._fallback()
+                action = runtime.hold(self._obs)  # the shield's fallback, counted by the runtime
             else:
                 if self._recorder is not None:
                     self._recorder.write(self._state_topic, "sensor_msgs/msg/JointState", msg, time.time_ns())
@@ -566,17 +566,6 @@ class SacEdgeNode(LifecycleNode):
             {"type": "stale", "input": stale, "step": self._steps.steps, "age_ms": age_ms,
              "since_previous_step_ms": since / 1e6, "limit_ms": self._age_ns / 1e6}
         )  # fmt: skip
-
-    def _fallback(self) -> np.ndarray:
-        """The step on a stale input: the shield's fallback (held or fixed, counted by the shield), or the
-        last safe action without a shield."""
-        runtime = self._runtime
-        assert runtime is not None
-        shield = runtime.shield
-        safe = runtime.safe_action()
-        if shield is None:
-            return safe
-        return shield.step(self._obs, safe, False)
 
     def _learn(self, runtime: Runtime, action: np.ndarray) -> None:
         """The transition that ended at this step's observation, to ``Runtime.observe`` (with a reward topic)."""
@@ -658,6 +647,7 @@ class SacEdgeNode(LifecycleNode):
                 inference_p50_us=summary.latency_us.get("p50"),
                 inference_p99_us=summary.latency_us.get("p99"),
                 inference_overruns=summary.inference_overruns,
+                held_steps=summary.obs_held,  # Runtime.hold's steps (the stale ones) and held observations
                 shield_fallbacks=shield.get("fallbacks", 0),
                 shield_fallback_steps=shield.get("fallback_steps", 0),
                 shield_ramps=shield.get("ramps", 0),
