@@ -4,8 +4,10 @@ topics (docs/ROS2.md), built on ``Runtime`` like ``sac-edge run``.
 - **configure**: the options checked, the bundle verified, the backend opened and parity-gated
   (``Runtime.open``), the bundle's layout checked against the robot's first ``JointState`` (a missing or extra
   joint is one line naming it), the step warmed up on that state; topics and publishers made.
-- **activate**: the shield's ramp restarted (from its safe action), then one step per timer tick (``mode``
-  ``timer`` at ``rate_hz``) or per incoming state message (``mode`` ``message``, lockstep).
+- **activate**: the shield's ramp restarted from where the robot is (position commands: its joints' current
+  positions from the latest fresh ``JointState``, as an action; velocity and effort commands, or no fresh
+  state: the shield's safe action), then one step per timer tick (``mode`` ``timer`` at ``rate_hz``) or per
+  incoming state message (``mode`` ``message``, lockstep).
 - Each step: every input's age checked against ``max_input_age_ms``; a stale or missing input makes the step
   the shield's fallback (counted), and fresh inputs come back through the ramp. The command goes out as
   ``std_msgs/Float64MultiArray`` in the layout's joint order (a ros2_control forward command controller's
@@ -48,7 +50,7 @@ from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.bundle import open_bundle
 from sac_edge.common.config import options, parse_value
 from sac_edge.common.errors import InternalError, SacEdgeError
-from sac_edge.common.io_layout import bundle_layout
+from sac_edge.common.io_layout import IoLayout, bundle_layout
 from sac_edge.edge_runtime.control.loop import StoppedServing
 from sac_edge.edge_runtime.ros2 import diagnostics
 from sac_edge.edge_runtime.ros2.compat import event_callbacks
@@ -363,16 +365,41 @@ class SacEdgeNode(LifecycleNode):
     def on_activate(self, state: Any) -> Any:
         assert self._runtime is not None
         shield = self._runtime.shield
+        origin = self._ramp_origin() if shield is not None else None
         if shield is not None:
-            shield.restart()  # the ramp from the safe action
+            shield.restart(origin)
         self._previous = None
         self._state = "active"
         if not self._message_mode:
             self._timer = self.create_timer(self._period_ns / 1e9, self._on_timer)
         self._last_step_ns = 0
         self._event({"type": "lifecycle", "state": "active"})
-        self.get_logger().info(f"active: {self._param('mode')} mode at {self._rate_hz:g} Hz")
+        start = (
+            "no ramp (no shield)"
+            if shield is None
+            else "ramp from the " + ("robot's pose" if origin is not None else "safe action")
+        )
+        self.get_logger().info(f"active: {self._param('mode')} mode at {self._rate_hz:g} Hz, {start}")
         return TransitionCallbackReturn.SUCCESS
+
+    def _ramp_origin(self) -> list[float] | None:
+        """Where the activation ramp starts, as an action: with position commands the action joints' current
+        positions (the latest JointState, when fresh); else None, the shield's safe action. Velocity and effort
+        commands start there because neither zero velocity nor zero effort is safe for every robot (zero effort
+        drops an arm under gravity): ``safe_action`` is the user's to set."""
+        layout = self._layout
+        if layout.action.interface != "position":
+            return None
+        age_ns = time.monotonic_ns() - self._state_ns
+        if self._state_msg is None or age_ns > self._age_ns:
+            self.get_logger().warning(
+                f"activate: the latest JointState is {age_ns / 1e6:.0f} ms old (limit {self._age_ns / 1e6:g} ms): "
+                "the ramp starts at the shield's safe action, not at the robot's pose"
+            )
+            return None
+        origin = pose_action(layout, self._state_msg)
+        self._event({"type": "ramp_origin", "action": origin})
+        return origin
 
     def on_deactivate(self, state: Any) -> Any:
         self._stop_stepping()
@@ -681,6 +708,21 @@ class _DiagnosticMsgs:
     DiagnosticArray = DiagnosticArray
     DiagnosticStatus = DiagnosticStatus
     KeyValue = KeyValue
+
+
+def pose_action(layout: IoLayout, msg: Any) -> list[float]:
+    """The action that commands the positions ``msg`` (a JointState) gives the action's joints: the layout's
+    ``offset + scale * action`` solved for the action; NaN where a joint has no finite position or a scale of
+    0 (``Shield.restart`` takes the safe action's value there)."""
+    where = {name: i for i, name in enumerate(msg.name)}
+    positions = list(msg.position)
+    action = layout.action
+    out = []
+    for joint, scale, offset in zip(action.joints, action.scale.tolist(), action.offset.tolist()):
+        i = where.get(joint, len(positions))
+        value = float(positions[i]) if i < len(positions) else math.nan
+        out.append((value - offset) / scale if scale and math.isfinite(value) else math.nan)
+    return out
 
 
 def _fields(msg: Any) -> dict[str, Any]:

@@ -59,6 +59,19 @@ def multi_layout_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return bundle_with_layout(tmp_path_factory.mktemp("ros2") / "multi", "HalfCheetah-v5", MULTI_LAYOUT)
 
 
+#: The same robot commanded by joint position, the action joints in another order than the state's, with a
+#: scale and an offset (command = 0.05 + 0.5 * action).
+POSITION_LAYOUT = {
+    **MULTI_LAYOUT,
+    "action": {"interface": "position", "joints": ["j5", "j4", "j3", "j2", "j1", "j0"], "scale": 0.5, "offset": 0.05},
+}
+
+
+@pytest.fixture(scope="session")
+def position_layout_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return bundle_with_layout(tmp_path_factory.mktemp("ros2") / "position", "HalfCheetah-v5", POSITION_LAYOUT)
+
+
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Procs]:
     p = Procs(ros_env(), tmp_path)

@@ -124,8 +124,12 @@ def test_stale_input_falls_back_within_the_age_limit_and_ramps_back(
     wait_for(recovered, 60, "the sim's pause and its end")
     time.sleep(0.3)
     assert procs.stop("node", signal.SIGINT) == 0
-    node = _summary(procs)["node"]
+    summary = _summary(procs)
+    node = summary["node"]
     assert node["stale_steps"] > 0 and node["stale_by"].get("state", 0) == node["stale_steps"], node
+    # every stale step was Runtime.hold's: in the runtime's counts, each step once
+    assert summary["runtime"]["obs_held"] == node["held_steps"] == node["stale_steps"], (summary["runtime"], node)
+    assert summary["runtime"]["steps"] == node["steps"], (summary["runtime"]["steps"], node["steps"])
     assert node["shield_fallbacks"] >= 1 and node["shield_ramps"] >= 1, node  # back through the ramp
     replay = subprocess.run(
         [str(PYTHON), "tests/ros2/replay.py", str(pendulum_layout_bundle), str(record), "backend=onnxruntime"],
@@ -141,6 +145,27 @@ def test_stale_input_falls_back_within_the_age_limit_and_ramps_back(
         assert e["age_ms"] - e["since_previous_step_ms"] <= limit_ms < e["age_ms"], e
     err = procs.text("node", "err")
     assert "input state is stale" in err and "the shield's fallback" in err
+
+
+def test_activation_ramps_in_from_the_robots_current_joint_positions(
+    procs: Procs, position_layout_bundle: Path, tmp_path: Path
+) -> None:
+    """Position commands: the first commands after activate are the robot's own pose (joints j0..j5 at 0.1 * i,
+    the sim's start), each joint under its own name, and leave it through the ramp, not from the safe action."""
+    sim_out, ramp = tmp_path / "sim.json", 40
+    procs.start("sim", "tests/ros2/sim.py", "--kind", "multi", "--rate-hz", "50", "--out", str(sim_out))
+    procs.node(position_layout_bundle, "rate_hz:=50.0", "max_input_age_ms:=1000.0", f"ramp_steps:={ramp}",
+               "backend:=onnxruntime")  # fmt: skip
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure", "sleep:1", "activate", "sleep:1")
+    assert [s["ok"] for s in steps] == [True] * 3, steps
+    assert "ramp from the robot's pose" in procs.text("node", "err")
+    assert procs.stop("node", signal.SIGINT) == 0
+    commands = _sim_record(sim_out, procs)["commands"]
+    assert len(commands) > 5, commands
+    pose = [0.1 * i for i in (5, 4, 3, 2, 1, 0)]  # the layout's action order
+    # command = 0.05 + 0.5 * action, actions in [-1, 1]: a ramp step moves a command by at most 0.5 * 2 / ramp
+    for k, command in enumerate(commands[:3], start=1):
+        assert max(abs(c - p) for c, p in zip(command, pose)) <= k * 1.0 / ramp + 1e-9, (k, command, pose)
 
 
 def test_a_wrong_joint_name_fails_configure_in_one_line(
