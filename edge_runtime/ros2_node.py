@@ -429,6 +429,7 @@ class SacEdgeNode(LifecycleNode):
         )
         self._stop_stepping()
         self._publish_safe()
+        self._state = "error"  # what the summary says
         self._finish()
         self._state = "unconfigured"
         return TransitionCallbackReturn.SUCCESS
@@ -564,7 +565,7 @@ class SacEdgeNode(LifecycleNode):
         except StoppedServing as err:
             self._fatal = str(err)
             self._publish(err.action, t0)
-            self.get_logger().error(f"runtime stopped serving: {err}; going to the error state")
+            self.get_logger().error(f"{err}; going to the error state")
             self._state = "stopping"
             self.trigger_deactivate()
             return

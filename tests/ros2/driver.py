@@ -1,6 +1,7 @@
 """Steps a lifecycle node through its transitions over ``~/change_state`` (no ``ros2`` CLI), in its own
 process (the ROS venv). ``driver.py NODE configure activate sleep:2 deactivate cleanup`` prints one JSON line
-per step ({"step", "ok", "state"}); ``diagnostics:N`` waits for N /diagnostics messages and prints the last."""
+per step ({"step", "ok", "state"}); ``state`` prints the state; ``diagnostics:N`` waits for N /diagnostics
+messages and prints the last."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ def main() -> None:
             end = t + float(step.split(":")[1])
             while time.monotonic() < end:
                 rclpy.spin_once(node, timeout_sec=0.05)
+            continue
+        if step == "state":
+            state = call(node, get, GetState.Request())
+            label = state.current_state.label if state else None
+            print(json.dumps({"step": step, "ok": state is not None, "state": label}), flush=True)
             continue
         if step.startswith("diagnostics:"):
             seen: list = []

@@ -168,6 +168,42 @@ def test_activation_ramps_in_from_the_robots_current_joint_positions(
         assert max(abs(c - p) for c, p in zip(command, pose)) <= k * 1.0 / ramp + 1e-9, (k, command, pose)
 
 
+def test_a_backend_failing_mid_run_takes_the_node_to_the_error_state_with_a_safe_command_and_a_summary(
+    procs: Procs, failing_bundle: Path, tmp_path: Path
+) -> None:
+    """The policy's backend fails once the pendulum swings past 3 rad/s (a few steps in): the runtime stops
+    serving, the node publishes the last safe action, goes through the error state (``on_error``) to
+    unconfigured, writes its summary, publishes nothing more, and still ends cleanly on SIGINT."""
+    sim_out, summary_file = tmp_path / "sim.json", tmp_path / "summary.json"
+    procs.start("sim", "tests/ros2/sim.py", "--lockstep", "--out", str(sim_out))
+    procs.node(failing_bundle, "mode:=message", "max_input_age_ms:=5000.0", "max_backend_errors:=1",
+               "ramp_steps:=0", f"summary:={summary_file}", *EXACT)  # fmt: skip
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure", "activate")
+    assert [s["ok"] for s in steps] == [True] * 3, steps
+    wait_for(summary_file.is_file, 60, "the summary the error state writes")
+    time.sleep(0.6)  # the sim re-sends its state every 0.2 s without a command: the node must stay silent
+    state = procs.run("driver-state", "tests/ros2/driver.py", "/sac_edge", "state")
+    assert state[-1]["state"] == "unconfigured", state  # ErrorProcessing's on_error succeeded
+    summary = json.loads(summary_file.read_text())
+    runtime, node = summary["runtime"], summary["node"]
+    assert runtime["closed"] and runtime["backend_errors"] == 1, runtime
+    assert runtime["stopped_by"].startswith("backend error x1: "), runtime["stopped_by"]
+    assert node["state"] == "error" and node["stopped_by"] == runtime["stopped_by"], node
+    assert runtime["steps"] >= 4, runtime  # mid-run: the policy served first
+    err = procs.text("node", "err")
+    errors = [line for line in err.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 2, errors  # one line as it stops, one from on_error
+    assert "the runtime stopped serving: backend error x1: RuntimeError" in errors[0], errors
+    assert errors[0].endswith("going to the error state") and "safe command published" in errors[1], errors
+    assert procs.stop("node", signal.SIGINT) == 0
+    assert _summary(procs)["runtime"]["stopped_by"] == runtime["stopped_by"]
+    commands = _sim_record(sim_out, procs)["commands"]
+    # the failed step's held action, then the safe command at deactivate and at on_error: the last action the
+    # policy served (hold), and nothing after it
+    assert len(commands) == runtime["steps"] + 2, (len(commands), runtime["steps"])
+    assert commands[-4:] == [commands[-4]] * 4 and commands[-5] != commands[-4], commands[-6:]
+
+
 def test_a_wrong_joint_name_fails_configure_in_one_line(
     procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
 ) -> None:
