@@ -25,6 +25,7 @@ module imports it, so import it only where ROS 2 is sourced; ``sac-edge ros2`` s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -52,22 +53,28 @@ from sac_edge.common.config import options, parse_value
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.io_layout import IoLayout, bundle_layout
 from sac_edge.edge_runtime.control.loop import StoppedServing
+from sac_edge.edge_runtime.control.realtime import PM_QOS_MAX_US, enter_realtime, hold_idle_latency
 from sac_edge.edge_runtime.ros2 import diagnostics
 from sac_edge.edge_runtime.ros2.compat import event_callbacks
 from sac_edge.edge_runtime.ros2.qos import incompatible_warning, profile
 from sac_edge.edge_runtime.ros2.recorder import Recorder
 
-from .config import RunConfig
+from .config import RealtimeSection, RunConfig
 from .runtime import Runtime, RuntimeSummary
 
 NODE_NAME = "sac_edge"
 
 #: ``sac-edge run`` options that are no node parameter: the env, the seed and the schedule are the robot's
-#: (the node's own ``mode``/``rate_hz`` schedule it), and the realtime knobs are not applied by the node yet.
-NOT_PARAMETERS = frozenset(
-    {"bundle", "env", "seed", "shift", "json", "duration", "spin_us", "warm_cache", "realtime_priority",
-     "idle_latency_us", "lock_memory", "cpus"}
-)  # fmt: skip
+#: (the node's own ``mode``/``rate_hz`` schedule it; ``bundle`` is a node parameter of its own).
+NOT_PARAMETERS = frozenset({"bundle", "env", "seed", "shift", "json", "duration", "spin_us", "warm_cache"})
+#: Run options whose unset value is not the parameter type's 0 (0 is a value of theirs): their unset value.
+UNSET = {"idle_latency_us": -1}
+#: The (low, high) range a run option's parameter declares, where its flag's check has one.
+RANGES: dict[str, tuple[float, float]] = {
+    "rate_hz": (1e-3, 1e5),
+    "realtime_priority": (0, 99),
+    "idle_latency_us": (-1, PM_QOS_MAX_US),
+}
 MODES = ("timer", "message")
 
 
@@ -143,6 +150,9 @@ def run_parameters() -> list[tuple[str, Any, str, Any, bool]]:
         if typing.get_origin(tp) is tuple:
             ros_default: Any = ",".join(map(str, default))
             note = " (comma-separated, as the flag takes it; '': none)"
+        elif default is None and opt.dest in UNSET:
+            ros_default = UNSET[opt.dest]
+            note = f" ({ros_default}: not set)"
         elif default is None:
             ros_default = {str: "", int: 0, float: 0.0}[tp]
             note = " ('' or 0: not set)"
@@ -155,9 +165,10 @@ def run_parameters() -> list[tuple[str, Any, str, Any, bool]]:
 
 def _flag_value(name: str, value: Any, tp: Any, may_be_unset: bool) -> Any:
     """A run option's parameter value as its flag's value."""
-    if typing.get_origin(tp) is tuple:
-        return parse_value(RunConfig, name, value) if value else ()
-    if may_be_unset and value in ("", 0):
+    if typing.get_origin(tp) is tuple:  # the flag's text, a number (-p cpus:=3) or a YAML list (-p cpus:=[2,3])
+        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        return parse_value(RunConfig, name, text) if text else ()
+    if may_be_unset and value == UNSET.get(name, "" if tp is str else 0):
         return None
     return float(value) if tp is float else value
 
@@ -197,6 +208,9 @@ class SacEdgeNode(LifecycleNode):
         self._entities: list[tuple[str, Any]] = []
         self._timer: Any = None
         self._recorder: Recorder | None = None
+        self._idle_us: int | None = None
+        self._idle_hold = contextlib.ExitStack()
+        """The idle-latency cap while active (``_enter_realtime``)."""
         self.get_logger().info(
             f"ready, unconfigured: configure and activate through {self.get_fully_qualified_name()}/change_state "
             "(or set autostart)"
@@ -207,9 +221,11 @@ class SacEdgeNode(LifecycleNode):
         for p in NODE_PARAMETERS:
             self.declare_parameter(p.name, p.default, self._descriptor(p.help, p.default, p.low, p.high))
         self._run_params = run_parameters()
-        for name, default, text, _, _ in self._run_params:
-            low, high = (1e-3, 1e5) if name == "rate_hz" else (None, None)
-            self.declare_parameter(name, default, self._descriptor(text, default, low, high))
+        for name, default, text, tp, _ in self._run_params:
+            low, high = RANGES.get(name, (None, None))
+            descriptor = self._descriptor(text, default, low, high)
+            descriptor.dynamic_typing = typing.get_origin(tp) is tuple  # a list may come as text, number or list
+            self.declare_parameter(name, default, descriptor)
 
     @staticmethod
     def _descriptor(text: str, default: Any, low: float | None, high: float | None) -> ParameterDescriptor:
@@ -296,6 +312,7 @@ class SacEdgeNode(LifecycleNode):
         self._recorder = Recorder(record, bool(self._param("record_overwrite"))) if record else None
         runtime = Runtime(options, bundle=bundle, log=self.get_logger().warning, name="sac_edge")
         self._runtime = runtime.open()
+        self._idle_us = self._enter_realtime(options.realtime)
         self._summary = None
         self._fatal = None
         self._state_msg: Any = first  # as old as it is: stale unless a newer one comes in time
@@ -314,6 +331,22 @@ class SacEdgeNode(LifecycleNode):
         if not layout.topics:  # the warm-up: the step on the robot's own first state, without its effects
             layout.gather(self._obs, self._jmap, _fields(first), {}, f"JointState on {state_topic}")
             self._runtime.warm_up(self._obs)
+
+    def _enter_realtime(self, rt: RealtimeSection) -> int | None:
+        """``sac-edge run``'s realtime options, on this thread (the executor's, which runs every step): pinned
+        to ``cpus``, SCHED_FIFO at ``realtime_priority``, memory locked, now that ``Runtime.open`` has started
+        the fine-tuner (its threads and learner process keep the default policy; the learner keeps off
+        ``cpus``). The idle-latency cap (0 by default with a priority, as in ``sac-edge run``) is tried now, so
+        that a refusal is one line at configure, and held while active. Returns the cap (None: none)."""
+        for line in enter_realtime(rt.realtime_priority, rt.cpus, rt.lock_memory):
+            self.get_logger().info(f"realtime: {line}")
+        idle_us = rt.idle_latency_us
+        if idle_us is None and rt.realtime_priority:
+            idle_us = 0
+        if idle_us is not None:
+            with hold_idle_latency(idle_us):
+                pass
+        return idle_us
 
     def _qos(self, side: str) -> tuple[str, int, str]:
         return (
@@ -364,6 +397,13 @@ class SacEdgeNode(LifecycleNode):
 
     def on_activate(self, state: Any) -> Any:
         assert self._runtime is not None
+        if self._idle_us is not None:
+            try:
+                line = self._idle_hold.enter_context(hold_idle_latency(self._idle_us))
+            except SacEdgeError as err:
+                self.get_logger().error(f"activate failed: {err}")
+                return TransitionCallbackReturn.FAILURE
+            self.get_logger().info(f"realtime: {line}, while active")
         shield = self._runtime.shield
         origin = self._ramp_origin() if shield is not None else None
         if shield is not None:
@@ -444,6 +484,7 @@ class SacEdgeNode(LifecycleNode):
 
     def _stop_stepping(self) -> None:
         self._state = "stopping"
+        self._idle_hold.close()
         if self._timer is not None:
             self._timer.cancel()
             self.destroy_timer(self._timer)

@@ -4,6 +4,7 @@ lifecycle driver, each in its own process on the loopback (harness.py)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from pathlib import Path
 
 import pytest
 from harness import PYTHON, Procs, cpu_seconds, ros_children, shm, sockets, wait_for
+
+from sac_edge.common.config import options
+from sac_edge.edge_runtime.config import RunConfig
 
 pytestmark = [pytest.mark.ros2, pytest.mark.timeout(240)]
 PARAMS_FILE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "sac_edge.params.yaml"
@@ -202,6 +206,43 @@ def test_a_backend_failing_mid_run_takes_the_node_to_the_error_state_with_a_safe
     # policy served (hold), and nothing after it
     assert len(commands) == runtime["steps"] + 2, (len(commands), runtime["steps"])
     assert commands[-4:] == [commands[-4]] * 4 and commands[-5] != commands[-4], commands[-6:]
+
+
+#: ``sac-edge run`` options that are the robot's or the node's own schedule's business: no node parameter.
+NOT_PARAMETERS = {"env", "seed", "shift", "json", "duration", "spin_us", "warm_cache"}
+
+
+def test_every_run_option_is_a_parameter_and_the_realtime_ones_apply_at_configure(
+    procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
+) -> None:
+    """Every ``sac-edge run`` option (but the robot's and the schedule's) is a node parameter under its flag's
+    name, described, with its flag's range; fixed once configured; ``cpus`` pins the thread every step runs on
+    (and with root, ``idle_latency_us`` holds the PM QoS cap while active), as ``sac-edge run`` applies them."""
+    cpu = max(os.sched_getaffinity(0))
+    root = os.access("/dev/cpu_dma_latency", os.W_OK)  # the PM QoS request needs root
+    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", "50", "--out", str(tmp_path / "sim.json"))
+    procs.node(pendulum_layout_bundle, "backend:=onnxruntime", "rate_hz:=50.0", f"cpus:={cpu}",
+               *(["idle_latency_us:=1000"] if root else []))  # fmt: skip
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "parameters", "configure", "activate",
+                      "set:cpus='0'", "set:max_input_age_ms=100.0", "sleep:0.5")  # fmt: skip
+    assert [s["ok"] for s in steps] == [True, True, True, True, False, True], steps
+    assert "cpus is fixed once configured" in steps[4]["reason"], steps[4]
+    declared = steps[1]["parameters"]
+    expected = {o.dest for o in options(RunConfig)} - NOT_PARAMETERS
+    assert expected - set(declared) == set(), sorted(expected - set(declared))
+    assert all(declared[name]["description"] for name in expected)
+    assert declared["realtime_priority"]["range"] == [0, 99], declared["realtime_priority"]
+    idle = declared["idle_latency_us"]
+    assert idle["range"] == [-1, 2**31 - 1] and "-1: not set" in idle["description"], idle
+    assert declared["lock_memory"]["type"] == 1 and declared["cpus"]["dynamic"]  # bool; A,B, a number or a list
+    err = procs.text("node", "err")
+    assert f"realtime: pinned to CPUs [{cpu}]" in err, err
+    assert ("CPU idle states limited to 1000 us" in err) is root, err
+    threads = [  # the node's main thread (the executor's): the wheels' bootstrapper re-executes Python as a child
+        Path(f"/proc/{pid}/task/{pid}/status").read_text() for pid in ros_children(procs.procs["node"][0])
+    ]
+    assert any(f"Cpus_allowed_list:\t{cpu}\n" in status for status in threads), threads
+    assert procs.stop("node", signal.SIGINT) == 0
 
 
 def test_a_wrong_joint_name_fails_configure_in_one_line(
