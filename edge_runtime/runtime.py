@@ -562,6 +562,18 @@ class Runtime:
         """The last safe action (a reused buffer), as ``act`` holds it."""
         return self._pipeline.act_guard.hold()
 
+    def hold(self, obs: np.ndarray | None = None) -> np.ndarray:
+        """The step for a loop whose input it cannot trust now (a stale or missing sensor message): nothing
+        is inferred; the last safe action, through the shield's fallback where there is a shield (which
+        then ramps back to the policy once ``act`` steps again), in a buffer the next step reuses, as ``act``'s.
+        Counted as a step and in ``obs_held``, as ``act`` counts an observation its guard holds; the shield
+        counts the fallback (cause ``not_inferred``). ``obs``: the last observation the caller has, for the
+        shield's envelope and stuck-sensor checks (None: none)."""
+        if _get_ident() != self._owner:
+            self._claim("hold")
+        observed = plain_array(obs) if obs is not None else None
+        return self._pipeline.hold(observed if type(observed) is np.ndarray else None)
+
     # -- any thread ----------------------------------------------------------------------------------
     def summary(self) -> RuntimeSummary:
         """The figures so far (any thread; inference latency up to the last ``tick``), or the final ones

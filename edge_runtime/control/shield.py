@@ -371,10 +371,17 @@ class Shield:
         self.emit({"type": "shield", "event": "resume", "step": self.steps})
 
     # -- events from outside the step ----------------------------------------------------------------
-    def restart(self) -> None:
-        """A new start (the first step, a new episode): the ramp from the safe action, no history."""
-        self._sent = self._last_clear = list(self.safe_action)
-        self.ramp.start(self.safe_action)
+    def restart(self, origin: Sequence[float] | None = None) -> None:
+        """A new start (the first step, a new episode): the ramp from ``origin`` (where the plant is now, as
+        an action: clipped to the bounds, the safe action's value where one is not finite), else from the
+        safe action; no history."""
+        start = list(self.safe_action)
+        if origin is not None:
+            for i, (v, (lo, hi)) in enumerate(zip(origin, self._bounds)):
+                if math.isfinite(v):
+                    start[i] = hi if v > hi else lo if v < lo else float(v)
+        self._sent = self._last_clear = start
+        self.ramp.start(start)
         self.stuck.reset()
         self._outside = self._clear = 0
         self._falling_back = False

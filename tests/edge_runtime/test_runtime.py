@@ -196,3 +196,46 @@ def test_warming_up_before_each_step_changes_nothing_act_keeps(enveloped_bundle:
     assert figures[0].inference_overruns == figures[1].inference_overruns == 0
     assert [getattr(figures[0], k) for k in keep] == [getattr(figures[1], k) for k in keep]
     assert figures[0].shield["fallbacks"] > 5 and figures[0].shield["ramps"] > 0
+
+
+@pytest.mark.parametrize("shield", ["on", "guards"])
+def test_hold_steps_without_inferring_through_the_fallback_and_counts_it(pendulum_bundle: Path, shield: str) -> None:
+    """``hold`` is the step of a loop whose input is stale: the last action held (the shield's ``hold``
+    fallback, or the action guard's last safe action without a shield), counted as a step and as held, and
+    with a shield one fallback that ramps back to the policy once ``act`` steps again."""
+    obs = np.array([1.0, 0.0, 0.5], np.float32)
+    flags = dict(shield=shield, ramp_steps=3, shield_window=2, stuck_steps=0, rate_hz=1.0)
+    with _runtime(pendulum_bundle, **flags) as runtime:
+        sent = [runtime.act(obs).tolist() for _ in range(5)]
+        assert (sent[0] != sent[-1]) is (shield == "on")  # the shield's ramp from the safe action at the start
+        errors: list[BaseException] = []
+        worker = threading.Thread(target=lambda: errors.extend(_raised(runtime.hold, obs)), name="ros-timer")
+        worker.start()
+        worker.join()
+        assert len(errors) == 1 and "'ros-timer'" in str(errors[0])  # the control thread's call, like act
+        held = [runtime.hold(obs).tolist() for _ in range(4)] + [runtime.hold(None).tolist()]
+        assert held == [sent[-1]] * 5, (sent, held)
+        after = [runtime.act(obs).tolist() for _ in range(6)]
+        now = runtime.summary()
+    assert (now.steps, now.obs_held, now.obs_nonfinite, now.obs_malformed) == (16, 5, 0, 0)
+    assert now.inference_overruns == 0 and now.backend_errors == 0
+    assert after == [sent[-1]] * 6  # the fallback held the policy's action; back to it (a ramp from there)
+    s = now.shield
+    if shield == "guards":
+        assert s["mode"] == "guards"
+        return
+    assert (s["fallbacks"], s["fallback_causes"]["not_inferred"], s["fallback_steps"]) == (1, 1, 6), s
+    assert s["ramps"] == 1, s  # back to the policy through the ramp once the window of clear steps passed
+
+
+def _raised(call: Any, *args: Any) -> list[BaseException]:
+    try:
+        call(*args)
+    except SacEdgeError as err:
+        return [err]
+    return []
+
+
+def test_hold_before_open_is_refused_in_one_line(pendulum_bundle: Path) -> None:
+    with pytest.raises(SacEdgeError, match=r"^Runtime.hold\(\) before open\(\)"):
+        _runtime(pendulum_bundle).hold(np.zeros(3, np.float32))

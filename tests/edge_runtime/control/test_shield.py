@@ -49,6 +49,20 @@ def test_ramp_blends_in_from_the_safe_action() -> None:
     assert s.counts.fallbacks == 0
 
 
+def test_a_restart_ramps_from_the_plants_own_action_clipped_and_finite() -> None:
+    """``restart(origin)``: the ramp (and the slew limit, and a ``hold`` fallback) start where the plant is,
+    not at the safe action; a value outside the bounds is clipped, a non-finite one is the safe action's."""
+    s = shield(ramp_steps=4, slew=(0.6, 0.3))
+    policy = np.array([-2.0, 1.0], np.float32)
+    s.restart([1.6, float("nan")])
+    first = s.step(good(0), policy, True).copy()
+    # a quarter of the way from the origin (0.7, 0.25), the first slew-limited to 0.6 from the origin too
+    np.testing.assert_allclose(first, [1.0, 0.25])
+    s.restart([9.0, -0.2])
+    np.testing.assert_allclose(s.step(good(1), policy, False), [2.0, -0.2])  # not inferred: the origin, held
+    assert s.counts.fallbacks == 1 and s.counts.slew_limited == 1
+
+
 @pytest.mark.parametrize("window", [1, 3])
 def test_nan_burst_falls_back_after_the_window_and_comes_back_through_the_ramp(window: int) -> None:
     s = shield(window=window, ramp_steps=2)
