@@ -52,6 +52,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[SweepConfig, TrainConfig]:
     sweep = config_from_dict(SweepConfig, vars(ns), PROG)
     train_ns = build_parser(TrainConfig, PROG, "").parse_args(rest)
     train = dataclasses.replace(config_from_dict(TrainConfig, vars(train_ns), PROG), env=sweep.env)
+    if train.profile:  # each trial would stop once profiled, and the sweep would rank runs cut short
+        raise SacEdgeError("--profile stops a run once profiled, so no sweep takes it; profile one run with sac-train")
     return sweep, train
 
 
