@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.config import build_parser, check_fields, config_dict, config_from_dict
 from sac_edge.common.errors import InternalError, SacEdgeError, run_cli
 from sac_edge.common.jsonfile import read_json
@@ -29,6 +30,11 @@ SAVED = "sweep_config.json"
 # On --resume these come from the command line; everything else from DIR/sweep_config.json.
 # `out` above all: the directory resumed is the one named here, never one a copied sweep_config.json names.
 RESUME_FROM_FLAGS = ("address", "cpus", "json", "out", "resume")
+# On --resume these replace the saved ones when given (a value other than the default), else the saved ones stay:
+# --storage (the same store reached another way), and what the report measures against, the target return and the
+# price (of the sweep's config and sac-train's), which are written back to DIR/sweep_config.json.
+RESUME_IF_GIVEN = ("storage", "target_return")
+REPORT_SETTINGS = {"sweep": ("target_return",), "train": ("price_per_hour",)}
 JSON_KEYS = (
     "engine",
     "ray_version",
@@ -54,6 +60,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[SweepConfig, TrainConfig]:
     train = dataclasses.replace(config_from_dict(TrainConfig, vars(train_ns), PROG), env=sweep.env)
     if train.profile:  # each trial would stop once profiled, and the sweep would rank runs cut short
         raise SacEdgeError("--profile stops a run once profiled, so no sweep takes it; profile one run with sac-train")
+    # Here, not as every trial's error once Ray has started (--price-per-hour -1 failed them all). --threads is
+    # left to each trial: a cluster's workers may have more CPUs than this machine.
+    check_values(dataclasses.replace(train, threads=0))
     return sweep, train
 
 
@@ -65,23 +74,38 @@ def _require_extra() -> None:
         raise SacEdgeError(f"sac-sweep needs Ray Tune and scipy ({err.name} is missing); {INSTALL}") from None
 
 
-def _saved(sweep_dir: Path, sweep: SweepConfig) -> tuple[SweepConfig, TrainConfig]:
+def _given(cfg: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The settings of ``cfg`` among ``names`` that the command line gave (a value other than the default)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    return {name: getattr(cfg, name) for name in names if getattr(cfg, name) != defaults[name]}
+
+
+def _saved(sweep_dir: Path, sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, TrainConfig]:
     saved = read_json(sweep_dir / SAVED, "sweep config", "nothing to resume; run without --resume")
-    # --storage again on --resume: the same store reached another way (a new endpoint, another mount point).
-    given = ("storage",) if sweep.storage is not None else ()
-    flags = {k: getattr(sweep, k) for k in (*RESUME_FROM_FLAGS, *given)}
     source = str(sweep_dir / SAVED)
     if not all(isinstance(saved.get(part), dict) for part in ("sweep", "train")):  # was a KeyError, exit 1
         raise SacEdgeError(f"{source}: holds no 'sweep' and 'train' settings; nothing to resume; run without --resume")
-    sweep_cfg = config_from_dict(SweepConfig, {**saved["sweep"], **flags}, source)
-    train_cfg = config_from_dict(TrainConfig, saved["train"], source)
+    flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
+    sweep_given, train_given = _given(sweep, RESUME_IF_GIVEN), _given(train, REPORT_SETTINGS["train"])
+    sweep_cfg = config_from_dict(SweepConfig, {**saved["sweep"], **flags, **sweep_given}, source)
+    train_cfg = config_from_dict(TrainConfig, {**saved["train"], **train_given}, source)
     try:  # the types the command line's parser would have checked (a str seed count was a TypeError, exit 1)
         check_fields(sweep_cfg)
         check_fields(train_cfg)
         check_values(train_cfg)
     except SacEdgeError as err:
         raise SacEdgeError(f"{source} holds a setting no sweep can use ({err}); restore it") from None
+    _write_back(sweep_dir / SAVED, saved, sweep_cfg, train_cfg)
     return sweep_cfg, train_cfg
+
+
+def _write_back(path: Path, saved: dict[str, Any], sweep: SweepConfig, train: TrainConfig) -> None:
+    """The report's settings taken on --resume into the saved config (atomically), so the next resume and the
+    saved config agree with the summary; the rest of the file as it was."""
+    now = {"sweep": config_dict(sweep), "train": config_dict(train)}
+    changed = {part: {k: now[part][k] for k in names} for part, names in REPORT_SETTINGS.items()}
+    if any(saved[part].get(k) != v for part, values in changed.items() for k, v in values.items()):
+        atomic_write_json(path, {**saved, **{part: {**saved[part], **changed[part]} for part in changed}})
 
 
 def _check_address(address: str | None) -> None:
@@ -101,7 +125,7 @@ def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, Train
     _check_address(sweep.address)
     sweep_dir = Path(sweep.out)
     if sweep.resume:
-        return _saved(sweep_dir, sweep)
+        return _saved(sweep_dir, sweep, train)
     if train.eval_every <= 0 or train.eval_every > train.total_steps:
         raise SacEdgeError("a sweep ranks trials by their evaluations; give 0 < --eval-every <= --total-steps")
     if (sweep_dir / SAVED).exists():
@@ -174,8 +198,6 @@ def _main(argv: Sequence[str] | None) -> int:
             if sweep.address is not None or sweep.storage:
                 probe_storage(storage, given=bool(sweep.storage))
             if not sweep.resume:
-                from sac_edge.common.atomic import atomic_write_json
-
                 atomic_write_json(sweep_dir / SAVED, {"sweep": config_dict(sweep), "train": config_dict(train)})
             try:
                 lost = run_trials(

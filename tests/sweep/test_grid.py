@@ -73,6 +73,9 @@ def test_sweep_checks_before_ray(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "nothing to resume" in _one_error_line(capsys)
     assert main(["--out", str(tmp_path), "--seeds", "0"]) == 2
     assert "--seeds must be at least 1" in _one_error_line(capsys)
+    assert main(["--out", str(tmp_path / "c"), "--price-per-hour", "-1"]) == 2  # bca952e: every trial failed
+    assert "--price-per-hour must be a price of 0 or more" in _one_error_line(capsys)
+    assert not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize("profile", [["--profile"], ["--profile", "5"]])
@@ -86,10 +89,13 @@ def test_profile_is_refused_before_ray(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_negative_numbers_are_values_of_the_sweep_s_and_sac_train_s_flags(capsys: pytest.CaptureFixture[str]) -> None:
     """``--target-return -1e9`` was "expected one argument" on bca952e (only ``=-1e9`` worked)."""
-    sweep, train = parse_args(["--target-return", "-1e9", "--init-alpha", "-.5", "--out", "s"])
-    assert (sweep.target_return, train.init_alpha) == (-1e9, -0.5)  # parsed here; --init-alpha checked later
+    sweep, _ = parse_args(["--target-return", "-1e9", "--out", "s"])
+    assert sweep.target_return == -1e9
     assert main(["--target-return", "-inf", "--out", "s"]) == 2
     assert "--target-return must be a finite number, got -inf" in _one_error_line(capsys)
+    assert main(["--init-alpha", "-5e-2", "--out", "s"]) == 2  # a value of sac-train's, refused as a value
+    assert "--init-alpha must be a positive number, got -0.05" in _one_error_line(capsys)
+    assert not Path("s").exists()
 
 
 def test_without_the_extra_the_message_says_how_to_install(
