@@ -19,7 +19,7 @@ from sac_edge.common.summary import emit_json
 from sac_edge.train.config import TrainConfig, check_values
 
 from .config import SweepConfig
-from .grid import Trial, parse_grid, plan
+from .grid import Trial, TrialOutcome, parse_grid, plan
 
 if TYPE_CHECKING:
     from .storage import Storage
@@ -171,49 +171,82 @@ def _resume_from(sweep: SweepConfig, storage: Storage, trials: list[Trial]) -> d
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    sweep, train = parse_args(argv)
-    sweep, train = _prepare(sweep, train)
+    sweep, train = _prepare(*parse_args(argv))
     trials = plan(parse_grid(sweep.grid), train.seed, sweep.seeds, Path(sweep.out))
     _require_extra()
-    import ray
-
     from . import state
-    from .report import CURVES, curves, plot_curves, summarize, write_summary
-    from .storage import checked_trials_dir, collect, open_storage
-    from .tune_run import probe_storage, ray_session, run_trials, trial_resources
+    from .storage import open_storage
 
     sweep_dir = Path(sweep.out)
     storage = open_storage(sweep.storage or str(sweep_dir))
-    if sweep.resume:
-        checked_trials_dir(sweep_dir)
-        collect(storage, trials, sweep_dir)  # a driver killed outright copied nothing back
-    elif sweep.storage:
-        _fresh_storage(storage, sweep.force)
+    _ready_storage(sweep, storage, trials)
     ended = state.ended(sweep_dir) if sweep.resume else {}
     pending = state.to_run(trials, train.total_steps, ended)
-    lost: dict[str, str] = {}
     start = time.perf_counter()
-    if pending:
-        with ray_session(sweep.address, sweep.cpus, trial_resources(train)):
-            if sweep.address is not None or sweep.storage:
-                probe_storage(storage, given=bool(sweep.storage))
-            if not sweep.resume:
-                atomic_write_json(sweep_dir / SAVED, {"sweep": config_dict(sweep), "train": config_dict(train)})
-            try:
-                lost = run_trials(
-                    pending,
-                    train,
-                    sweep_dir,
-                    storage,
-                    scheduler=sweep.scheduler,
-                    max_concurrent=sweep.max_concurrent,
-                    ended=ended,
-                    resume_from=_resume_from(sweep, storage, pending),
-                )
-            finally:  # after the run and after Ctrl-C: each trial's newest checkpoint into DIR/trials
-                collect(storage, trials, sweep_dir)
+    lost = _run_pending(sweep, train, storage, pending, ended, trials)
     outcomes = state.outcomes(trials, ended)
-    wall = time.perf_counter() - start
+    summary = _summarize(sweep, train, outcomes, lost, time.perf_counter() - start)
+    _write_outputs(summary, outcomes, sweep, train)
+    return _exit_code(summary, sweep_dir)
+
+
+def _ready_storage(sweep: SweepConfig, storage: Storage, trials: list[Trial]) -> None:
+    """On --resume the trials' newest checkpoints copied back into DIR/trials (a driver killed outright copied
+    nothing back); a new sweep with --storage starts on an empty prefix."""
+    from .storage import checked_trials_dir, collect
+
+    if sweep.resume:
+        checked_trials_dir(Path(sweep.out))
+        collect(storage, trials, Path(sweep.out))
+    elif sweep.storage:
+        _fresh_storage(storage, sweep.force)
+
+
+def _run_pending(
+    sweep: SweepConfig,
+    train: TrainConfig,
+    storage: Storage,
+    pending: list[Trial],
+    ended: dict[str, str | None],
+    trials: list[Trial],
+) -> dict[str, str]:
+    """The trials still to run, on Ray (none to run: no Ray); the sweep's config is saved once the storage is
+    known to work. Adds each trial that ends to ``ended``; returns those the cluster lost."""
+    if not pending:
+        return {}
+    from .storage import collect
+    from .tune_run import probe_storage, ray_session, run_trials, trial_resources
+
+    sweep_dir = Path(sweep.out)
+    with ray_session(sweep.address, sweep.cpus, trial_resources(train)):
+        if sweep.address is not None or sweep.storage:
+            probe_storage(storage, given=bool(sweep.storage))
+        if not sweep.resume:
+            atomic_write_json(sweep_dir / SAVED, {"sweep": config_dict(sweep), "train": config_dict(train)})
+        try:
+            return run_trials(
+                pending,
+                train,
+                sweep_dir,
+                storage,
+                scheduler=sweep.scheduler,
+                max_concurrent=sweep.max_concurrent,
+                ended=ended,
+                resume_from=_resume_from(sweep, storage, pending),
+            )
+        finally:  # after the run and after Ctrl-C: each trial's newest checkpoint into DIR/trials
+            collect(storage, trials, sweep_dir)
+
+
+def _summarize(
+    sweep: SweepConfig, train: TrainConfig, outcomes: list[TrialOutcome], lost: dict[str, str], wall: float
+) -> dict[str, Any]:
+    """summary.json's contents: the ranking, each config's time and cost, and how many trials are unfinished."""
+    import ray
+
+    from .report import summarize
+
+    sweep_dir = Path(sweep.out)
     summary = summarize(
         outcomes,
         train.total_steps,
@@ -232,9 +265,23 @@ def _main(argv: Sequence[str] | None) -> int:
     summary["unfinished"] = sum(
         r["status"] in unfinished or Path(r["run"]).name in lost for r in summary["trial_results"]
     )
+    return summary
+
+
+def _write_outputs(
+    summary: dict[str, Any], outcomes: list[TrialOutcome], sweep: SweepConfig, train: TrainConfig
+) -> None:
+    """summary.json, curves.png, and the table (with --json, the JSON line last on stdout)."""
+    from .report import CURVES, curves, plot_curves, write_summary
+
+    sweep_dir = Path(sweep.out)
     write_summary(summary, sweep_dir)
     plot_curves(curves(outcomes), sweep_dir / CURVES, f"{train.env}: {len(outcomes)} trials")
     _report(summary, sweep_dir, sweep.json)
+
+
+def _exit_code(summary: dict[str, Any], sweep_dir: Path) -> int:
+    """0; 130 with how to continue when trials are unfinished; an error when every trial failed."""
     if summary["trials"] and summary["errors"] == summary["trials"]:
         raise InternalError("every trial failed (their errors are above); fix the first and run again")
     if summary["unfinished"]:

@@ -287,61 +287,81 @@ class Trainer:
         return float(np.mean(returns))
 
     def train(self) -> TrainSummary:
-        cfg = self.cfg
-        self._start = start = time.perf_counter()
+        self._start = time.perf_counter()
         self._finite = torch.ones((), dtype=torch.bool, device=self.device)
         self._fast_ready = False
-        self.monitor = monitor = IntervalMonitor(self.device, self.step)
-        uncounted, updates_at_start = self.step, self.updates  # steps out of the summary's rate (earlier sessions')
-        loop_s = 0.0  # seconds of collecting and updating in this process (no evaluations, no checkpoints)
-        metrics = None
+        self.monitor = IntervalMonitor(self.device, self.step)
+        bar = self._progress_bar()
+        try:
+            loop_s, uncounted = self._loop(bar)
+        finally:
+            bar.close()
+            self.metrics.close()
+            self.monitor.close()
+            self.envs.close()
+        return self._summary(loop_s, uncounted)
+
+    def _progress_bar(self) -> tqdm:
         # Only on a terminal: a redirected log gets metrics.csv and the summary, not carriage-return noise.
-        bar = tqdm(
-            total=cfg.total_steps,
+        return tqdm(
+            total=self.cfg.total_steps,
             initial=self.step,
-            disable=not (cfg.progress and sys.stderr.isatty()),
+            disable=not (self.cfg.progress and sys.stderr.isatty()),
             unit="step",
             dynamic_ncols=True,
             mininterval=0.5,
         )
-        try:
-            while self.step < cfg.total_steps:
-                before = self.step
-                t0 = time.perf_counter()
-                metrics = self._advance()[2] or metrics
-                loop_s += time.perf_counter() - t0
-                profiled = bool(cfg.profile) and self.updates - updates_at_start >= WARMUP_UPDATES
-                if profiled:  # its steps run under the profiler: out of the summary's rate
-                    profiled_from = self.step
-                    metrics = self._profile() or metrics
-                    uncounted += self.step - profiled_from
-                bar.update(self.step - before)
-                last = self.step >= cfg.total_steps or profiled
-                do_eval = cfg.eval_every > 0 and (_crossed(before, self.step, cfg.eval_every) or last)
-                if do_eval or last or _crossed(before, self.step, cfg.log_every):
-                    self._check_finite(self._finite)
-                    row = self._row(metrics)
-                    if do_eval:
-                        self.last_eval = row["eval_return"] = self._evaluate()
-                    self.metrics.log(row)
-                    bar.set_postfix(ret=row["train_return"], ups=f"{row['updates_per_s'] or 0:.0f}", refresh=False)
-                if cfg.checkpoint_every and _crossed(before, self.step, cfg.checkpoint_every):
-                    self._check_finite(self._finite)
-                    self.save()
-                if profiled:
-                    break
+
+    def _loop(self, bar: tqdm) -> tuple[float, int]:
+        """Collect and update up to --total-steps (or to the end of --profile), then checkpoint. Returns the
+        seconds of collecting and updating in this process (no evaluations, no checkpoints) and the steps
+        left out of the summary's rate (earlier sessions' and profiled ones)."""
+        cfg = self.cfg
+        uncounted, updates_at_start = self.step, self.updates
+        loop_s = 0.0
+        metrics = None
+        while self.step < cfg.total_steps:
+            before = self.step
+            t0 = time.perf_counter()
+            metrics = self._advance()[2] or metrics
+            loop_s += time.perf_counter() - t0
+            profiled = bool(cfg.profile) and self.updates - updates_at_start >= WARMUP_UPDATES
+            if profiled:  # its steps run under the profiler: out of the summary's rate
+                profiled_from = self.step
+                metrics = self._profile() or metrics
+                uncounted += self.step - profiled_from
+            bar.update(self.step - before)
+            self._log_and_checkpoint(before, metrics, bar, last=self.step >= cfg.total_steps or profiled)
+            if profiled:
+                break
+        self._check_finite(self._finite)
+        self.save()
+        return loop_s, uncounted
+
+    def _log_and_checkpoint(self, before: int, metrics: UpdateMetrics | None, bar: tqdm, last: bool) -> None:
+        """After the steps from ``before``: a metrics row when one is due (with an evaluation when that is due
+        too, and always at the ``last`` step), and a checkpoint when one is due."""
+        cfg = self.cfg
+        do_eval = cfg.eval_every > 0 and (_crossed(before, self.step, cfg.eval_every) or last)
+        if do_eval or last or _crossed(before, self.step, cfg.log_every):
+            self._check_finite(self._finite)
+            row = self._row(metrics)
+            if do_eval:
+                self.last_eval = row["eval_return"] = self._evaluate()
+            self.metrics.log(row)
+            bar.set_postfix(ret=row["train_return"], ups=f"{row['updates_per_s'] or 0:.0f}", refresh=False)
+        if cfg.checkpoint_every and _crossed(before, self.step, cfg.checkpoint_every):
             self._check_finite(self._finite)
             self.save()
-        finally:
-            bar.close()
-            self.metrics.close()
-            monitor.close()
-            self.envs.close()
+
+    def _summary(self, loop_s: float, uncounted: int) -> TrainSummary:
+        """The run's summary (and its cost line in the log) from ``_loop``'s seconds and uncounted steps."""
+        monitor = self.monitor
         monitor.timer.drain()
         steps_per_s = (self.step - uncounted) / loop_s if loop_s > 0 else 0.0
         peak_rss = monitor.memory.read()[1]
-        costs = cost_fields(steps_per_s, self.wall_before + self._session_s(), cfg.price_per_hour)
-        print(f"sac-train: {cost_line(costs, peak_rss)}", file=sys.stderr if cfg.json else sys.stdout)
+        costs = cost_fields(steps_per_s, self.wall_before + self._session_s(), self.cfg.price_per_hour)
+        self._say(cost_line(costs, peak_rss))
         return TrainSummary(
             str(self.run),
             self.step,
@@ -349,7 +369,7 @@ class Trainer:
             self.episodes,
             _rate(monitor.timer.total_updates, monitor.timer.total_s),
             self.last_eval,
-            time.perf_counter() - start,
+            self._session_s(),
             self.compile_s,
             steps_per_s,
             costs["hours_per_million_steps"],
