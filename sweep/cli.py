@@ -31,10 +31,10 @@ SAVED = "sweep_config.json"
 # `out` above all: the directory resumed is the one named here, never one a copied sweep_config.json names.
 RESUME_FROM_FLAGS = ("address", "cpus", "json", "out", "resume")
 # On --resume these replace the saved ones when given (a value other than the default), else the saved ones stay:
-# --storage (the same store reached another way), and what the report measures against, the target return and the
-# price (of the sweep's config and sac-train's), which are written back to DIR/sweep_config.json.
-RESUME_IF_GIVEN = ("storage", "target_return")
-REPORT_SETTINGS = {"sweep": ("target_return",), "train": ("price_per_hour",)}
+# --storage (the same store reached another way) and what the report measures against, the target return and the
+# price; those two are also written back to DIR/sweep_config.json, as settings of the sweep rather than of a session.
+RESUME_IF_GIVEN = {"sweep": ("storage", "target_return"), "train": ("price_per_hour",)}
+WRITTEN_BACK = {"sweep": ("target_return",), "train": ("price_per_hour",)}
 JSON_KEYS = (
     "engine",
     "ray_version",
@@ -86,7 +86,7 @@ def _saved(sweep_dir: Path, sweep: SweepConfig, train: TrainConfig) -> tuple[Swe
     if not all(isinstance(saved.get(part), dict) for part in ("sweep", "train")):  # was a KeyError, exit 1
         raise SacEdgeError(f"{source}: holds no 'sweep' and 'train' settings; nothing to resume; run without --resume")
     flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
-    sweep_given, train_given = _given(sweep, RESUME_IF_GIVEN), _given(train, REPORT_SETTINGS["train"])
+    sweep_given, train_given = _given(sweep, RESUME_IF_GIVEN["sweep"]), _given(train, RESUME_IF_GIVEN["train"])
     sweep_cfg = config_from_dict(SweepConfig, {**saved["sweep"], **flags, **sweep_given}, source)
     train_cfg = config_from_dict(TrainConfig, {**saved["train"], **train_given}, source)
     try:  # the types the command line's parser would have checked (a str seed count was a TypeError, exit 1)
@@ -103,7 +103,7 @@ def _write_back(path: Path, saved: dict[str, Any], sweep: SweepConfig, train: Tr
     """The report's settings taken on --resume into the saved config (atomically), so the next resume and the
     saved config agree with the summary; the rest of the file as it was."""
     now = {"sweep": config_dict(sweep), "train": config_dict(train)}
-    changed = {part: {k: now[part][k] for k in names} for part, names in REPORT_SETTINGS.items()}
+    changed = {part: {k: now[part][k] for k in names} for part, names in WRITTEN_BACK.items()}
     if any(saved[part].get(k) != v for part, values in changed.items() for k, v in values.items()):
         atomic_write_json(path, {**saved, **{part: {**saved[part], **changed[part]} for part in changed}})
 

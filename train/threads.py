@@ -260,7 +260,7 @@ def watched_record(record: dict[str, Any], threads: int) -> dict[str, Any]:
 
 
 def with_change(record: dict[str, Any], change: dict[str, Any], threads: int) -> dict[str, Any]:
-    """``record`` with one kept change of the watch added and ``current`` the count it left."""
+    """``record`` with one kept change of the watch added and ``current`` the count that change moved to."""
     return {**record, "current": threads, "changes": [*record.get("changes", []), change]}
 
 
