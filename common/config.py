@@ -140,9 +140,21 @@ def sections(cls: type[Any]) -> list[tuple[str, type[Any]]]:
     return [(f.name, tp) for f in dataclasses.fields(cls) if f.init and _is_section(tp := _field_type(cls, f.type))]
 
 
+#: A value that starts with a dash but is a number (or a comma-separated list of numbers): ``-5``, ``-.5``,
+#: ``-1e9``, ``-inf``, ``-1,2``. argparse's own pattern knows only ``-5`` and ``-.5``, so ``--flag -1e9``
+#: read ``-1e9`` as an unknown flag ("expected one argument"); no flag of sac-edge looks like this.
+_NUMBER = r"(?:\d+\.?\d*(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?|inf(?:inity)?|nan)"
+_NEGATIVE_VALUE = re.compile(rf"^-{_NUMBER}(?:,\s*[-+]?{_NUMBER})*$", re.IGNORECASE)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the one-line error convention: a bad flag is a ``SacEdgeError`` naming the flag and the
-    fix, not argparse's usage block (tens of lines) and its own exit."""
+    fix, not argparse's usage block (tens of lines) and its own exit; and a negative number is a value
+    (``--target-return -1e9``), whatever its notation."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_VALUE  # argparse consults this (private) attribute
 
     def error(self, message: str) -> typing.NoReturn:
         raise SacEdgeError(f"{message}; {_fix(message)} ('{self.prog} --help' lists the options)")

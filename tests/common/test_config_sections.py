@@ -107,3 +107,19 @@ def test_check_fields_takes_what_the_parser_makes() -> None:
 def test_two_settings_with_one_flag_are_a_bug() -> None:
     with pytest.raises(InternalError, match=r"kind and engine\.kind share --engine"):
         options(Clash)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("-1e9", -1e9), ("-5", -5.0), ("-.5", -0.5), ("-2.5E-3", -2.5e-3), ("-7.", -7.0)]
+)
+def test_a_negative_number_after_a_flag_is_its_value(text: str, value: float) -> None:
+    """argparse's own pattern knows only ``-5`` and ``-.5``: ``--limit -1e9`` was "expected one argument"."""
+    cfg = parse_config(Command, ["t", "--limit", text, "--cores", "-1,2"], "cmd", "x", ("target",))
+    assert cfg.engine.limit == value and cfg.engine.cores == (-1, 2)
+
+
+def test_a_negative_infinity_is_read_as_a_value_and_refused_as_one() -> None:
+    with pytest.raises(SacEdgeError, match=r"^--limit must be a finite number, got -inf"):
+        parse_config(Command, ["t", "--limit", "-inf"], "cmd", "x", ("target",))
+    with pytest.raises(SacEdgeError, match=r"^argument --limit: expected one argument"):  # a word stays a flag
+        parse_config(Command, ["t", "--limit", "-fast"], "cmd", "x", ("target",))
