@@ -149,7 +149,7 @@ def hot_path(bundle: Path) -> dict[str, float]:
     options = RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32")
     with Runtime(options) as runtime:
         backend = runtime.backend  # its own session: the ratio is against the backend it calls
-        inline = inline_step(backend, b.spec, make_shield(options, b, lambda _: None))
+        inline = inline_step(backend, b.spec, make_shield(options.runtime_options(), b, lambda _: None))
         lib = interleaved(
             {
                 "runtime_act": lambda: runtime.act(obs),

@@ -45,7 +45,7 @@ from sac_edge.common.envelope import Envelope, parse_envelope
 from sac_edge.common.latency import interleaved
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
-from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
+from sac_edge.edge_runtime.control.shield import Shield, ShieldOptions
 
 
 def load(bundle_dir: Path) -> tuple[Envelope, np.ndarray, tuple[np.ndarray, np.ndarray], str]:
@@ -93,7 +93,7 @@ def runtime_path(
 ) -> tuple[Shield, ObservationGuard, ActionGuard]:
     """The shield and the guards as ``Runtime.act`` composes them with the shield on."""
     low, high = bounds
-    shield = Shield(ShieldSettings(), low.tolist(), high.tolist(), envelope)
+    shield = Shield(ShieldOptions(), low.tolist(), high.tolist(), envelope)
     guard = ObservationGuard(*declared(envelope.obs_dim), "clip", shield.obs_bounds, dtype=np.float32)
     return shield, guard, ActionGuard(low, high)
 
@@ -147,7 +147,7 @@ def detection(envelope: Envelope, states: np.ndarray, sigma: float) -> list[dict
     dims = rng.integers(envelope.obs_dim, size=len(held))
     spiked[np.arange(len(held)), dims] += sigma * envelope.scale[dims]
     shuffled = np.column_stack([rng.permutation(held[:, d]) for d in range(envelope.obs_dim)])
-    shield = Shield(ShieldSettings(), [0.0], [0.0], envelope)
+    shield = Shield(ShieldOptions(), [0.0], [0.0], envelope)
     z_ref = (ref - envelope.mean) / envelope.scale
 
     def nn_distance(x: np.ndarray) -> float:
