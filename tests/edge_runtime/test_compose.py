@@ -241,7 +241,7 @@ def test_a_bad_shield_mode_is_one_line_in_python(tmp_path: Path) -> None:
     from sac_edge.common.errors import SacEdgeError
     from sac_edge.edge_runtime.config import RuntimeOptions, ShieldSection
 
-    with pytest.raises(SacEdgeError, match="^--shield must be one of on, guards, got 'x'$"):
+    with pytest.raises(SacEdgeError, match=r"^--shield must be one of on, guards, got 'x'$"):
         RuntimeOptions(str(tmp_path), shield=ShieldSection(mode="x"))
 
 

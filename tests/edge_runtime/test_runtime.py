@@ -126,7 +126,7 @@ def test_misuse_is_refused_with_one_line(pendulum_bundle: Path) -> None:
         RuntimeOptions.of(str(pendulum_bundle), finetune=True, promotion_window=0)
     with pytest.raises(SacEdgeError, match="--promotion-window"):  # sac-edge run's config: its runtime options
         Runtime(RunConfig.of(str(pendulum_bundle), finetune=True, promotion_window=0))
-    with pytest.raises(SacEdgeError, match="^Runtime takes RuntimeOptions, got dict; pass RuntimeOptions"):
+    with pytest.raises(SacEdgeError, match=r"^Runtime takes RuntimeOptions, got dict; pass RuntimeOptions"):
         Runtime({"bundle": str(pendulum_bundle)})  # type: ignore[arg-type]
 
 
