@@ -181,13 +181,13 @@ def loop_work(bundle: Path, env_id: str, args: argparse.Namespace) -> dict[str, 
     """The library's control loop with the shield on and with the guards alone, alternating (section 3)."""
     from sac_edge.common.envs import make_env
     from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
-    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+    from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 
     def segment(mode: str) -> dict[str, float]:
         env = make_env(env_id)
         try:
             space = env.observation_space
-            config = RunConfig.of(
+            config = RuntimeOptions.of(
                 str(bundle), backend="onnxruntime", precision="fp32", rate_hz=args.rate_hz, shield=mode
             )
             with Runtime(config, obs_low=space.low, obs_high=space.high) as runtime:  # type: ignore[attr-defined]
@@ -233,11 +233,11 @@ def act_calls(bundle: Path, calls: int) -> None:
     """``Runtime.act`` ``calls`` times (after 300 to warm up) on the policy's rollout (onnxruntime fp32, the
     shield on), untimed: what an instruction count of the whole step runs."""
     from sac_edge.edge_runtime.control.loop import paused_gc
-    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+    from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 
     _, _, _, env_id = load(bundle)
     observations, _ = rollout(bundle, env_id)
-    options = RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32", rate_hz=1000.0)
+    options = RuntimeOptions.of(str(bundle), backend="onnxruntime", precision="fp32", rate_hz=1000.0)
     with Runtime(options) as runtime, paused_gc():
         for j in range(300 + calls):
             runtime.act(observations[j % len(observations)])
