@@ -66,7 +66,7 @@ from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
 from sac_edge.edge_runtime.control.shield import Shield
 from sac_edge.edge_runtime.control.step_stats import MISS_CAUSES
 from sac_edge.edge_runtime.control.watchdog import InferenceWatchdog
-from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 from sac_edge.train.checkpoint import save_tensors
 from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
 
@@ -146,7 +146,7 @@ def hot_path(bundle: Path) -> dict[str, float]:
     )
     p50["ort_act_over_bare"] = round(p50["ort_act"] / p50["ort_bare"], 3)
     p50["torch_act_over_bare"] = round(p50["torch_act"] / p50["torch_bare"], 3)
-    options = RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32")
+    options = RuntimeOptions.of(str(bundle), backend="onnxruntime", precision="fp32")
     with Runtime(options) as runtime:
         backend = runtime.backend  # its own session: the ratio is against the backend it calls
         inline = inline_step(backend, b.spec, make_shield(options, b, lambda _: None))

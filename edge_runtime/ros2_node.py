@@ -60,7 +60,7 @@ from sac_edge.edge_runtime.ros2.qos import incompatible_warning, profile
 from sac_edge.edge_runtime.ros2.recorder import Recorder
 
 from .config import RealtimeSection, RunConfig
-from .runtime import Runtime, RuntimeSummary
+from .runtime import Caller, Runtime, RuntimeSummary
 
 NODE_NAME = "sac_edge"
 
@@ -310,7 +310,7 @@ class SacEdgeNode(LifecycleNode):
         self._steps = _Steps()
         record = str(self._param("record"))
         self._recorder = Recorder(record, bool(self._param("record_overwrite"))) if record else None
-        runtime = Runtime(options, bundle=bundle, log=self.get_logger().warning, name="sac_edge")
+        runtime = Runtime(options, bundle=bundle, log=self.get_logger().warning, caller=Caller("sac_edge"))
         self._runtime = runtime.open()
         self._idle_us = self._enter_realtime(options.realtime)
         self._summary = None

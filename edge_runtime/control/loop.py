@@ -18,9 +18,9 @@ The environment is foreign code: anything its ``reset()`` or ``step()`` raises (
 not one truth value), ends the loop as a stop, kept in ``env_error`` and named in the summary's
 ``stopped_by``, so the summary is still made. When ``act`` stops serving after ``max_backend_errors`` failed
 calls (``StoppedServing``), the step still sends the last safe action it carries and the loop stops after
-it. A call that does not return is the runtime's inference watchdog's: it calls ``hung`` on its own thread
-(``run.py`` wires it), which sends the env the last safe action and hands the summary to this step to
-``on_hang``, since the control thread is still inside the call.
+it. A call that does not return is the runtime's inference watchdog's: the runtime's hang policy (``run.py``'s
+``Run``) calls ``hung`` on the watchdog's thread, which sends the env the last safe action and returns the
+summary to this step, since the control thread is still inside the call.
 
 ``stop()`` (wired to SIGINT and SIGTERM by the CLI) ends the loop after the current step; the sleep to the
 next slot is taken in slices of at most ``SLEEP_SLICE_S``, so at any rate a stop is seen that soon. The
@@ -243,13 +243,8 @@ class ControlLoop:
         runtime: StepRuntime,
         settings: LoopSettings,
         status: Callable[[str], None] | None = None,
-        on_hang: Callable[[ScheduleSummary], None] | None = None,
     ) -> None:
         self.env, self.runtime, self.settings, self.status = env, runtime, settings, status
-        self.on_hang = on_hang
-        """Given the summary on the watchdog's thread when a backend call hangs (the caller ends the process
-        there: the control thread may never return); without it ``run()`` returns that summary if the call
-        ever returns."""
         self.stop_reason: str | None = None
         self.env_error: dict[str, str] | None = None
         """What the environment raised, if it ended the run: call, type, message (reported after the summary)."""
@@ -263,22 +258,22 @@ class ControlLoop:
         if self.stop_reason is None:
             self.stop_reason = reason
 
-    def hung(self) -> None:
-        """The runtime's inference watchdog, on its thread, once, while the control thread is inside a call
-        that overran by far: the env gets the last safe action, and the summary (to this step) goes to
-        ``on_hang``; before the loop runs there is nothing to hand over."""
+    def hung(self) -> ScheduleSummary | None:
+        """For the runtime's hang policy, on the inference watchdog's thread, once, while the control thread is
+        inside a call that overran by far: the env gets the last safe action, and the schedule's summary (to
+        this step) is returned, which ``run()`` also returns should the call come back; None before the loop
+        runs (nothing to hand over)."""
         schedule = self._schedule
         try:
             if schedule is None:
-                return
+                return None
             self.stop_reason = self.runtime.stopped_by  # over any other reason: this is why the run ends
             try:
                 self.env.step(self.runtime.safe_action())
             except BaseException as err:  # the env is foreign code
                 self._env_failed("step", err, stop=False)
             self._hung_summary = self._finish(schedule)
-            if self.on_hang is not None:
-                self.on_hang(self._hung_summary)
+            return self._hung_summary
         finally:
             self._hang_handled.set()
 

@@ -19,7 +19,7 @@ from finetune_bundles import make_tuner
 from sac_edge.common.bundle import open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.compose import finetune_settings
-from sac_edge.edge_runtime.config import RunConfig
+from sac_edge.edge_runtime.config import RuntimeOptions
 from sac_edge.edge_runtime.finetune.experience import StagingRing, ring_layout
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, read_learner_tensors
 from sac_edge.edge_runtime.finetune.learner_process import (
@@ -50,7 +50,7 @@ def built_loop(bundle_dir: Path, **settings: Any) -> Iterator[tuple[LearnerLoop,
     tensors = read_learner_tensors(bundle)
     where = {"bundle": str(bundle_dir), "manifest": bundle.manifest}
     int8_on = settings.pop("int8", False)
-    section = finetune_settings(RunConfig.of(str(bundle_dir), finetune=True, **{**SETTINGS, **settings}))
+    section = finetune_settings(RuntimeOptions.of(str(bundle_dir), finetune=True, **{**SETTINGS, **settings}))
     cfg = {"main_baseline_mb": 0.0, "int8": int8_on, **where, "tensor_names": list(tensors)}
     int8 = {}
     if cfg["int8"]:
