@@ -54,6 +54,8 @@ from .promotion import LastGood, LastGoodStore, PromotionRules, check_complete, 
 from .settings import FinetuneSection, FinetuneSettings
 from .weight_swap import WeightSets, WeightSwapper
 
+#: The interpreter's switch interval while fine-tuning runs: the longest the control thread waits for the
+#: GIL the coordinator holds (see ``FineTuner.start``).
 GIL_SWITCH_S = 1e-4
 #: The coordinator wakes on a message from the learner or after this long (knobs, episodes, a dead child).
 #: Each wake takes the GIL; at normal priority on a busy CPU a thread can be preempted while holding it,
@@ -336,7 +338,7 @@ class FineTuner:
             return
         self.candidate = None
         verdict = judge(cand.returns, list(self.good_returns), self.rules.rollback_threshold, self.rules.noise_z)
-        figures = {
+        scores = {
             "candidate_mean": verdict.candidate_mean,
             "good_mean": verdict.good_mean,
             "allowed_drop": verdict.allowed_drop,
@@ -348,7 +350,7 @@ class FineTuner:
             self.good_generation = self.generation
             self.learner.resolve("rollback")
             self.counts["rollbacks"] += 1
-            self.event("rollback", generation=cand.generation, step=cand.step, **figures, swap_s=outcome.seconds)
+            self.event("rollback", generation=cand.generation, step=cand.step, **scores, swap_s=outcome.seconds)
             return
         self.good_state, self.good_sets, self.good_states = cand.state, cand.sets, cand.states
         self.good_generation = cand.generation
@@ -365,7 +367,7 @@ class FineTuner:
         self.last_good_sha = self.store.save(cand.state, cand.states, info)
         self.learner.resolve("promote")
         self.counts["promotions"] += 1
-        self.event("promote", generation=cand.generation, step=cand.step, **figures, sha256=self.last_good_sha)
+        self.event("promote", generation=cand.generation, step=cand.step, **scores, sha256=self.last_good_sha)
 
     # -- report -----------------------------------------------------------------------------------
     def summary(self) -> FinetuneSummary:
