@@ -438,18 +438,7 @@ class LearnerLoop:
         """Check the learner's actor (finite losses, shadow check); publish it as a candidate or say why not."""
         facts = {"updates": int(self.flags[UPDATES]), "collected": int(self.flags[COLLECTED])}
         if not bool(self._metrics.finite):
-            import torch
-
-            self.learner.load({k: torch.from_numpy(v.copy()) for k, v in self.good_state.items()})
-            _send(
-                self.conn,
-                {
-                    "kind": "event",
-                    "counter": "nonfinite",
-                    "reason": "non-finite losses; learner reset to the last good weights",
-                    **facts,
-                },
-            )
+            self._reset_to_good(facts)
             return
         weights = self.learner.actor_weights()
         states = self.learner.recent_states(SHADOW_STATES)
@@ -488,13 +477,26 @@ class LearnerLoop:
                 },
             )
             return
+        self._publish(sets.int8, states)
+        _send(self.conn, {"kind": "candidate", "shadow": shadow._asdict(), "int8": sets.int8_facts, **facts})
+
+    def _reset_to_good(self, facts: Mapping[str, int]) -> None:
+        """After non-finite losses: the whole learner back to the last good state, and the main process told."""
+        import torch
+
+        self.learner.load({k: torch.from_numpy(v.copy()) for k, v in self.good_state.items()})
+        reason = "non-finite losses; learner reset to the last good weights"
+        _send(self.conn, {"kind": "event", "counter": "nonfinite", "reason": reason, **facts})
+
+    def _publish(self, int8: Mapping[str, np.ndarray], states: np.ndarray) -> None:
+        """The learner's state, its int8 sets and the shadow states into shared memory; the candidate then
+        awaits the main process's verdict."""
         self.pending = _numpy(self.learner.state())
         self.weights.write(self.pending)
-        self.weights.write({INT8 + k: v for k, v in sets.int8.items()})
+        self.weights.write({INT8 + k: v for k, v in int8.items()})
         self.weights[STATES][: len(states)] = states
         self.weights[N_STATES][...] = len(states)
         self.awaiting = True
-        _send(self.conn, {"kind": "candidate", "shadow": shadow._asdict(), "int8": sets.int8_facts, **facts})
 
 
 def _numpy(tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:

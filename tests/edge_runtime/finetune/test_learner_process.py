@@ -234,3 +234,18 @@ def test_a_killed_child_is_reported(finetune_bundle: Path, tmp_path: Path) -> No
         tuner.stop()
     assert tuner.error == "SacEdgeError: the learner process exited with signal 9"
     assert not any(p.exists() for p in segments)
+
+
+def test_non_finite_losses_reset_the_whole_learner(loop: tuple[LearnerLoop, Any, SharedArrays]) -> None:
+    import torch
+
+    learner_loop, conn, _ = loop
+    good = learner_loop.good_actor()
+    learner_loop.learner.load_actor({k: 3.0 * v for k, v in good.items()})
+    learner_loop._metrics = learner_loop.learner.update(32)._replace(finite=torch.tensor(False))
+    learner_loop.propose()
+    message = _receive(conn)
+    assert message["kind"] == "event" and message["counter"] == "nonfinite"
+    assert message["reason"].startswith("non-finite losses") and message["updates"] == 0
+    np.testing.assert_allclose(learner_loop.learner.actor_weights()["actor.mu.weight"], good["actor.mu.weight"])
+    assert learner_loop.pending is None and not learner_loop.awaiting
