@@ -27,6 +27,7 @@ from sac_edge.edge_runtime.finetune.learner_process import (
     INT8,
     N_STATES,
     WINDOW_OK,
+    Channels,
     LearnerLoop,
     _send,
     weights_layout,
@@ -67,7 +68,7 @@ def built_loop(bundle_dir: Path, **settings: Any) -> Iterator[tuple[LearnerLoop,
         control["knobs"][:] = (1.0, 32, 0)
         ring = StagingRing(ring_block.arrays, np.array(spec.action_low), np.array(spec.action_high))
         main_end, child_end = mp.Pipe()
-        built = LearnerLoop.build(spec, ring, weights, control, child_end, cfg, section)
+        built = LearnerLoop.build(spec, Channels(ring, weights, control, child_end), cfg, section)
         rng = np.random.default_rng(0)
         for _ in range(200):
             obs = rng.normal(0, 1, spec.obs_dim).astype(np.float32)
