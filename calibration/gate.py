@@ -199,17 +199,14 @@ class _Reference:
 
 
 def _reference(fp32: onnx.ModelProto | Path, spec: PolicySpec, settings: GateSettings) -> _Reference:
-    has_env = bool(spec.env_id)
-    seeds = tuple(settings.seed + GATE_SEED_OFFSET + k for k in range(settings.gate_episodes)) if has_env else ()
     policy = OnnxPolicy(fp32)
-    returns = episode_returns(policy, spec.env_id, seeds) if has_env else ()
-    if not has_env:
-        worst = (math.nan, NO_ENV)
-    else:
-        worst = settings.worst if settings.worst is not None else worst_return(spec.env_id, seeds)
+    if not spec.env_id:  # no episodes: the action-error rule alone decides
+        return _Reference(policy, (), (), math.nan, (math.nan, NO_ENV), math.nan)
+    seeds = tuple(settings.seed + GATE_SEED_OFFSET + k for k in range(settings.gate_episodes))
+    returns = episode_returns(policy, spec.env_id, seeds)
+    worst = settings.worst if settings.worst is not None else worst_return(spec.env_id, seeds)
     mean = _mean(returns)
-    allowed = MAX_RETURN_DROP_FRAC * max(mean - worst[0], 0.0) if has_env else math.nan
-    return _Reference(policy, seeds, returns, mean, worst, allowed)
+    return _Reference(policy, seeds, returns, mean, worst, MAX_RETURN_DROP_FRAC * max(mean - worst[0], 0.0))
 
 
 class _Trials:
