@@ -40,7 +40,13 @@ from sac_edge.edge_runtime.control.loop import error_line
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
 from sac_edge.edge_runtime.control.shield import Shield
 from sac_edge.edge_runtime.control.step import StepPipeline
-from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner, finetune_dir, install_last_good
+from sac_edge.edge_runtime.finetune.finetuner import (
+    FineTuner,
+    TunerSetup,
+    build_finetuner,
+    finetune_dir,
+    install_last_good,
+)
 from sac_edge.edge_runtime.finetune.promotion import LastGood, LastGoodStore
 from sac_edge.edge_runtime.finetune.settings import FinetuneSettings
 from sac_edge.edge_runtime.finetune.weight_swap import WeightSwapper
@@ -203,11 +209,11 @@ def compose(
     precisions = list(backends)
     tuner, resumed = None, None
     if cfg.finetune.enabled:
-        tuner, resumed = build_finetuner(
-            finetune_settings(cfg), bundle, backends, probe, last, emit, log, cfg.finetune.rules(),
+        tuner, resumed = build_finetuner(TunerSetup(
+            finetune_settings(cfg), bundle, backends, probe, last, cfg.finetune.rules(),
             lambda batch: make_governor(cfg, precisions, batch),
             listeners=[shield.weights_swapped] if shield is not None else [], store=weights.store,
-        )  # fmt: skip
+        ), emit, log)  # fmt: skip
         governor = tuner.governor
     else:
         governor = make_governor(cfg, precisions, None)

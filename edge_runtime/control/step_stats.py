@@ -81,12 +81,12 @@ class StepStats:
         """Where the run's steps went: the loop's own work (a step less its inference and env step), the
         env step, the misses by cause, and histograms of wake-up lateness and step duration (us)."""
         return {
-            "loop_work_us": self.run["loop_work"].figures_us(),
-            "env_step_us": self.run["env_step"].figures_us(),
+            "loop_work_us": self.run["loop_work"].latency_us(),
+            "env_step_us": self.run["env_step"].latency_us(),
             "miss_causes": dict(self.causes),
             "histogram_us": {"edges": list(HISTOGRAM_EDGES_US), **{k: v.tolist() for k, v in self.coarse.items()}},
         }
 
     def figures(self, name: str) -> dict[str, float]:
         """Whole-run p50 / p99 / max / mean (us) of ``latency``, ``jitter``, ``loop_work`` or ``env_step``."""
-        return self.run[name].figures_us()
+        return self.run[name].latency_us()

@@ -70,9 +70,9 @@ def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backe
 # The TensorRT provider's engine covers batch 1..TRT_EP_MAX_BATCH (as the TensorRT backend's profiles do);
 # act_batch runs larger batches in chunks of it.
 TRT_EP_MAX_BATCH = 64
-# onnxruntime takes explicit TensorRT profiles (trt_profile_min/opt/max_shapes, microsoft/onnxruntime#15546) in
-# 1.16 at the latest; before, the provider
-# builds its engine for the shapes it has seen and rebuilds it when a batch size outside them arrives.
+# onnxruntime takes explicit TensorRT profiles (trt_profile_min/opt/max_shapes, microsoft/onnxruntime#15546)
+# from 1.16 at the latest; before, the provider builds its engine for the shapes it has seen and rebuilds it
+# when a batch size outside them arrives.
 TRT_EP_PROFILES_FROM = (1, 16)
 
 

@@ -276,13 +276,14 @@ class OrtBackend(Backend):
         return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        # (obs_dim,) or (1, obs_dim), stored into the bound input in place (BENCHMARKS.md, "Edge: the action
-        # in the control loop", hot path)
+        # (obs_dim,) or (1, obs_dim), stored into the bound input in place: the control loop's path, measured
+        # in BENCHMARKS.md, "Edge: the action in the control loop"
         self._obs[:] = obs
         self.entered += 1  # before reading the generation: a swap waits for this call to return
         runner = self._runner
         try:
-            runner.session.run_with_iobinding(runner.binding)  # no RunOptions: passing one adds a cost to every call
+            # No RunOptions: one costs more than the call (docs/journal/benchmarks.md, "Edge: the action ...")
+            runner.session.run_with_iobinding(runner.binding)
         finally:
             self.left += 1
         return self._action_row
