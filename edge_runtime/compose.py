@@ -112,10 +112,10 @@ def open_backends(cfg: RuntimeOptions, bundle: Bundle, log: Log) -> tuple[dict[s
     """The serving backend, plus (with budgets) the same backend at each cheaper accepted precision."""
     section = cfg.backend
     options = BackendOptions(threads=section.threads, refit=cfg.finetune.enabled)
-    figures: list[Measurement] = []
+    measurements: list[Measurement] = []
     if section.kind == "auto":
         precisions = [section.precision] if section.precision else None
-        backend, figures = autoselect(bundle, options, precisions, calls=section.auto_calls, log=log)
+        backend, measurements = autoselect(bundle, options, precisions, calls=section.auto_calls, log=log)
     else:
         backend = open_backend(bundle, section.kind, section.precision or FP32, options)
     backends = {backend.precision: backend}
@@ -124,7 +124,7 @@ def open_backends(cfg: RuntimeOptions, bundle: Bundle, log: Log) -> tuple[dict[s
         for precision in cheaper:
             if refusal(bundle, backend.name, precision) is None:
                 backends[precision] = open_backend(bundle, backend.name, precision, options)
-    return backends, figures
+    return backends, measurements
 
 
 def make_governor(cfg: RuntimeOptions, precisions: Sequence[str], finetune_batch: int | None) -> Governor | None:
@@ -175,7 +175,7 @@ class Composition:
 
     backends: dict[str, Backend]
     """By precision; the first one serves at the start."""
-    figures: list[Measurement]
+    auto_measurements: list[Measurement]
     """With ``--backend auto``: each candidate's start-up timing or refusal."""
     probe: MemoryProbe
     shield: Shield | None
@@ -192,8 +192,9 @@ class Composition:
         return next(iter(self.backends))
 
     def auto(self, unavailable: bool = True) -> list[dict[str, Any]]:
-        """The ``auto`` figures as reported (without the kinds not installed here unless ``unavailable``)."""
-        return [m._asdict() for m in self.figures if unavailable or m.refusal is None or "unavailable" not in m.refusal]
+        """The ``auto`` measurements as reported (without the kinds not installed here unless ``unavailable``)."""
+        kept = (m for m in self.auto_measurements if unavailable or m.refusal is None or "unavailable" not in m.refusal)
+        return [m._asdict() for m in kept]
 
 
 def compose(
@@ -203,7 +204,7 @@ def compose(
 
     ``weights`` come from :func:`last_good_weights`, ``shield``
     from :func:`make_shield`."""
-    backends, figures = open_backends(cfg, bundle, log)
+    backends, measurements = open_backends(cfg, bundle, log)
     probe = MemoryProbe(Path(cfg.budget.sensor_root))
     last = weights.last
     precisions = list(backends)
@@ -231,7 +232,7 @@ def compose(
         if tuner is not None:
             tuner.stop()
         raise
-    return Composition(backends, figures, probe, shield, tuner, resumed, governor, sensor, monitor)
+    return Composition(backends, measurements, probe, shield, tuner, resumed, governor, sensor, monitor)
 
 
 def step_pipeline(

@@ -174,7 +174,7 @@ def _flag_value(name: str, value: Any, tp: Any, may_be_unset: bool) -> Any:
 
 
 class _Steps:
-    """Per-step figures for /diagnostics and the summary: step time (callback to publish), deadline misses,
+    """Per-step counts and times for /diagnostics and the summary: step time (callback to publish), deadline misses,
     stale steps by input."""
 
     def __init__(self) -> None:
@@ -183,7 +183,7 @@ class _Steps:
         self.stale_by: dict[str, int] = {}
         self.qos_incompatible = 0
 
-    def figures(self) -> dict[str, float]:
+    def step_percentiles_us(self) -> dict[str, float]:
         if not self.took_ns:
             return {"step_p50_us": math.nan, "step_p99_us": math.nan}
         us = np.asarray(self.took_ns[-10000:], dtype=np.float64) / 1e3
@@ -505,11 +505,11 @@ class SacEdgeNode(LifecycleNode):
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             self._summary = runtime.close()
-            figures = self.figures()
-            self.get_logger().info("summary: " + json.dumps(figures, default=str))
+            status = self.status_report()
+            self.get_logger().info("summary: " + json.dumps(status, default=str))
             path = str(self._param("summary"))
             if path:
-                atomic_write_json(path, {"node": figures, "runtime": self._summary.to_dict()})
+                atomic_write_json(path, {"node": status, "runtime": self._summary.to_dict()})
         self._release()
 
     def _release(self) -> None:
@@ -693,13 +693,13 @@ class SacEdgeNode(LifecycleNode):
         backend = runtime.backend.describe()
         return f"{backend.get('backend')} {backend.get('precision')}"
 
-    def figures(self) -> dict[str, Any]:
-        """What /diagnostics shows and the summary holds: the node's step figures and the runtime's."""
+    def status_report(self) -> dict[str, Any]:
+        """What /diagnostics shows and the summary holds: the node's step counts and times and the runtime's."""
         steps = getattr(self, "_steps", None) or _Steps()
         summary = self._summary
         if summary is None and self._runtime is not None:
             summary = self._runtime.summary()
-        out: dict[str, Any] = {"state": self._state, "steps": steps.steps, **steps.figures()}
+        out: dict[str, Any] = {"state": self._state, "steps": steps.steps, **steps.step_percentiles_us()}
         out.update(
             deadline_misses=steps.misses,
             stale_steps=steps.stale_steps,
@@ -733,16 +733,16 @@ class SacEdgeNode(LifecycleNode):
         return out
 
     def _publish_diagnostics(self) -> None:
-        figures = self.figures()
+        status = self.status_report()
         if self._runtime is not None:
             report = self._runtime.tick() if self._state != "active" else None
             power = (report.power if report is not None else None) or {}
-            figures["power_w"] = power.get("watts", power.get("power_w")) if isinstance(power, dict) else None
+            status["power_w"] = power.get("watts", power.get("power_w")) if isinstance(power, dict) else None
         msgs = _DiagnosticMsgs
         stamp = self.get_clock().now().to_msg()
         name = f"{self.get_name()}: policy"
         self._diagnostics_pub.publish(
-            diagnostics.diagnostic_array(msgs, stamp, name, str(self._param("bundle")), figures)
+            diagnostics.diagnostic_array(msgs, stamp, name, str(self._param("bundle")), status)
         )
 
 
@@ -823,7 +823,7 @@ def main(argv: Sequence[str]) -> int:
         while not stop and rclpy.ok():
             executor.spin_once(timeout_sec=0.1)
         summary = node.stop()
-        figures = node.figures()
+        status = node.status_report()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -831,8 +831,8 @@ def main(argv: Sequence[str]) -> int:
             node.destroy_node()
         rclpy.try_shutdown()
     why = signal.Signals(stop[0]).name if stop else "ROS shutdown"
-    print(f"sac-edge ros2: stopped by {why} after {figures['steps']} steps", flush=True)
-    record = {"stopped_by_signal": why, "node": figures, "runtime": summary.to_dict() if summary else None}
+    print(f"sac-edge ros2: stopped by {why} after {status['steps']} steps", flush=True)
+    record = {"stopped_by_signal": why, "node": status, "runtime": summary.to_dict() if summary else None}
     print(json.dumps(record, default=str), flush=True)
     sys.stdout.flush()
     return 0

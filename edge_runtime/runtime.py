@@ -32,7 +32,7 @@ process keeps off them).
 
 ``sac-edge run`` is a client of this class too: its scheduler (``control/loop.py``) calls ``act``,
 ``observe``, ``warm_up`` (the step on scratch state before each slot, to warm the caches) and ``tick`` with
-each second's schedule figures, so the step cannot differ between the two. ``Runtime`` is the lifecycle
+each second's schedule window, so the step cannot differ between the two. ``Runtime`` is the lifecycle
 (``RuntimeState``) and the thread rules; the step itself is ``control/step.py``'s ``StepPipeline``, the
 budgets ``BudgetTicker``, all composed once at ``open`` (``compose.step_pipeline``).
 
@@ -205,7 +205,7 @@ _NOT_RUN_KEYS = frozenset({"steps", "transitions", "stopped_by", "closed"})
 
 @dataclass(frozen=True)
 class RunSummary:
-    """``sac-edge run``'s summary: the runtime's figures, the schedule's and the env's (``to_json`` gives the
+    """``sac-edge run``'s summary: the runtime's, the schedule's and the env's (``to_json`` gives the
     keys of ``sac-edge run --json``, docs/CONTRACTS.md)."""
 
     runtime: RuntimeSummary
@@ -271,7 +271,8 @@ class BudgetTicker:
         self.serve(parts.first)
         self.t0 = time.monotonic_ns()
         self.next_ns = self.t0 + TICK_NS
-        self.report = TickReport(0.0, rate_hz, self.precision, (), {}, None, pipelines[0].stats.figures("latency"))
+        latency = pipelines[0].stats.run_percentiles_us("latency")
+        self.report = TickReport(0.0, rate_hz, self.precision, (), {}, None, latency)
 
     def serve(self, precision: str) -> None:
         """Serve ``precision`` from the next step (at open, and when the governor switches)."""
@@ -282,7 +283,7 @@ class BudgetTicker:
             pipeline.serve(self.backend.act, budget_ns)
 
     def tick(self, t_s: float, window: ScheduleWindow | None, steps: int) -> TickReport:
-        """The reading at ``t_s``; ``window``: a scheduler's figures for the second."""
+        """The reading at ``t_s``; ``window``: a scheduler's steps and misses for the second."""
         stats = self._pipelines[0].stats
         latency, jitter = stats.fold()
         record: dict[str, Any] = {"type": "second", "t_s": t_s}
@@ -562,7 +563,7 @@ class Runtime:
         (a malformed observation or a non-finite reward is not)."""
         if _get_ident() != self._owner:
             self._claim("observe")
-        if terminated.__class__ is not bool or truncated.__class__ is not bool:  # the common case costs two compares
+        if terminated.__class__ is not bool or truncated.__class__ is not bool:  # plain bools skip the checks
             terminated, truncated = done_flag(terminated, "terminated"), done_flag(truncated, "truncated")
         counts = self._transitions
         counts.transitions += 1
@@ -592,7 +593,7 @@ class Runtime:
         telemetry record. The caller owns the schedule: run at the report's ``rate_hz``.
 
         A scheduler that keeps its own seconds (``control/loop.py``) passes each one's ``window``: the
-        reading is then taken at once and the record carries the window's figures."""
+        reading is then taken at once and the record carries the window's steps and misses."""
         if _get_ident() != self._owner:
             self._claim("tick")
         ticker = self._ticker
@@ -624,8 +625,8 @@ class Runtime:
 
     # -- any thread ----------------------------------------------------------------------------------
     def summary(self) -> RuntimeSummary:
-        """The figures so far (any thread; inference latency up to the last ``tick``), or the final ones
-        after ``close``."""
+        """The counts and latencies so far (any thread; inference latency up to the last ``tick``), or the
+        final ones after ``close``."""
         if self._final is not None:
             return self._final
         self._opened("summary()", "there is nothing to report yet")
@@ -685,7 +686,7 @@ class Runtime:
             episodes=seen.episodes,
             rate_hz=self.options.rate_hz,
             final_rate_hz=ticker.rate_hz,
-            latency_us=pipeline.stats.figures("latency"),
+            latency_us=pipeline.stats.run_percentiles_us("latency"),
             inference_overruns=steps.overruns,
             obs_nonfinite=obs.nonfinite,
             obs_out_of_range=obs.out_of_range,

@@ -58,7 +58,7 @@ RETRY_S = 30.0
 
 
 class UsableCpus(NamedTuple):
-    """How many CPUs this process may use, and what set the figure."""
+    """How many CPUs this process may use, and what set that number."""
 
     n: int
     source: str
@@ -198,7 +198,7 @@ class ThreadWatch:
 
     def __init__(self, threads: int, ceiling: int, window_s: float | None = None, retry_s: float | None = None) -> None:
         self.threads, self.ceiling = threads, ceiling
-        # The module's figures read now, not when it loaded: a test shortens them for one run.
+        # The module's constants read now, not when it loaded: a test shortens them for one run.
         self.window_s = WINDOW_S if window_s is None else window_s
         self.retry_s = RETRY_S if retry_s is None else retry_s
         self.best: dict[int, float] = {}  # best window updates/s seen at each count

@@ -47,7 +47,7 @@ from .base import Backend, PendingSwap
 
 ACT_ROWS = 32  # rows also sent one at a time through act (the serving context)
 # The margin for int8 kernels that implement the same Q/DQ model differently, as a mean fraction of the action
-# range; BENCHMARKS.md ("INT8 engine gate") has the kernel differences it was set against.
+# range; BENCHMARKS.md ("Edge: the INT8 engine gate") has the kernel differences it was set against.
 INT8_KERNEL_FRAC = 0.002
 
 

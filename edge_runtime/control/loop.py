@@ -27,8 +27,8 @@ next slot is taken in slices of at most ``SLEEP_SLICE_S``, so at any rate a stop
 summary is always produced.
 
 Once a second, off the per-step path: the youngest GC generation, the runtime's ``tick`` with the second's
-schedule figures (memory and power, the governor, which may switch precision or lower the rate: the
-schedule re-anchors; one telemetry record), and a live status line on a terminal.
+steps and misses (it reads memory and power and ticks the governor, which may switch precision or lower the
+rate: the schedule re-anchors; one telemetry record), and a live status line on a terminal.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class ScheduleWindow(NamedTuple):
     misses_total: int
 
 
-class TickFigures(Protocol):
+class PerSecondReport(Protocol):
     """What the loop reads from the runtime's per-second report (``runtime.TickReport``)."""
 
     @property
@@ -125,7 +125,7 @@ class StepRuntime(Protocol):
 
     def warm_up(self, obs: np.ndarray) -> bool: ...
 
-    def tick(self, window: ScheduleWindow | None = None) -> TickFigures: ...
+    def tick(self, window: ScheduleWindow | None = None) -> PerSecondReport: ...
 
     def safe_action(self) -> np.ndarray: ...
 
@@ -284,8 +284,8 @@ class ControlLoop:
             return self._run()
 
     def _run(self) -> ScheduleSummary:
-        """Each slot: wait (warming the caches), the step (act, env, observe), its figures, once a second the
-        runtime's tick. The step's own part is inline: its work is what the loop's figures measure."""
+        """Each slot: wait (warming the caches), the step (act, env, observe), its timings, once a second the
+        runtime's tick. The step's own part is inline: its work is what the loop's timings measure."""
         s, runtime = self.settings, self.runtime
         clock, timer = time.monotonic_ns, time.perf_counter_ns
         stats = runtime.stats
@@ -380,7 +380,7 @@ class ControlLoop:
 
     def _second(self, schedule: Schedule, finished: int) -> None:
         """Once a second, off the per-step path: the youngest GC generation, the runtime's tick with the
-        second's figures, the status line, and the schedule re-anchored when the governor changed the rate."""
+        second's steps and misses, the status line, and the schedule re-anchored when the governor changed the rate."""
         gc.collect(0)  # the youngest generation only: tens of microseconds, at a known point
         report = self.runtime.tick(schedule.window(finished))
         if self.status is not None:
@@ -401,7 +401,7 @@ class ControlLoop:
             deadline_misses=misses,
             miss_rate=misses / steps if steps else 0.0,
             skipped_slots=schedule.skipped,
-            jitter_us=stats.figures("jitter"),
+            jitter_us=stats.run_percentiles_us("jitter"),
             loop_work_us=run["loop_work_us"],
             env_step_us=run["env_step_us"],
             miss_causes=run["miss_causes"],
@@ -418,7 +418,7 @@ class ControlLoop:
             self.stop_reason = f"environment error in {call}(): {type(err).__name__}" + (f": {first}" if first else "")
 
 
-def status_line(report: TickFigures, steps: int, misses: int) -> str:
+def status_line(report: PerSecondReport, steps: int, misses: int) -> str:
     """The live line on a terminal, once a second."""
     power = report.power or {}
     watts = f" {power['total_w']:.1f}W{'' if power.get('measured') else '(est)'}" if power else ""

@@ -9,7 +9,7 @@
 A step that is not inferred (an observation held by ``--obs-fault hold``, an inference over its budget,
 a backend error, or a step the caller holds because its input is stale: ``hold``) sends the last safe action,
 through the shield where there is one. ``StepPipeline`` owns
-the stages and the figures the step keeps (``StepCounters``, the timings in ``StepStats``); the runtime
+the stages and the counts and timings the step keeps (``StepCounters``, the timings in ``StepStats``); the runtime
 (``runtime.Runtime``) owns the lifecycle and the thread rules around it.
 """
 

@@ -2,13 +2,13 @@
 
 With the learner as a thread, every update held the one interpreter lock between torch kernels, and the
 control thread, woken for its slot, waited for it; on a loaded CPU the holder could be preempted while
-holding it, and the control thread waited for the scheduler (measured: BENCHMARKS.md, "Fine-tuning beside
-the 1 kHz loop"). Here the main process keeps everything the control path and the safety rules need (the
-staging ring's producer, the weight swap into its backends, promotion and the last good store, the one
+holding it, and the control thread waited for the scheduler (measured: BENCHMARKS.md, "Edge: fine-tuning
+beside the 1 kHz loop"). Here the main process keeps everything the control path and the safety rules need
+(the staging ring's producer, the weight swap into its backends, promotion and the last good store, the one
 writer), and a ``spawn`` child (``serve``) imports torch and runs ``DeviceLearner``, and makes each
 candidate's int8 weights (``weight_swap.weight_sets``: re-quantisation and the action-error check, which
 held the control process's interpreter lock for milliseconds a candidate when they ran there; BENCHMARKS.md,
-weight swaps):
+"Edge: weight swaps out of the control process"):
 
 - experience: the ``StagingRing`` rows live in shared memory; the control thread's ``observe`` copies a
   transition in, and the child drains the rows into its replay buffer;
@@ -292,7 +292,8 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _keep_off(loop_cpus: list[int]) -> None:
     """Run on the CPUs the control loop is not pinned to (``--cpus``), when there are any left: the loop's
-    core then has no learner to preempt when its slot comes (measured: BENCHMARKS.md)."""
+    core then has no learner to preempt when its slot comes (measured: BENCHMARKS.md,
+    "Edge: fine-tuning beside the 1 kHz loop")."""
     rest = os.sched_getaffinity(0) - set(loop_cpus)
     if loop_cpus and rest:
         os.sched_setaffinity(0, rest)

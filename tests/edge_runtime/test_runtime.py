@@ -182,7 +182,7 @@ def test_the_lifecycle_states(pendulum_bundle: Path) -> None:
 
 def test_warming_up_before_each_step_changes_nothing_act_keeps(enveloped_bundle: Path) -> None:
     """``warm_up`` runs the real step on scratch state: a runtime warmed three times before every step sends
-    the same actions and reports the same counts and shield figures as one never warmed, through faults,
+    the same actions and reports the same counts (the shield's included) as one never warmed, through faults,
     fallbacks, ramps and episode restarts."""
     rng = np.random.default_rng(8)
     # at 1 Hz the inference budget is half a second: no step overruns on a busy machine, which would make
@@ -202,11 +202,11 @@ def test_warming_up_before_each_step_changes_nothing_act_keeps(enveloped_bundle:
             if rng.random() < 0.02:
                 for runtime in runtimes:
                     runtime.observe(obs, np.zeros(1, np.float32), 0.0, obs, True, False)
-        figures = [r.summary() for r in runtimes]
+        summaries = [r.summary() for r in runtimes]
     keep = ("steps", "obs_nonfinite", "obs_out_of_range", "obs_held", "action_clipped", "shield", "episodes")
-    assert figures[0].inference_overruns == figures[1].inference_overruns == 0
-    assert [getattr(figures[0], k) for k in keep] == [getattr(figures[1], k) for k in keep]
-    assert figures[0].shield["fallbacks"] > 5 and figures[0].shield["ramps"] > 0
+    assert summaries[0].inference_overruns == summaries[1].inference_overruns == 0
+    assert [getattr(summaries[0], k) for k in keep] == [getattr(summaries[1], k) for k in keep]
+    assert summaries[0].shield["fallbacks"] > 5 and summaries[0].shield["ramps"] > 0
 
 
 @pytest.mark.parametrize("shield", ["on", "guards"])
@@ -290,9 +290,9 @@ def test_warming_up_leaves_a_weight_swaps_ramp_to_act(enveloped_bundle: Path) ->
         for n in range(6):
             step(3)
             assert [s.ramp.left for s in shields] == [max(4 - n - 1, 0)] * 2, n  # type: ignore[union-attr]
-        figures = [r.summary() for r in runtimes]
-    assert figures[0].shield == figures[1].shield and figures[0].shield["swap_ramps"] == 1
-    assert figures[0].steps == figures[1].steps == 12 and figures[1].inference_overruns == 0
+        summaries = [r.summary() for r in runtimes]
+    assert summaries[0].shield == summaries[1].shield and summaries[0].shield["swap_ramps"] == 1
+    assert summaries[0].steps == summaries[1].steps == 12 and summaries[1].inference_overruns == 0
 
 
 def test_a_hung_inference_goes_to_the_hang_policy_on_the_watchdogs_thread(

@@ -35,4 +35,4 @@ def test_a_million_steps_without_tick_keep_memory_flat(clean_bundle: Path) -> No
     assert summary.steps == CALLS
     # the lists of d879073 grew ~47 bytes a step: 37 MB over these 800k steps
     assert grown < 4 * 2**20, f"memory grew {grown / 2**20:.1f} MiB over {CALLS - WARM} act calls without tick"
-    assert summary.latency_us["p50"] > 0  # the steps are in the run's figures without a tick
+    assert summary.latency_us["p50"] > 0  # the steps are in the run's latency without a tick

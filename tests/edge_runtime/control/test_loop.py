@@ -243,7 +243,7 @@ class _ActionLog(gym.Wrapper):
 
 
 @pytest.mark.parametrize("warm", [True, False])
-def test_warm_cache_rehearses_each_step_and_serves_the_same_actions(
+def test_warm_cache_warms_up_before_each_step_and_serves_the_same_actions(
     pendulum_bundle: Path, warm: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from sac_edge.edge_runtime.backends.onnxrt.runner import OrtBackend
@@ -274,7 +274,7 @@ def test_warm_cache_rehearses_each_step_and_serves_the_same_actions(
         return summary["steps"], calls[0], env.actions[: min(late) - 1] if late else env.actions
 
     steps, inferences, actions = run(warm)
-    # a slot woken too late for a rehearsal goes without; the others rehearse at least once
+    # a slot woken too late for a warm-up goes without; the others warm up at least once
     assert inferences > steps if warm else inferences == steps
     _, _, reference = run(not warm)
     n = min(len(actions), len(reference))
