@@ -9,10 +9,10 @@ repeated.
 A field whose type is itself a frozen dataclass is a *section*: its fields are flags of the command like
 any other (``--help`` groups them under the section's name and first docstring line) and the saved config
 nests them under the section's name (a section inside a section with ``metadata={"inline": True}`` saves its
-fields in the outer section's object: a switch beside the options it switches). A section may be optional
-(``X | None``: None has no flags of its own). A flag is ``--`` plus the field's name with dashes, unless the field
-says ``metadata={"flag": "--other"}`` (a section's field named after the section's subject: ``--backend``
-is ``backend.kind``). Flags are unique across a command's sections.
+fields in the outer section's object: a switch beside the options it switches). A section typed ``X | None``
+may be None in Python (the command line always makes one). A flag is ``--`` plus the field's name with
+dashes, unless the field says ``metadata={"flag": "--other"}`` (a section's field named after the section's
+subject: ``--backend`` is ``backend.kind``). Flags are unique across a command's sections.
 """
 
 from __future__ import annotations
@@ -432,6 +432,7 @@ def config_dict(cfg: Any) -> dict[str, Any]:
 
 
 def _saved(cfg: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` but for inline sections, whose settings go in the outer object."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
