@@ -201,7 +201,7 @@ def in_process(bundle: str, rate: int, seconds: float) -> dict[str, Any]:
     """The same step without ROS: the layout's gather, ``Runtime.act``, the command vector, at the rate."""
     from sac_edge.common.bundle import open_bundle
     from sac_edge.common.io_layout import bundle_layout
-    from sac_edge.edge_runtime.ros2_node import run_options
+    from sac_edge.edge_runtime.ros2_node import run_config
     from sac_edge.edge_runtime.runtime import Runtime
 
     layout = bundle_layout(open_bundle(bundle))
@@ -213,7 +213,7 @@ def in_process(bundle: str, rate: int, seconds: float) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     lat: list[int] = []
     period = int(1e9 / rate)
-    options = run_options(bundle, {"backend": "onnxruntime", "precision": "fp32", "rate_hz": float(rate)})
+    options = run_config(bundle, {"backend": "onnxruntime", "precision": "fp32", "rate_hz": float(rate)}).check()
     with Runtime(options) as runtime:
         cpu0, start = time.process_time(), time.monotonic_ns()
         slot, n = start, 0

@@ -142,11 +142,11 @@ def make_governor(cfg: RuntimeOptions, precisions: Sequence[str], finetune_batch
 
 
 def make_shield(cfg: RuntimeOptions, bundle: Bundle, emit: Emit) -> Shield | None:
-    """The shield for ``cfg`` on ``bundle`` (its envelope from the verified bytes), or None with
-    ``--shield guards``. Before the backends open: a flag that does not fit the bundle's dims is one line. A
-    bundle without ``envelope.json`` (exported before it, or ``--no-envelope``) gets the rest of the shield;
-    the summary's ``shield.envelope`` says so."""
-    if cfg.shield.mode == "guards":
+    """The shield for ``cfg`` on ``bundle`` (its envelope from the verified bytes), or None without shield
+    options (``--shield guards``). Before the backends open: a flag that does not fit the bundle's dims is one
+    line. A bundle without ``envelope.json`` (exported before it, or ``--no-envelope``) gets the rest of the
+    shield; the summary's ``shield.envelope`` says so."""
+    if cfg.shield is None:
         return None
     spec = bundle.spec
     cfg.shield.check(spec.act_dim)

@@ -3,15 +3,16 @@
 
 ``RunConfig`` is made of sections, one frozen dataclass each (backend, loop, shield, realtime, budget,
 fine-tuning), whose fields are the flags of ``sac-edge run`` under their usual names. What the runtime works
-from is ``RuntimeOptions`` (the backend, shield, budget and fine-tuning sections, and the few loop and
-realtime flags it uses), checked as a whole when made; ``RunConfig.runtime_options`` makes them from the
-flags, and ``RunConfig.check`` checks the scheduler's and the env's own flags and then makes them, so each
-value is checked in one place, before a bundle is opened. The saved config (telemetry's ``config`` record)
-nests each section under its name.
+from is ``RuntimeOptions`` (the backend, budget and fine-tuning sections, the shield's options or None, and
+the few loop and realtime flags it uses), checked as a whole when made; ``RunConfig.runtime_options`` makes
+them from the flags (``--shield guards``: no shield options), and ``RunConfig.check`` checks the scheduler's
+and the env's own flags and then makes them, so each value is checked in one place, before a bundle is
+opened. The saved config (telemetry's ``config`` record) nests each section under its name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -127,13 +128,16 @@ class LoopSection:
 
 
 @dataclass(frozen=True)
-class ShieldSection(ShieldOptions):
+class ShieldSection:
     """Whether the safety shield runs after the guards, and its knobs (envelope, stuck sensors,
     fallback, ramp, slew limit).
 
-    ``sac-edge run``'s and the runtime's: the shield's options (``ShieldOptions``, checked by their
-    ``check``) and the ``--shield`` switch, which ``sac-edge drill`` has not (it runs both)."""
+    ``sac-edge run``'s ``--shield`` switch beside the shield's options (``ShieldOptions``, whose flags are
+    this group's and whose values the saved config keeps in this section's object). The runtime takes the
+    options, or None with ``--shield guards`` (``runtime_shield``); ``sac-edge drill`` has the options alone
+    (it runs both)."""
 
+    options: ShieldOptions = field(default_factory=ShieldOptions, metadata={"inline": True})
     mode: str = field(
         default="on",
         metadata={
@@ -144,6 +148,12 @@ class ShieldSection(ShieldOptions):
         },
     )
     """``on``: a ``Shield`` after the guards; ``guards``: the observation and action guards alone."""
+
+    def runtime_shield(self) -> ShieldOptions | None:
+        """The shield's options with ``--shield on``, None with ``guards`` (``RuntimeOptions.shield``); the
+        switch is checked here, the options with the runtime's (``RuntimeOptions.check``)."""
+        check_fields(self)
+        return self.options if self.mode == "on" else None
 
 
 @dataclass(frozen=True)
@@ -207,7 +217,8 @@ class RuntimeOptions:
     A robot's own loop makes them directly, ``RuntimeOptions("bundles/pend", rate_hz=100,
     finetune=FinetuneSection(enabled=True))``, or with the flags' names flat, ``RuntimeOptions.of(
     "bundles/pend", rate_hz=100, finetune=True)``; ``sac-edge run`` makes them from its flags
-    (``RunConfig.runtime_options``). The sections are ``RunConfig``'s own."""
+    (``RunConfig.runtime_options``). The sections are ``RunConfig``'s own; ``shield`` is the shield's options
+    (``ShieldOptions``), None for the guards alone."""
 
     bundle: str
     """The bundle directory written by ``sac-export``."""
@@ -238,7 +249,9 @@ class RuntimeOptions:
     seed: int = 0
     """Seeds fine-tuning: the exploration noise and the learner."""
     backend: BackendSection = field(default_factory=BackendSection)
-    shield: ShieldSection = field(default_factory=ShieldSection)
+    shield: ShieldOptions | None = field(default_factory=ShieldOptions)
+    """The safety shield after the guards; None: the observation and action guards alone (``--shield
+    guards``)."""
     budget: BudgetSection = field(default_factory=BudgetSection)
     finetune: FinetuneSection = field(default_factory=FinetuneSection)
 
@@ -246,10 +259,14 @@ class RuntimeOptions:
         self.check()
 
     @classmethod
-    def of(cls, bundle: str, **flags: Any) -> RuntimeOptions:
+    def of(cls, bundle: str, *, shield: str = "on", **flags: Any) -> RuntimeOptions:
         """The options from ``flags`` named as ``sac-edge run``'s flags (``rate_hz=100`` for ``--rate-hz 100``,
-        ``finetune=True`` for ``--finetune``), each put in its section."""
-        return config_from_flags(cls, {"bundle": bundle, **flags}, "RuntimeOptions.of")
+        ``finetune=True`` for ``--finetune``, ``shield="guards"`` for ``--shield guards``), each put in its
+        section."""
+        made = config_from_flags(cls, {"bundle": bundle, **flags}, "RuntimeOptions.of")
+        if ShieldSection(mode=shield).runtime_shield() is None:  # the switch checked as sac-edge run checks it
+            return dataclasses.replace(made, shield=None)
+        return made
 
     def check(self) -> None:
         """Every value (one line naming its flag): the step's limits, the CPUs, the seed, each section's own
@@ -274,7 +291,8 @@ class RuntimeOptions:
         if not 0 <= self.seed < 2**64:
             raise SacEdgeError(f"--seed must be from 0 to 2**64 - 1 (numpy's seeds), got {self.seed}")
         for section in (self.backend, self.shield, self.budget, self.finetune):
-            section.check()
+            if section is not None:  # no shield: the guards alone
+                section.check()
         self._check_files()
 
     def _check_files(self) -> None:
@@ -351,7 +369,7 @@ class RunConfig:
             env=self.env,
             seed=self.seed,
             backend=self.backend,
-            shield=self.shield,
+            shield=self.shield.runtime_shield(),
             budget=self.budget,
             finetune=self.finetune,
         )

@@ -48,8 +48,7 @@ from std_msgs.msg import Bool, Float64, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from sac_edge.common.atomic import atomic_write_json
-from sac_edge.common.bundle import open_bundle
-from sac_edge.common.config import options, parse_value
+from sac_edge.common.config import flag_of, options, parse_value
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.io_layout import IoLayout, bundle_layout
 from sac_edge.edge_runtime.control.loop import StoppedServing
@@ -59,6 +58,7 @@ from sac_edge.edge_runtime.ros2.compat import event_callbacks
 from sac_edge.edge_runtime.ros2.qos import incompatible_warning, profile
 from sac_edge.edge_runtime.ros2.recorder import Recorder
 
+from .compose import verified_bundle
 from .config import RealtimeSection, RunConfig
 from .runtime import Caller, Runtime, RuntimeSummary
 
@@ -132,9 +132,9 @@ NODE_PARAMETERS = (
 )
 
 
-def run_options(bundle: str, flags: dict[str, Any]) -> RunConfig:
-    """The runtime's options from the run-option parameters (flag names, dashes as underscores): the one
-    place the node builds them."""
+def run_config(bundle: str, flags: dict[str, Any]) -> RunConfig:
+    """``sac-edge run``'s config from the run-option parameters (flag names, dashes as underscores): the one
+    place the node builds it. Its ``check()`` checks every value and returns the runtime's options."""
     return RunConfig.of(bundle, **flags)
 
 
@@ -251,12 +251,16 @@ class SacEdgeNode(LifecycleNode):
     def _param(self, name: str) -> Any:
         return self.get_parameter(name).value
 
-    def options(self) -> RunConfig:
-        """The runtime's options from the parameters (one line on a bad value)."""
+    def run_config(self) -> RunConfig:
+        """The run options from the parameters, unchecked (``RunConfig.check``); one line on a value that does
+        not parse."""
         flags = {}
         for name, _, _, tp, may_be_unset in self._run_params:
-            flags[name] = _flag_value(name, self._param(name), tp, may_be_unset)
-        return run_options(str(self._param("bundle")), flags)
+            try:
+                flags[name] = _flag_value(name, self._param(name), tp, may_be_unset)
+            except ValueError as err:
+                raise SacEdgeError(f"parameter {name}: {err}; set it as its flag takes it ({flag_of(name)})") from None
+        return run_config(str(self._param("bundle")), flags)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def on_configure(self, state: Any) -> Any:
@@ -282,9 +286,9 @@ class SacEdgeNode(LifecycleNode):
         mode = self._param("mode")
         if mode not in MODES:
             raise SacEdgeError(f"mode must be timer or message, got {mode!r}")
-        options = self.options()
-        bundle = open_bundle(str(self._param("bundle")), self._param("trusted_keys") or None,
-                             allow_downgrade=bool(self._param("allow_downgrade")))  # fmt: skip
+        run = self.run_config()
+        options = run.check()  # every value, one line, before the bundle is verified or the robot waited for
+        bundle = verified_bundle(options)
         layout = bundle_layout(bundle)
         if layout is None:
             raise SacEdgeError(
@@ -312,7 +316,7 @@ class SacEdgeNode(LifecycleNode):
         self._recorder = Recorder(record, bool(self._param("record_overwrite"))) if record else None
         runtime = Runtime(options, bundle=bundle, log=self.get_logger().warning, caller=Caller("sac_edge"))
         self._runtime = runtime.open()
-        self._idle_us = self._enter_realtime(options.realtime)
+        self._idle_us = self._enter_realtime(run.realtime)
         self._summary = None
         self._fatal = None
         self._state_msg: Any = first  # as old as it is: stale unless a newer one comes in time

@@ -21,14 +21,14 @@ action on an overrun, memory and power budgets with the governor, fine-tuning wi
     print(runtime.summary())
 
 Options are ``RuntimeOptions`` (``config.py``): what the runtime works from and nothing else, checked with
-``sac-edge run``'s flag messages when made. Its sections (``BackendSection``, ``ShieldSection``,
-``BudgetSection``, ``FinetuneSection``) are ``sac-edge run``'s; ``RuntimeOptions.of(bundle, rate_hz=100,
-finetune=True)`` takes the flags' names flat, and ``Runtime(run_config)`` takes ``sac-edge run``'s config as
-its ``runtime_options()``. ``inference_timeout`` is the inference watchdog's limit (a call that runs past it
-stops the runtime, the ``HangPolicy`` is told on the watchdog's thread, and ``act`` raises once the call
-returns); ``rate_hz`` is the rate the caller runs at (the period the inference budget is a fraction of, the
-learner's sizing, the governor's top rung); ``cpus`` are the CPUs the caller's loop runs on (the learner
-process keeps off them).
+``sac-edge run``'s flag messages when made. Its sections (``BackendSection``, ``BudgetSection``,
+``FinetuneSection``) are ``sac-edge run``'s, its ``shield`` the shield's options (``ShieldOptions``; None:
+the guards alone); ``RuntimeOptions.of(bundle, rate_hz=100, finetune=True)`` takes the flags' names flat,
+and ``sac-edge run`` makes them from its config (``RunConfig.runtime_options()``). ``inference_timeout`` is
+the inference watchdog's limit (a call that runs past it stops the runtime, the ``HangPolicy`` is told on the
+watchdog's thread, and ``act`` raises once the call returns); ``rate_hz`` is the rate the caller runs at (the
+period the inference budget is a fraction of, the learner's sizing, the governor's top rung); ``cpus`` are the
+CPUs the caller's loop runs on (the learner process keeps off them).
 
 ``sac-edge run`` is a client of this class too: its scheduler (``control/loop.py``) calls ``act``,
 ``observe``, ``warm_up`` (the step on scratch state before each slot, to warm the caches) and ``tick`` with
@@ -88,9 +88,7 @@ from .config import (
     BudgetSection,
     LoopSection,
     RealtimeSection,
-    RunConfig,
     RuntimeOptions,
-    ShieldSection,
 )
 
 __all__ = [
@@ -102,14 +100,12 @@ __all__ = [
     "LogHang",
     "LoopSection",
     "RealtimeSection",
-    "RunConfig",
     "RunSummary",
     "Runtime",
     "RuntimeOptions",
     "RuntimeState",
     "RuntimeSummary",
     "ShieldOptions",
-    "ShieldSection",
     "StoppedServing",
     "TickReport",
 ]
@@ -172,7 +168,7 @@ class RuntimeSummary:
     reward_invalid: int
     """Transitions whose reward was missing or not finite (not given to the fine-tuner)."""
     shield: ShieldSummary
-    """The shield's settings and counts (``mode`` alone with ``shield="guards"``)."""
+    """The shield's settings and counts (``mode`` alone without a shield: ``shield=None``)."""
     backend: dict[str, Any]
     """The serving backend's description."""
     precision: str
@@ -359,7 +355,7 @@ class Runtime:
 
     def __init__(
         self,
-        options: RuntimeOptions | RunConfig,
+        options: RuntimeOptions,
         *,
         obs_low: Any = None,
         obs_high: Any = None,
@@ -369,7 +365,6 @@ class Runtime:
         caller: Caller = Caller(),
     ) -> None:
         """Take ``options`` (checked when they were made) and nothing else; ``open`` does the work.
-        ``sac-edge run``'s ``RunConfig`` is taken as its ``runtime_options()``.
 
         ``obs_low``/``obs_high`` are the observation bounds the guard enforces (the training env's
         observation space); without them an observation need only be finite. ``bundle`` is the bundle
@@ -377,9 +372,7 @@ class Runtime:
         ``log`` takes the runtime's lines (default: stderr); ``hang`` is what happens when a backend call
         runs past ``inference_timeout`` (``HangPolicy``; default: ``LogHang``); ``caller`` names the run in
         the log lines and the telemetry."""
-        if isinstance(options, RunConfig):
-            options = options.runtime_options()
-        elif not isinstance(options, RuntimeOptions):
+        if not isinstance(options, RuntimeOptions):
             raise SacEdgeError(f"Runtime takes RuntimeOptions, got {type(options).__name__}; pass RuntimeOptions(...)")
         self.options = options
         self._bounds = (obs_low, obs_high)
@@ -490,7 +483,7 @@ class Runtime:
 
     @property
     def shield(self) -> Shield | None:
-        """The safety shield (None with ``shield="guards"``). A caller that swaps weights itself calls its
+        """The safety shield (None with the options' ``shield=None``). A caller that swaps weights itself calls its
         ``weights_swapped()`` so that the ramp runs; ``falling_back`` says whether the fallback serves now."""
         self._opened("shield", "there is no shield yet")
         return self._parts.shield

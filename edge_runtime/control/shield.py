@@ -57,9 +57,10 @@ CAUSES = ("envelope", "stuck", "not_inferred")
 class ShieldOptions:
     """The safety shield after the guards (envelope, stuck sensors, fallback, ramp, slew limit).
 
-    The one type of the shield's options: ``Shield`` takes it, ``sac-edge drill`` has its fields as flags,
-    and ``sac-edge run``'s section (``config.ShieldSection``) adds the ``--shield`` switch to them. Each
-    field's ``help`` is its flag's ``--help`` line."""
+    The one type of the shield's options: ``Shield`` takes it, ``RuntimeOptions.shield`` holds it (None: no
+    shield), ``sac-edge drill`` has its fields as flags, and ``sac-edge run``'s shield section
+    (``config.ShieldSection``) holds it beside the ``--shield`` switch. Each field's ``help`` is its flag's
+    ``--help`` line."""
 
     shield_window: int = field(
         default=3,

@@ -17,9 +17,9 @@ import pytest
 
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.lockfile import pid_lock
+from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.promotion import LastGoodStore
 from sac_edge.edge_runtime.runtime import (
-    RunConfig,
     Runtime,
     RuntimeOptions,
     RuntimeState,
@@ -125,7 +125,9 @@ def test_misuse_is_refused_with_one_line(pendulum_bundle: Path) -> None:
     with pytest.raises(SacEdgeError, match="--promotion-window"):  # the options are checked when made
         RuntimeOptions.of(str(pendulum_bundle), finetune=True, promotion_window=0)
     with pytest.raises(SacEdgeError, match="--promotion-window"):  # sac-edge run's config: its runtime options
-        Runtime(RunConfig.of(str(pendulum_bundle), finetune=True, promotion_window=0))
+        RunConfig.of(str(pendulum_bundle), finetune=True, promotion_window=0).runtime_options()
+    with pytest.raises(SacEdgeError, match=r"^Runtime takes RuntimeOptions, got RunConfig; pass RuntimeOptions"):
+        Runtime(RunConfig.of(str(pendulum_bundle)))  # type: ignore[arg-type]
     with pytest.raises(SacEdgeError, match=r"^Runtime takes RuntimeOptions, got dict; pass RuntimeOptions"):
         Runtime({"bundle": str(pendulum_bundle)})  # type: ignore[arg-type]
 

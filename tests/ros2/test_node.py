@@ -259,6 +259,25 @@ def test_a_wrong_joint_name_fails_configure_in_one_line(
     )
 
 
+@pytest.mark.parametrize(
+    ("parameter", "line"),
+    [
+        ("shield:=sometimes", "--shield must be one of on, guards, got 'sometimes'"),
+        ("slew:=fast", "parameter slew: expected a comma-separated list, got 'fast'; set it as its flag takes it"),
+    ],
+)
+def test_a_bad_run_option_fails_configure_in_one_line_before_the_robot_is_waited_for(
+    procs: Procs, pendulum_layout_bundle: Path, parameter: str, line: str
+) -> None:
+    """No robot publishes, and configure would wait 100 s for its first state: a bad value is refused first."""
+    procs.node(pendulum_layout_bundle, "backend:=onnxruntime", "first_state_timeout_s:=100.0", parameter)
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure")
+    assert steps[-1] == {**steps[-1], "step": "configure", "ok": False, "state": "unconfigured"}, steps
+    assert steps[-1]["s"] < 30, steps  # not the wait for a JointState
+    errors = [line for line in procs.text("node", "err").splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and f"configure failed: {line}" in errors[0], errors
+
+
 def test_without_rclpy_the_command_says_so_in_one_line(pendulum_layout_bundle: Path) -> None:
     """In the device runtime's venv (no ROS 2): exit 2, one line naming the fix."""
     proc = subprocess.run(
