@@ -456,7 +456,7 @@ class Trainer:
             "wall_s": round(self.wall_before + self._session_s(), 1),
         }
         eta = eta_s(self.cfg.total_steps - self.step, row["steps_per_s"] or 0.0)
-        row["eta_s"] = "" if eta is None else round(eta, 1)
+        row["eta_s"] = "" if eta is None else round(eta, 3)
         if metrics is not None:
             row.update(
                 critic_loss=float(metrics.critic_loss),
