@@ -32,7 +32,7 @@ Then, side by side:
    that interval lies inside +-0.05 points (a shared machine's run-to-run spread can be wider than the goal,
    so one pair of runs cannot settle it).
 
-``--seconds`` sets each loop run's length (default 5; BENCHMARKS.md's figures use 8). ``--realtime-priority``
+``--seconds`` sets each loop run's length (default 5; BENCHMARKS.md's runs use 8). ``--realtime-priority``
 and ``--core`` pin the loop. Prints one table per section, then one JSON line.
 """
 
@@ -66,7 +66,7 @@ from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
 from sac_edge.edge_runtime.control.shield import Shield
 from sac_edge.edge_runtime.control.step_stats import MISS_CAUSES
 from sac_edge.edge_runtime.control.watchdog import InferenceWatchdog
-from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 from sac_edge.train.checkpoint import save_tensors
 from sac_edge.train.policies import Actor, CriticEnsemble, ObsNormalizer
 
@@ -146,7 +146,7 @@ def hot_path(bundle: Path) -> dict[str, float]:
     )
     p50["ort_act_over_bare"] = round(p50["ort_act"] / p50["ort_bare"], 3)
     p50["torch_act_over_bare"] = round(p50["torch_act"] / p50["torch_bare"], 3)
-    options = RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32")
+    options = RuntimeOptions.of(str(bundle), backend="onnxruntime", precision="fp32")
     with Runtime(options) as runtime:
         backend = runtime.backend  # its own session: the ratio is against the backend it calls
         inline = inline_step(backend, b.spec, make_shield(options, b, lambda _: None))
@@ -289,10 +289,10 @@ def run_summary(bundle: Path, env_id: str, args: argparse.Namespace, rate_hz: fl
 
 
 def run_loop(bundle: Path, env_id: str, args: argparse.Namespace, rate_hz: float, *extra: str) -> dict[str, Any]:
-    return loop_figures(run_summary(bundle, env_id, args, rate_hz, *extra))
+    return loop_row(run_summary(bundle, env_id, args, rate_hz, *extra))
 
 
-def loop_figures(s: dict[str, Any]) -> dict[str, Any]:
+def loop_row(s: dict[str, Any]) -> dict[str, Any]:
     """A loop run's row: steps, miss rate, latency, misses by cause, peak RSS, whether torch was imported."""
     return {
         "steps": s["steps"],
@@ -307,7 +307,7 @@ def loop_figures(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def loop_rows(bundle: Path, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The loop at each rate with and without the rehearsal; each ratio is against ``act``'s hot p50 measured
+    """The loop at each rate with and without the cache warm-up; each ratio is against ``act``'s hot p50 measured
     just before that run (a shared machine's speed drifts over minutes, so a reference taken at the start of
     the section would set the ratio as much as the loop)."""
     backend = open_backend(open_bundle(bundle), "onnxruntime", "fp32")
@@ -352,7 +352,7 @@ def finetune_run(bundle: Path, env_id: str, args: argparse.Namespace, mode: str,
     return {
         "round": round_,
         "finetune": mode,
-        **loop_figures(s),
+        **loop_row(s),
         "updates": ft.get("updates"),
         "swaps": ft.get("swaps"),
         "swap_p50_ms": round(swap["p50"] * 1e3, 3) if swap else None,

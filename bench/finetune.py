@@ -46,6 +46,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ def finetune_run(bundle: Path, args: argparse.Namespace, tag: str, seconds: floa
     return sh(cmd)
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", help="reuse this sac-train run dir instead of training")
     p.add_argument("--out", default="runs/bench_finetune", help="work directory")
@@ -135,24 +136,50 @@ def main() -> int:
         help=f"second run's budget (default: {TIGHT_LEARNER_MB:g} MiB for the learner over the measured baseline)",
     )
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
+    return p
+
+
+def exported_bundle(args: argparse.Namespace, out: Path) -> Path:
+    """Step 1: ``sac-train`` (unless ``--run``) and ``sac-export --int8``."""
     run = Path(args.run) if args.run else out / "run"
     if not args.run:
         sh([str(BIN / "sac-train"), "--env", "Pendulum-v1", "--total-steps", str(args.train_steps),
             "--learning-starts", "1000", "--threads", "1", "--no-progress", "--out", str(run), "--force"])  # fmt: skip
     bundle = out / "bundle"
     sh([str(BIN / "sac-export"), str(run), "--out", str(bundle), "--int8", "--force"])
+    return bundle
+
+
+def last_good_actor(work: Path) -> dict[str, np.ndarray] | None:
+    """The actor of the last good weights a fine-tuning run left in ``work`` (None: none was promoted)."""
+    store = LastGoodStore(work)
+    return store.load().actor() if store.exists() else None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Steps 2-5: the returns (nominal; shifted before, after and after the tight run), the three runs'
+    summaries (no learning, fine-tuning, fine-tuning under the tight budget) and that budget."""
+
+    nominal: list[float]
+    before: list[float]
+    after: list[float]
+    after_tight: list[float]
+    after_is_finetuned: bool
+    base: dict[str, Any]
+    ft: dict[str, Any]
+    tight: dict[str, Any]
+    tight_mb: float
+
+
+def measure(args: argparse.Namespace, out: Path, bundle: Path) -> Measured:
     shift = parse_shift(tuple(args.shift.split(",")))
     nominal = returns(bundle, {}, args.eval_episodes, None)
     before = returns(bundle, shift, args.eval_episodes, None)
     base = sh([str(BIN / "sac-edge"), "run", str(bundle), "--backend", "onnxruntime", "--rate-hz", str(args.rate_hz),
                "--duration", str(args.baseline_s), "--shift", args.shift])  # fmt: skip
     ft = finetune_run(bundle, args, "ft", args.finetune_s, [])
-    store = LastGoodStore(out / "ft")
-    weights = store.load().actor() if store.exists() else None
+    weights = last_good_actor(out / "ft")
     after = returns(bundle, shift, args.eval_episodes, weights)
     if args.tight_mb is None:  # a budget loads the cheaper (int8) backend too: read the baseline with one loaded
         probe = finetune_run(bundle, args, "ft_probe", 1.0, ["--mem-budget-mb", "1000000"])
@@ -162,25 +189,26 @@ def main() -> int:
     tight = finetune_run(
         bundle, args, "ft_tight", args.finetune_s, ["--mem-budget-mb", str(tight_mb), "--finetune-buffer", "1000000"]
     )
-    tight_store = LastGoodStore(out / "ft_tight")
-    tight_after = returns(
-        bundle, shift, args.eval_episodes, tight_store.load().actor() if tight_store.exists() else None
-    )
-    f, tf = ft["finetune"], tight["finetune"]
-    ts = tf["sizing"]
-    summary = {
+    after_tight = returns(bundle, shift, args.eval_episodes, last_good_actor(out / "ft_tight"))
+    return Measured(nominal, before, after, after_tight, weights is not None, base, ft, tight, tight_mb)
+
+
+def summarize(args: argparse.Namespace, m: Measured, wall_s: float) -> dict[str, Any]:
+    """The JSON line."""
+    f, tf = m.ft["finetune"], m.tight["finetune"]
+    return {
         "shift": args.shift,
         "rate_hz": args.rate_hz,
         "finetune_s": args.finetune_s,
         "settings": learner_settings(args),
         "eval_episodes": args.eval_episodes,
-        "return_nominal": float(np.mean(nominal)),
-        "return_before": float(np.mean(before)),
-        "return_after": float(np.mean(after)),
-        "return_before_sd": float(np.std(before)),
-        "return_after_sd": float(np.std(after)),
-        "return_after_tight": float(np.mean(tight_after)),
-        "after_is_finetuned": weights is not None,
+        "return_nominal": float(np.mean(m.nominal)),
+        "return_before": float(np.mean(m.before)),
+        "return_after": float(np.mean(m.after)),
+        "return_before_sd": float(np.std(m.before)),
+        "return_after_sd": float(np.std(m.after)),
+        "return_after_tight": float(np.mean(m.after_tight)),
+        "after_is_finetuned": m.after_is_finetuned,
         "rollbacks": f["rollbacks"],
         "promotions": f["promotions"],
         "candidates": f["candidates"],
@@ -191,20 +219,28 @@ def main() -> int:
         "achieved_utd": f["achieved_utd"],
         "update_ms": f["sizing"]["update_ms"],
         "swap_ms_p50": f["swap_s"].get("fp32", {}).get("p50", float("nan")) * 1e3,
-        "miss_rate": ft["miss_rate"],
-        "miss_rate_no_learning": base["miss_rate"],
-        "latency_p99_us": ft["latency_us"]["p99"],
-        "latency_p99_us_no_learning": base["latency_us"]["p99"],
-        "peak_rss_mb": tight["peak_rss_mb"],
-        "peak_rss_mb_unbudgeted": ft["peak_rss_mb"],
-        "mem_budget_mb": tight_mb,
-        "peak_under_budget": bool(tight["peak_rss_mb"] <= tight_mb),
-        "tight_sizing": {k: ts[k] for k in ("buffer_rows", "batch_size", "grad_checkpoint", "utd", "estimate_mb")},
+        "miss_rate": m.ft["miss_rate"],
+        "miss_rate_no_learning": m.base["miss_rate"],
+        "latency_p99_us": m.ft["latency_us"]["p99"],
+        "latency_p99_us_no_learning": m.base["latency_us"]["p99"],
+        "peak_rss_mb": m.tight["peak_rss_mb"],
+        "peak_rss_mb_unbudgeted": m.ft["peak_rss_mb"],
+        "mem_budget_mb": m.tight_mb,
+        "peak_under_budget": bool(m.tight["peak_rss_mb"] <= m.tight_mb),
+        "tight_sizing": {
+            k: tf["sizing"][k] for k in ("buffer_rows", "batch_size", "grad_checkpoint", "utd", "estimate_mb")
+        },
         "tight_rollbacks": tf["rollbacks"],
-        "tight_miss_rate": tight["miss_rate"],
-        "tight_budget_events": tight["budget_events"],
-        "wall_s": round(time.monotonic() - t0, 1),
+        "tight_miss_rate": m.tight["miss_rate"],
+        "tight_budget_events": m.tight["budget_events"],
+        "wall_s": wall_s,
     }
+
+
+def table(args: argparse.Namespace, m: Measured, summary: dict[str, Any]) -> str:
+    """The printed table: one line per finding."""
+    f, tf, ft, tight, base = m.ft["finetune"], m.tight["finetune"], m.ft, m.tight, m.base
+    ts = tf["sizing"]
     rows = [
         ("return nominal / shifted before / after", f"{summary['return_nominal']:.1f} / {summary['return_before']:.1f}"
          f" / {summary['return_after']:.1f}  ({args.eval_episodes} fixed seeds, {args.shift}; sd before "
@@ -216,14 +252,24 @@ def main() -> int:
          f"swap p50 {summary['swap_ms_p50']:.2f} ms"),
         ("deadline misses", f"{100 * ft['miss_rate']:.3f}% learning vs {100 * base['miss_rate']:.3f}% not "
          f"(p99 latency {summary['latency_p99_us']:.0f} vs {summary['latency_p99_us_no_learning']:.0f} us)"),
-        ("tight budget", f"{tight_mb} MB: {ts['buffer_rows']} rows, batch {ts['batch_size']}, checkpointing "
+        ("tight budget", f"{m.tight_mb} MB: {ts['buffer_rows']} rows, batch {ts['batch_size']}, checkpointing "
          f"{ts['grad_checkpoint']}, utd {ts['utd']:g}; peak RSS {tight['peak_rss_mb']:.1f} MB "
          f"(unbudgeted {ft['peak_rss_mb']:.1f}); after {summary['return_after_tight']:.1f}, "
          f"{tf['rollbacks']} rollbacks, misses {100 * tight['miss_rate']:.3f}%"),
         ("wall", f"{summary['wall_s']} s"),
     ]  # fmt: skip
     width = max(len(r[0]) for r in rows)
-    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows), flush=True)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    measured = measure(args, out, exported_bundle(args, out))
+    summary = summarize(args, measured, round(time.monotonic() - t0, 1))
+    print(table(args, measured, summary), flush=True)
     if args.json:
         emit_json(summary)
     return 0

@@ -1,7 +1,7 @@
-"""The INT8 engine gate's room: how far correct int8 kernels of one Q/DQ model differ, against the rule.
+"""The INT8 engine gate's margin: how far correct int8 kernels of one Q/DQ model differ, against the rule.
 
 An int8 engine is judged against the Q/DQ graph it implements (``parity_gate.INT8_KERNEL_FRAC``, a mean
-fraction of the action range) and against fp32 within the Q/DQ graph's own figure plus that margin. For
+fraction of the action range) and against fp32 within the Q/DQ graph's own error plus that margin. For
 each bundle (exported with ``sac-export --int8``) this runs, on its held-out parity states, every int8
 implementation of the bundle's Q/DQ model that can run here and measures each against the gate's
 reference (onnxruntime's CPU provider with its default graph optimisations, which fuse Q/DQ pairs into
@@ -13,7 +13,7 @@ integer kernels):
 - the reference with every float op's output rounded to fp16 (10 mantissa bits, as TF32's): what an
   engine does that runs the unquantised ops in fp16 or its float GEMMs in TF32 (Orin's default).
 
-It also prints the old rule's headroom (the Q/DQ graph against fp32, the figure the device used to
+It also prints the old rule's headroom (the Q/DQ graph against fp32, the error the device used to
 compare with the 1% accuracy-gate limit) and a stale-scale engine (one activation scale doubled, the
 fault the gate exists for), judged by both rules.
 

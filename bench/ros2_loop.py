@@ -96,7 +96,7 @@ def _cpu(pid: int) -> float:
     return total
 
 
-def _figures(name: str, rate: int, lat_ns: list[int], sent: int, cpu_s: float, seconds: float) -> dict[str, Any]:
+def _row(name: str, rate: int, lat_ns: list[int], sent: int, cpu_s: float, seconds: float) -> dict[str, Any]:
     us = np.asarray(lat_ns, dtype=np.float64) / 1e3
     replies = len(lat_ns)
     return {
@@ -179,8 +179,8 @@ class Target:
             if lat:
                 self.segment_p50.append(float(np.median(lat)) / 1e3)
 
-    def figures(self, rate: int) -> dict[str, Any]:
-        out = _figures(self.name, rate, self.lat, self.sent, self.cpu_s, self.seconds)
+    def row(self, rate: int) -> dict[str, Any]:
+        out = _row(self.name, rate, self.lat, self.sent, self.cpu_s, self.seconds)
         out["segment_p50_median_us"] = float(np.median(self.segment_p50)) if self.segment_p50 else float("nan")
         return out
 
@@ -194,14 +194,14 @@ def paired(targets: list[Target], rate: int, seconds: float, segment_s: float) -
     for r in range(rounds):
         for t in targets if r % 2 == 0 else targets[::-1]:
             t.segment(rate, segment_s, keep=True)
-    return [t.figures(rate) for t in targets]
+    return [t.row(rate) for t in targets]
 
 
 def in_process(bundle: str, rate: int, seconds: float) -> dict[str, Any]:
     """The same step without ROS: the layout's gather, ``Runtime.act``, the command vector, at the rate."""
     from sac_edge.common.bundle import open_bundle
     from sac_edge.common.io_layout import bundle_layout
-    from sac_edge.edge_runtime.ros2_node import run_options
+    from sac_edge.edge_runtime.ros2_node import run_config
     from sac_edge.edge_runtime.runtime import Runtime
 
     layout = bundle_layout(open_bundle(bundle))
@@ -213,7 +213,7 @@ def in_process(bundle: str, rate: int, seconds: float) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     lat: list[int] = []
     period = int(1e9 / rate)
-    options = run_options(bundle, {"backend": "onnxruntime", "precision": "fp32", "rate_hz": float(rate)})
+    options = run_config(bundle, {"backend": "onnxruntime", "precision": "fp32", "rate_hz": float(rate)}).check()
     with Runtime(options) as runtime:
         cpu0, start = time.process_time(), time.monotonic_ns()
         slot, n = start, 0
@@ -229,7 +229,7 @@ def in_process(bundle: str, rate: int, seconds: float) -> dict[str, Any]:
             while time.monotonic_ns() < slot:
                 time.sleep(max(0.0, (slot - time.monotonic_ns()) / 1e9))
         cpu_s = time.process_time() - cpu0
-    return _figures("in-process Runtime", rate, lat, n, cpu_s, seconds)
+    return _row("in-process Runtime", rate, lat, n, cpu_s, seconds)
 
 
 def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[str]:
@@ -246,7 +246,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=10)
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     ap.add_argument("--bundle", help="a bundle exported with --layout (its joints are the state's)")
     ap.add_argument("--rates", default="200,1000", help="comma-separated rates in Hz")
@@ -254,50 +254,36 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--segment", type=float, default=0.5, help="seconds per segment; the targets alternate")
     ap.add_argument("--logs", default="runs/ros2-loop", help="directory for the target processes' output")
     ap.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.echo:
-        return echo()
-    if not args.bundle:
-        ap.error("--bundle is required")
-    import rclpy
-    from rclpy.signals import SignalHandlerOptions
+    return ap
 
-    from sac_edge.common.bundle import open_bundle
-    from sac_edge.common.io_layout import bundle_layout
 
-    layout = bundle_layout(open_bundle(args.bundle))
-    if layout is None:
-        ap.error(f"{args.bundle} has no layout: export it with sac-export --layout FILE")
-    joints = list(layout.state_joints)
-    env = _env()
-    os.environ.update(env)
-    logs = Path(args.logs)
-    logs.mkdir(parents=True, exist_ok=True)
-    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+def measure_rate(args: argparse.Namespace, rate: int, joints: list[str], env: dict[str, str]) -> list[dict[str, Any]]:
+    """The echo and the node at ``rate`` (paired, each in its own process), then the in-process Runtime."""
     from rclpy.node import Node
 
-    rows = []
-    for rate in (int(r) for r in args.rates.split(",")):
-        node_cmd = [
-            sys.executable, "-m", "sac_edge.edge_runtime.cli", "ros2", args.bundle, "--ros-args", "-r", "__ns:=/policy",
-            "-p", "autostart:=true", "-p", "mode:=message", "-p", "backend:=onnxruntime", "-p", "precision:=fp32",
-            "-p", "state_qos_reliability:=reliable", "-p", "max_input_age_ms:=1000.0", "-p", f"rate_hz:={rate}.0",
-            "-p", "state_topic:=/policy" + STATE, "-p", "command_topic:=/policy" + COMMAND,
-        ]  # fmt: skip
-        starts = {"rclpy echo": ([sys.executable, __file__, "--echo"], "/echo"), "sac-edge ros2": (node_cmd, "/policy")}
-        stimulus = Node(f"stimulus_{rate}")
-        procs, targets = [], []
-        try:
-            for name, (cmd, ns) in starts.items():
-                procs.append(_start(cmd, env, logs / f"{name.replace(' ', '-')}-{rate}.log"))
-                targets.append(Target(stimulus, name, procs[-1], ns, joints))
-            rows += paired(targets, rate, args.seconds, args.segment)
-        finally:
-            for proc in procs:
-                _stop(proc)
-            stimulus.destroy_node()
-        rows.append(in_process(args.bundle, rate, args.seconds))
-    rclpy.try_shutdown()
+    node_cmd = [
+        sys.executable, "-m", "sac_edge.edge_runtime.cli", "ros2", args.bundle, "--ros-args", "-r", "__ns:=/policy",
+        "-p", "autostart:=true", "-p", "mode:=message", "-p", "backend:=onnxruntime", "-p", "precision:=fp32",
+        "-p", "state_qos_reliability:=reliable", "-p", "max_input_age_ms:=1000.0", "-p", f"rate_hz:={rate}.0",
+        "-p", "state_topic:=/policy" + STATE, "-p", "command_topic:=/policy" + COMMAND,
+    ]  # fmt: skip
+    starts = {"rclpy echo": ([sys.executable, __file__, "--echo"], "/echo"), "sac-edge ros2": (node_cmd, "/policy")}
+    stimulus = Node(f"stimulus_{rate}")
+    procs, targets = [], []
+    try:
+        for name, (cmd, ns) in starts.items():
+            procs.append(_start(cmd, env, Path(args.logs) / f"{name.replace(' ', '-')}-{rate}.log"))
+            targets.append(Target(stimulus, name, procs[-1], ns, joints))
+        rows = paired(targets, rate, args.seconds, args.segment)
+    finally:
+        for proc in procs:
+            _stop(proc)
+        stimulus.destroy_node()
+    return [*rows, in_process(args.bundle, rate, args.seconds)]
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    """The table, then the JSON line with what the node adds over the echo at each rate."""
     print(f"{'path':<20} {'rate':>6} {'sent/s':>7} {'p50 us':>9} {'seg p50':>8} {'p99 us':>9} {'replies':>8} "
           f"{'lost':>5} {'CPU us/step':>12} {'core %':>7}")  # fmt: skip
     for r in rows:
@@ -316,6 +302,34 @@ def main(argv: list[str] | None = None) -> None:
         }
     load = os.getloadavg()
     print(json.dumps({"bench": "ros2_loop", "rows": rows, "over_echo": added, "loadavg": load}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.echo:
+        return echo()
+    if not args.bundle:
+        ap.error("--bundle is required")
+    import rclpy
+    from rclpy.signals import SignalHandlerOptions
+
+    from sac_edge.common.bundle import open_bundle
+    from sac_edge.common.io_layout import bundle_layout
+
+    layout = bundle_layout(open_bundle(args.bundle))
+    if layout is None:
+        ap.error(f"{args.bundle} has no layout: export it with sac-export --layout FILE")
+    joints = list(layout.state_joints)
+    env = _env()
+    os.environ.update(env)
+    Path(args.logs).mkdir(parents=True, exist_ok=True)
+    rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+    rows = []
+    for rate in (int(r) for r in args.rates.split(",")):
+        rows += measure_rate(args, rate, joints, env)
+    rclpy.try_shutdown()
+    report(rows)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from sac_edge.common.envelope import Envelope, parse_envelope
 from sac_edge.common.latency import interleaved
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
-from sac_edge.edge_runtime.control.shield import Shield, ShieldSettings
+from sac_edge.edge_runtime.control.shield import Shield, ShieldOptions
 
 
 def load(bundle_dir: Path) -> tuple[Envelope, np.ndarray, tuple[np.ndarray, np.ndarray], str]:
@@ -93,7 +93,7 @@ def runtime_path(
 ) -> tuple[Shield, ObservationGuard, ActionGuard]:
     """The shield and the guards as ``Runtime.act`` composes them with the shield on."""
     low, high = bounds
-    shield = Shield(ShieldSettings(), low.tolist(), high.tolist(), envelope)
+    shield = Shield(ShieldOptions(), low.tolist(), high.tolist(), envelope)
     guard = ObservationGuard(*declared(envelope.obs_dim), "clip", shield.obs_bounds, dtype=np.float32)
     return shield, guard, ActionGuard(low, high)
 
@@ -147,7 +147,7 @@ def detection(envelope: Envelope, states: np.ndarray, sigma: float) -> list[dict
     dims = rng.integers(envelope.obs_dim, size=len(held))
     spiked[np.arange(len(held)), dims] += sigma * envelope.scale[dims]
     shuffled = np.column_stack([rng.permutation(held[:, d]) for d in range(envelope.obs_dim)])
-    shield = Shield(ShieldSettings(), [0.0], [0.0], envelope)
+    shield = Shield(ShieldOptions(), [0.0], [0.0], envelope)
     z_ref = (ref - envelope.mean) / envelope.scale
 
     def nn_distance(x: np.ndarray) -> float:
@@ -181,13 +181,13 @@ def loop_work(bundle: Path, env_id: str, args: argparse.Namespace) -> dict[str, 
     """The library's control loop with the shield on and with the guards alone, alternating (section 3)."""
     from sac_edge.common.envs import make_env
     from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
-    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+    from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 
     def segment(mode: str) -> dict[str, float]:
         env = make_env(env_id)
         try:
             space = env.observation_space
-            config = RunConfig.of(
+            config = RuntimeOptions.of(
                 str(bundle), backend="onnxruntime", precision="fp32", rate_hz=args.rate_hz, shield=mode
             )
             with Runtime(config, obs_low=space.low, obs_high=space.high) as runtime:  # type: ignore[attr-defined]
@@ -233,11 +233,11 @@ def act_calls(bundle: Path, calls: int) -> None:
     """``Runtime.act`` ``calls`` times (after 300 to warm up) on the policy's rollout (onnxruntime fp32, the
     shield on), untimed: what an instruction count of the whole step runs."""
     from sac_edge.edge_runtime.control.loop import paused_gc
-    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+    from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 
     _, _, _, env_id = load(bundle)
     observations, _ = rollout(bundle, env_id)
-    options = RunConfig.of(str(bundle), backend="onnxruntime", precision="fp32", rate_hz=1000.0)
+    options = RuntimeOptions.of(str(bundle), backend="onnxruntime", precision="fp32", rate_hz=1000.0)
     with Runtime(options) as runtime, paused_gc():
         for j in range(300 + calls):
             runtime.act(observations[j % len(observations)])

@@ -5,7 +5,7 @@ trials at once as this machine has cores), then every trial of that sweep again 
 in sequence, in the same session. Both use one torch thread per trial, so each sequential run repeats its
 sweep trial bit for bit on a CPU (the final returns are compared). Prints a table, then one JSON line.
 
-The BENCHMARKS.md figure: ``python bench/sweep_wall.py`` (3 actor_lr x 5 seeds, 5000 steps each).
+The BENCHMARKS.md measurement: ``python bench/sweep_wall.py`` (3 actor_lr x 5 seeds, 5000 steps each).
 """
 
 from __future__ import annotations

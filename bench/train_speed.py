@@ -24,7 +24,8 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -160,7 +161,7 @@ def print_batch_table(rows: list[dict[str, Any]]) -> None:
               f"{samples:>11.0f}{x256:>7}")  # fmt: skip
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default="Pendulum-v1,HalfCheetah-v5")
     parser.add_argument("--batch", default="256")
@@ -179,76 +180,96 @@ def main() -> None:
         help=f"throughput against batch size: batches {BATCH_TABLE}, each precision this device multiplies "
         "natively (fp32; bf16 on CUDA or a CPU with bf16 units), no SB3; adds a samples/s table",
     )
-    args = parser.parse_args()
-    if args.batch_table:
-        args.batch, args.no_sb3, args.variants = BATCH_TABLE, True, ",".join(native_precisions(args.device))
+    return parser
 
-    rates = {"off": matmul_rate(args.device), "bf16": matmul_rate(args.device, torch.bfloat16)}
+
+@dataclass(frozen=True)
+class Measured:
+    """One env x batch, measured. Per row name (``sac-edge <variant> (<backward>)`` or ``sb3``): the median
+    seconds per update, the critic depth, the matmul rate of its precision (GFLOP/s; fp16 rows at the fp32
+    one) and the working memory of one update (MiB, None where not measured); per critic depth, the FLOPs of
+    one update."""
+
+    env_id: str
+    batch: int
+    seconds: dict[str, float]
+    depth: dict[str, int]
+    rate: dict[str, float]
+    update_mb: dict[str, float | None]
+    flops: dict[int, int]
+    base_depth: int
+
+
+def measure(env_id: str, batch: int, args: argparse.Namespace, rates: dict[str, float]) -> Measured:
+    """Build every variant (and SB3), count the FLOPs per critic depth, then time them interleaved."""
+    base = TrainConfig(env=env_id, device=args.device, batch_size=batch, buffer_size=FILL, amp="off", compile="off")
+    variants = {}
+    for v in args.variants.split(","):
+        sac = _filled_sac(env_id, replace(base, **VARIANTS[v]))
+        variants[f"sac-edge {v} ({sac.backward})"] = sac
+    rate = {name: rates.get(sac.cfg.amp, rates["off"]) for name, sac in variants.items()}
+    # FLOPs per critic depth: deep rows have their own floor and no ratio against the 2-layer SB3.
+    depth = {name: sac.cfg.critic_layers for name, sac in variants.items()}
+    depths = set(depth.values()) | {base.critic_layers}
+    flops = {d: update_flops(_filled_sac(env_id, replace(base, critic_layers=d))) for d in depths}
+    sb3 = None if args.no_sb3 else make_sb3(env_id, batch, args.device)
+    timers: dict[str, Callable[[int], float]] = {name: partial(time_sac_edge, sac) for name, sac in variants.items()}
+    if sb3 is not None:
+        timers["sb3"] = partial(time_sb3, sb3)
+        rate["sb3"], depth["sb3"] = rates["off"], base.critic_layers
+    for timer in timers.values():
+        timer(10)  # warm-up (and compilation)
+    update_mb = update_memory(variants, sb3, args.device)
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(args.repeats):
+        for name, timer in timers.items():
+            times[name].append(timer(args.updates))
+    seconds = {name: statistics.median(t) for name, t in times.items()}
+    return Measured(env_id, batch, seconds, depth, rate, update_mb, flops, base.critic_layers)
+
+
+def update_memory(variants: dict[str, SAC], sb3: Any, device: str) -> dict[str, float | None]:
+    """Working memory of one update above the allocated state, MiB (a profiled update on a CPU, where the
+    profiler cannot see inside a compiled graph: None for those rows)."""
+    out: dict[str, float | None] = {
+        name: None if device == "cpu" and sac.cfg.compile == "on" else peak_bytes(sac.step, device) / 2**20
+        for name, sac in variants.items()
+    }
+    if sb3 is not None:
+        out["sb3"] = peak_bytes(partial(time_sb3, sb3, 1), device) / 2**20
+    return out
+
+
+def rows_of(m: Measured) -> list[dict[str, Any]]:
+    """One row per implementation; "x eager" is against the first row of its critic depth (the eager one at
+    the default depth), "x SB3" only at SB3's depth."""
+    eager = next((name for name in m.seconds if name.startswith("sac-edge eager")), None)
+    ref = {d: eager if d == m.base_depth else next(n for n in m.seconds if m.depth[n] == d) for d in m.flops}
     rows = []
-    for env_id in args.envs.split(","):
-        for batch in (int(b) for b in args.batch.split(",")):
-            base = TrainConfig(
-                env=env_id, device=args.device, batch_size=batch, buffer_size=FILL, amp="off", compile="off"
-            )
-            variants = {}
-            for v in args.variants.split(","):
-                sac = _filled_sac(env_id, replace(base, **VARIANTS[v]))
-                variants[f"sac-edge {v} ({sac.backward})"] = sac
-            # The floor of each row at the matmul rate of its precision (fp16 rows at the fp32 one).
-            row_rate = {name: rates.get(sac.cfg.amp, rates["off"]) for name, sac in variants.items()}
-            # FLOPs per critic depth: deep rows have their own floor and no ratio against the 2-layer SB3.
-            depth = {name: sac.cfg.critic_layers for name, sac in variants.items()}
-            depths = set(depth.values()) | {base.critic_layers}
-            flops = {d: update_flops(_filled_sac(env_id, replace(base, critic_layers=d))) for d in depths}
-            sb3 = None if args.no_sb3 else make_sb3(env_id, batch, args.device)
-            times: dict[str, list[float]] = {name: [] for name in variants}
-            if sb3 is not None:
-                times["sb3"] = []
-            for sac in variants.values():
-                time_sac_edge(sac, 10)  # warm-up (and compilation)
-            if sb3 is not None:
-                time_sb3(sb3, 10)
-            # Working memory of one update above the allocated state (a profiled update on a CPU, where the
-            # profiler cannot see inside a compiled graph: no figure for those rows).
-            peak_mb: dict[str, float | None] = {
-                name: None
-                if args.device == "cpu" and sac.cfg.compile == "on"
-                else peak_bytes(sac.step, args.device) / 2**20
-                for name, sac in variants.items()
+    for name, sec in m.seconds.items():
+        floor_ms = m.flops[m.depth[name]] / (m.rate[name] * 1e9) * 1e3
+        same_as_sb3 = "sb3" in m.seconds and m.depth[name] == m.base_depth
+        reference = ref[m.depth[name]]
+        rows.append(
+            {
+                "env": m.env_id,
+                "batch": m.batch,
+                "impl": name,
+                "ms_per_update": round(sec * 1e3, 3),
+                "updates_per_s": round(1.0 / sec, 1),
+                "critic_layers": m.depth[name],
+                "vs_sb3": round(m.seconds["sb3"] / sec, 2) if same_as_sb3 else None,
+                "floor_ms": round(floor_ms, 3),
+                "floor_fraction": round(floor_ms / (sec * 1e3), 2),
+                "gflop_per_update": round(m.flops[m.depth[name]] / 1e9, 3),
+                "update_peak_mb": None if (mb := m.update_mb[name]) is None else round(mb, 1),
+                "vs_eager": None if reference is None else round(m.seconds[reference] / sec, 2),
             }
-            if sb3 is not None:
-                peak_mb["sb3"] = peak_bytes(partial(time_sb3, sb3, 1), args.device) / 2**20
-            for _ in range(args.repeats):
-                for name, sac in variants.items():
-                    times[name].append(time_sac_edge(sac, args.updates))
-                if sb3 is not None:
-                    times["sb3"].append(time_sb3(sb3, args.updates))
-            med = {name: statistics.median(t) for name, t in times.items()}
-            eager = next((name for name in med if name.startswith("sac-edge eager")), None)
-            # Each row's "x eager" is against the first row of its critic depth (the eager one at 2 layers).
-            depth["sb3"] = base.critic_layers
-            ref = {d: eager if d == base.critic_layers else next(n for n in med if depth[n] == d) for d in flops}
-            for name, sec in med.items():
-                floor_ms = flops[depth[name]] / (row_rate.get(name, rates["off"]) * 1e9) * 1e3
-                same_as_sb3 = "sb3" in med and depth[name] == base.critic_layers
-                reference = ref[depth[name]]
-                rows.append(
-                    {
-                        "env": env_id,
-                        "batch": batch,
-                        "impl": name,
-                        "ms_per_update": round(sec * 1e3, 3),
-                        "updates_per_s": round(1.0 / sec, 1),
-                        "critic_layers": depth[name],
-                        "vs_sb3": round(med["sb3"] / sec, 2) if same_as_sb3 else None,
-                        "floor_ms": round(floor_ms, 3),
-                        "floor_fraction": round(floor_ms / (sec * 1e3), 2),
-                        "gflop_per_update": round(flops[depth[name]] / 1e9, 3),
-                        "update_peak_mb": None if (mb := peak_mb[name]) is None else round(mb, 1),
-                        "vs_eager": None if reference is None else round(med[reference] / sec, 2),
-                    }
-                )
+        )
+    return rows
 
+
+def print_table(rows: list[dict[str, Any]], rates: dict[str, float]) -> None:
     print(
         f"matmul rate here now (256^3, {torch.get_num_threads()} threads): fp32 {rates['off']:.1f} GFLOP/s, "
         f"bf16 {rates['bf16']:.1f} GFLOP/s; each row's floor is at its own precision's rate"
@@ -265,19 +286,28 @@ def main() -> None:
             f"{r['env']:<16}{r['batch']:>6}  {r['impl']:<32}{r['ms_per_update']:>8.2f}{r['updates_per_s']:>9.1f}"
             f"{ratio:>7}{eager:>8}{r['floor_ms']:>10.2f}{r['floor_fraction']:>9.2f}{mem:>8}"
         )
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if args.batch_table:
+        args.batch, args.no_sb3, args.variants = BATCH_TABLE, True, ",".join(native_precisions(args.device))
+    rates = {"off": matmul_rate(args.device), "bf16": matmul_rate(args.device, torch.bfloat16)}
+    rows = []
+    for env_id in args.envs.split(","):
+        for batch in (int(b) for b in args.batch.split(",")):
+            rows += rows_of(measure(env_id, batch, args, rates))
+    print_table(rows, rates)
     if args.batch_table:
         print_batch_table(rows)
-    print(
-        json.dumps(
-            {
-                "bench": "train_speed",
-                "device": args.device,
-                "matmul_gflops": round(rates["off"], 1),
-                "matmul_gflops_bf16": round(rates["bf16"], 1),
-                "rows": rows,
-            }
-        )
-    )
+    summary = {
+        "bench": "train_speed",
+        "device": args.device,
+        "matmul_gflops": round(rates["off"], 1),
+        "matmul_gflops_bf16": round(rates["bf16"], 1),
+        "rows": rows,
+    }
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

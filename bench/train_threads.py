@@ -3,7 +3,7 @@ forced thread count and Stable-Baselines3 SAC, quiet, beside one busy process, a
 per usable CPU, all in one run.
 
 Every measurement is a whole process, as a user runs it: ``sac-train`` (no flags but the run's length,
-``--threads N`` for the forced rows; updates/s is its own ``--json`` figure, the time inside its updates)
+``--threads N`` for the forced rows; updates/s is its own ``--json`` value, the time inside its updates)
 and SB3 SAC ``learn`` with the same env, batch, learning_starts and seed (its ``train`` calls timed; torch's
 default threads, as SB3 runs). The neighbours are pure-Python busy loops, each in its own process, started
 before the state's runs and killed at its end (and on any exit of this script). Within a state the
@@ -134,7 +134,7 @@ def run_state(args: argparse.Namespace, busy: int, counts: list[int], workdir: P
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
         "updates_per_s": {name: round(r, 1) for name, r in rates.items()},
-        "capped": capped_impls,  # killed at --cap-s: their figure is an upper bound
+        "capped": capped_impls,  # killed at --cap-s: their rate is an upper bound
         "default_threads": [s["threads"] for s in auto_runs if s["threads"] is not None],
         "default_log": auto_runs[0]["log"],
         "default_probe_s": [s["probe_s"] for s in auto_runs],

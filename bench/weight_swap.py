@@ -176,7 +176,7 @@ def stall(bundle: Bundle, load: tuple[str, ...], path: str, swaps: int, gap_s: f
 
 
 def stall_rows(bundle: Bundle, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Each load and path's figures over ``args.rounds`` rounds, the paths taking turns within a round."""
+    """Each load and path's timings over ``args.rounds`` rounds, the paths taking turns within a round."""
     rows = []
     for load in LOADS:
         paths = [p for p in PATHS if p != FROM_FILE or "int8" in load]

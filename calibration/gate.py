@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,103 +147,168 @@ def worst_return(env_id: str, seeds: Sequence[int]) -> tuple[float, str]:
     return min(zero, rand), f"measured: min(zero-action {zero:.2f}, uniform-random {rand:.2f}) on the gate seeds"
 
 
+@dataclass(frozen=True)
+class GateSettings:
+    """How the gate measures (``sac-export --gate-episodes``, ``--seed``)."""
+
+    gate_episodes: int
+    """Seeded episodes of the env the FP32 and INT8 returns are compared on."""
+    seed: int = 0
+    """The first episode's seed is ``seed + GATE_SEED_OFFSET``."""
+    worst: tuple[float, str] | None = None
+    """The env's worst return and its source; None: worked out by :func:`worst_return`."""
+
+    def __post_init__(self) -> None:
+        if self.gate_episodes < 1:
+            raise SacEdgeError(f"--gate-episodes must be >= 1, got {self.gate_episodes}")
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The INT8 models the gate may try."""
+
+    build: Callable[[frozenset[str]], onnx.ModelProto]
+    """``build(float_layers)``: the Q/DQ model with those MatMul/Gemm layers left float."""
+    layers: Sequence[str] = ()
+    """Every MatMul/Gemm layer's name: what the mixed-precision fallback chooses from."""
+    keep_float: Collection[str] = ()
+    """Layers the caller forces to float from the start."""
+
+
 def run_gate(
-    fp32: onnx.ModelProto | Path,
-    build_int8: Callable[[frozenset[str]], onnx.ModelProto],
-    layers: Sequence[str],
-    holdout: np.ndarray,
-    spec: PolicySpec,
-    *,
-    gate_episodes: int,
-    seed: int = 0,
-    worst: tuple[float, str] | None = None,
-    keep_float: Collection[str] = (),
+    fp32: onnx.ModelProto | Path, candidates: Candidates, holdout: np.ndarray, spec: PolicySpec, settings: GateSettings
 ) -> tuple[GateReport, onnx.ModelProto | None]:
     """Gate the fully quantised model, falling back to mixed precision; return the report and the
-    accepted model (None when rejected).
+    accepted model (None when rejected)."""
+    reference = _reference(fp32, spec, settings)
+    outcome = _search(_Trials(reference, candidates.build, holdout, spec), candidates)
+    return _report(spec, len(holdout), reference, outcome, candidates.layers), outcome.model
 
-    ``build_int8(float_layers)`` makes the Q/DQ model with those MatMul/Gemm layers left float;
-    ``layers`` names all of them; ``keep_float`` are layers the caller forces to float from the start.
-    """
-    if gate_episodes < 1:
-        raise SacEdgeError(f"--gate-episodes must be >= 1, got {gate_episodes}")
-    has_env = bool(spec.env_id)  # without one, the action-error rule alone decides (no episodes)
-    seeds = tuple(seed + GATE_SEED_OFFSET + k for k in range(gate_episodes)) if has_env else ()
-    ref = OnnxPolicy(fp32)
-    fp32_returns = episode_returns(ref, spec.env_id, seeds) if has_env else ()
-    worst_value, worst_source = (
-        (worst if worst is not None else worst_return(spec.env_id, seeds)) if has_env else (math.nan, NO_ENV)
-    )
-    fp32_mean = _mean(fp32_returns)
-    allowed = MAX_RETURN_DROP_FRAC * max(fp32_mean - worst_value, 0.0) if has_env else math.nan
 
-    def score(float_layers: frozenset[str]) -> tuple[CandidateScore, onnx.ModelProto, OnnxPolicy]:
+@dataclass(frozen=True)
+class _Reference:
+    """The FP32 side of every comparison: its policy, episode seeds and returns, the worst return and the
+    return drop allowed (no seeds and NaNs without an environment, where the action-error rule alone decides)."""
+
+    policy: OnnxPolicy
+    seeds: tuple[int, ...]
+    returns: tuple[float, ...]
+    mean_return: float
+    worst: tuple[float, str]
+    allowed_drop: float
+
+
+def _reference(fp32: onnx.ModelProto | Path, spec: PolicySpec, settings: GateSettings) -> _Reference:
+    policy = OnnxPolicy(fp32)
+    if not spec.env_id:  # no episodes: the action-error rule alone decides
+        return _Reference(policy, (), (), math.nan, (math.nan, NO_ENV), math.nan)
+    seeds = tuple(settings.seed + GATE_SEED_OFFSET + k for k in range(settings.gate_episodes))
+    returns = episode_returns(policy, spec.env_id, seeds)
+    worst = settings.worst if settings.worst is not None else worst_return(spec.env_id, seeds)
+    mean = _mean(returns)
+    return _Reference(policy, seeds, returns, mean, worst, MAX_RETURN_DROP_FRAC * max(mean - worst[0], 0.0))
+
+
+class _Trials:
+    """Scores INT8 candidates against the FP32 reference: action errors on the held-out states, then (where
+    there is an env) returns on the reference's seeds."""
+
+    def __init__(
+        self,
+        reference: _Reference,
+        build: Callable[[frozenset[str]], onnx.ModelProto],
+        holdout: np.ndarray,
+        spec: PolicySpec,
+    ) -> None:
+        self.reference, self.build, self.holdout, self.spec = reference, build, holdout, spec
+
+    def score(self, float_layers: frozenset[str]) -> tuple[CandidateScore, onnx.ModelProto, OnnxPolicy]:
         """Action errors of the candidate that keeps ``float_layers`` in float (no episodes yet)."""
-        model = build_int8(float_layers)
+        model = self.build(float_layers)
         policy = OnnxPolicy(model)
-        errors = action_errors(ref, policy, holdout, spec.action_low, spec.action_high)
+        errors = action_errors(self.reference.policy, policy, self.holdout, self.spec.action_low, self.spec.action_high)
         return CandidateScore(*errors, None), model, policy
 
-    def with_returns(scored: CandidateScore, policy: OnnxPolicy) -> tuple[CandidateScore, float | None]:
+    def with_returns(self, scored: CandidateScore, policy: OnnxPolicy) -> tuple[CandidateScore, float | None]:
         """The candidate's episode returns and return drop (None without an environment)."""
-        if not has_env:
+        if not self.spec.env_id:
             return scored, None
-        returns = episode_returns(policy, spec.env_id, seeds)
-        return dataclasses.replace(scored, int8_returns=returns), fp32_mean - _mean(returns)
+        returns = episode_returns(policy, self.spec.env_id, self.reference.seeds)
+        return dataclasses.replace(scored, int8_returns=returns), self.reference.mean_return - _mean(returns)
 
-    def passes(scored: CandidateScore, drop: float | None) -> bool:
-        returns_ok = drop is not None and drop <= allowed if has_env else True
+    def passes(self, scored: CandidateScore, drop: float | None) -> bool:
+        returns_ok = drop is not None and drop <= self.reference.allowed_drop if self.spec.env_id else True
         return scored.mean_error_frac <= MAX_MEAN_ERROR_FRAC and returns_ok
 
-    forced = frozenset(keep_float)
-    first, model, policy = score(forced)
-    first_drop = None
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the search settled on: the accepted model (None: rejected), the score the report shows (the
+    accepted candidate's, else the first one's), the layers left float, every attempt and the sensitivities."""
+
+    model: onnx.ModelProto | None
+    shown: CandidateScore
+    float_layers: frozenset[str]
+    attempts: tuple[Attempt, ...]
+    sensitivity: Mapping[str, float]
+
+
+def _search(trials: _Trials, candidates: Candidates) -> _Outcome:
+    """The fully quantised model (bar ``keep_float``) first; when it fails, the layers ranked by sensitivity
+    and the most sensitive kept in float, one more at a time, until a candidate passes or one layer is left."""
+    forced = frozenset(candidates.keep_float)
+    first, model, policy = trials.score(forced)
+    drop = None
     if math.isfinite(first.max_error):  # reported even when rejected, so always with its returns
-        first, first_drop = with_returns(first, policy)
-    ok = passes(first, first_drop)
-    attempts = [Attempt(tuple(sorted(forced)), first.mean_error_frac, first_drop, ok)]
-    chosen, chosen_score, chosen_float = (model if ok else None), first, forced
-    sensitivity: dict[str, float] = {}
-    remaining = [name for name in layers if name not in forced]
-    if not ok and len(remaining) > 1:
-        for name in remaining:
-            sensitivity[name] = score(frozenset(layers) - {name})[0].mean_error_frac
-        ranked = sorted(remaining, key=lambda n: sensitivity[n], reverse=True)
-        for k in range(1, len(ranked)):  # keep the k most sensitive layers in float
-            kept = forced | frozenset(ranked[:k])
-            scored, model, policy = score(kept)
-            drop = None
-            if math.isfinite(scored.max_error) and scored.mean_error_frac <= MAX_MEAN_ERROR_FRAC:
-                scored, drop = with_returns(scored, policy)
-            ok = passes(scored, drop)
-            attempts.append(Attempt(tuple(sorted(kept)), scored.mean_error_frac, drop, ok))
-            if ok:
-                chosen, chosen_score, chosen_float = model, scored, kept
-                break
-    final_float = chosen_float if chosen is not None else forced
-    shown = chosen_score if chosen is not None else first
-    int8_returns = shown.int8_returns or tuple(math.nan for _ in seeds)
-    report = GateReport(
+        first, drop = trials.with_returns(first, policy)
+    ok = trials.passes(first, drop)
+    attempts = [Attempt(tuple(sorted(forced)), first.mean_error_frac, drop, ok)]
+    remaining = [name for name in candidates.layers if name not in forced]
+    if ok or len(remaining) < 2:
+        return _Outcome(model if ok else None, first, forced, tuple(attempts), {})
+    every = frozenset(candidates.layers)
+    sensitivity = {name: trials.score(every - {name})[0].mean_error_frac for name in remaining}
+    ranked = sorted(remaining, key=lambda n: sensitivity[n], reverse=True)
+    for k in range(1, len(ranked)):  # keep the k most sensitive layers in float
+        kept = forced | frozenset(ranked[:k])
+        scored, model, policy = trials.score(kept)
+        drop = None
+        if math.isfinite(scored.max_error) and scored.mean_error_frac <= MAX_MEAN_ERROR_FRAC:
+            scored, drop = trials.with_returns(scored, policy)
+        ok = trials.passes(scored, drop)
+        attempts.append(Attempt(tuple(sorted(kept)), scored.mean_error_frac, drop, ok))
+        if ok:
+            return _Outcome(model, scored, kept, tuple(attempts), sensitivity)
+    return _Outcome(None, first, forced, tuple(attempts), sensitivity)
+
+
+def _report(
+    spec: PolicySpec, holdout_states: int, reference: _Reference, outcome: _Outcome, layers: Sequence[str]
+) -> GateReport:
+    shown = outcome.shown
+    int8_returns = shown.int8_returns or tuple(math.nan for _ in reference.seeds)
+    return GateReport(
         env_id=spec.env_id,
-        verdict="accepted" if chosen is not None else "rejected",
-        holdout_states=len(holdout),
+        verdict="accepted" if outcome.model is not None else "rejected",
+        holdout_states=holdout_states,
         max_action_error=shown.max_error,
         mean_action_error=shown.mean_error,
         max_action_error_frac=shown.max_error_frac,
         mean_action_error_frac=shown.mean_error_frac,
-        episode_seeds=seeds,
-        fp32_returns=fp32_returns,
+        episode_seeds=reference.seeds,
+        fp32_returns=reference.returns,
         int8_returns=int8_returns,
-        fp32_mean_return=fp32_mean,
+        fp32_mean_return=reference.mean_return,
         int8_mean_return=_mean(int8_returns),
-        worst_return=worst_value,
-        worst_return_source=worst_source,
-        return_drop=fp32_mean - _mean(int8_returns),
-        allowed_return_drop=allowed,
-        layers=tuple(LayerReport(n, FP32 if n in final_float else INT8, sensitivity.get(n)) for n in layers),
-        attempts=tuple(attempts),
+        worst_return=reference.worst[0],
+        worst_return_source=reference.worst[1],
+        return_drop=reference.mean_return - _mean(int8_returns),
+        allowed_return_drop=reference.allowed_drop,
+        layers=tuple(
+            LayerReport(n, FP32 if n in outcome.float_layers else INT8, outcome.sensitivity.get(n)) for n in layers
+        ),
+        attempts=outcome.attempts,
     )
-    return report, chosen
 
 
 def render_table(report: GateReport) -> str:
@@ -308,11 +373,8 @@ def gate_model(
     int8: onnx.ModelProto | Path,
     holdout: np.ndarray,
     spec: PolicySpec,
-    *,
-    gate_episodes: int,
-    seed: int = 0,
-    worst: tuple[float, str] | None = None,
+    settings: GateSettings,
 ) -> GateReport:
     """Gate one given INT8 model as it is (no mixed-precision fallback, no layer table)."""
     model = int8 if isinstance(int8, onnx.ModelProto) else onnx.load(str(int8))
-    return run_gate(fp32, lambda _: model, (), holdout, spec, gate_episodes=gate_episodes, seed=seed, worst=worst)[0]
+    return run_gate(fp32, Candidates(lambda _: model), holdout, spec, settings)[0]

@@ -20,7 +20,7 @@ from sac_edge.common.trt.calib_cache import TRT_VERSION, write_cache
 from .cache import cache_scales, cache_tensors
 from .calibrators import compute_amax
 from .check import check_qdq
-from .gate import MAX_MEAN_ERROR_FRAC, GateReport, action_errors, render_table, run_gate
+from .gate import MAX_MEAN_ERROR_FRAC, Candidates, GateReport, GateSettings, action_errors, render_table, run_gate
 from .graph import layer_name, linear_nodes
 from .integer import integer_graph
 from .qdq import quantizable_tensors, quantize_model
@@ -67,6 +67,10 @@ class CalibrationOptions:
     """MatMul/Gemm node names to leave in float from the start."""
     trt_version: int = TRT_VERSION
     """The TensorRT version ``calib.cache``'s header names."""
+    calib_samples: int = 2048
+    """Calibration states :func:`quantize_and_gate` builds (``sac-export --calib-samples``)."""
+    holdout_samples: int = 2048
+    """Held-out states :func:`quantize_and_gate` builds for the gate's action-error rule."""
 
 
 def quantize_and_gate(
@@ -75,15 +79,17 @@ def quantize_and_gate(
     replay: np.ndarray | None,
     spec: PolicySpec,
     options: CalibrationOptions | None = None,
-    *,
-    calib_samples: int = 2048,
-    holdout_samples: int = 2048,
 ) -> Int8Result:
     """``sac-export --int8``: build the state sets (``replay`` = the run's ``calib_states.npy`` or None, plus
     rollouts of ``fp32_onnx``), then ``calibrate_and_gate`` with ``options``."""
     options = options or CalibrationOptions()
     states = build_state_sets(
-        fp32_onnx, spec, calib_samples=calib_samples, holdout_samples=holdout_samples, replay=replay, seed=options.seed
+        fp32_onnx,
+        spec,
+        calib_samples=options.calib_samples,
+        holdout_samples=options.holdout_samples,
+        replay=replay,
+        seed=options.seed,
     )
     return calibrate_and_gate(fp32_onnx, out_dir, states, spec, options)
 
@@ -98,6 +104,7 @@ def calibrate_and_gate(
     rule on the same held-out states.
     """
     options = options or CalibrationOptions()
+    settings = GateSettings(options.gate_episodes, options.seed)  # its one-line check before any slow work
     model = _load_fp32(fp32_onnx)
     calibration = validate_states(states.calibration, spec.obs_dim, "calibration states")
     holdout = validate_states(states.holdout, spec.obs_dim, "held-out states")
@@ -113,16 +120,7 @@ def calibrate_and_gate(
             raise InternalError(f"Q/DQ model breaks a TensorRT rule: {violations[0]}")
         return candidate
 
-    report, accepted = run_gate(
-        model,
-        build,
-        layers,
-        holdout,
-        spec,
-        gate_episodes=options.gate_episodes,
-        seed=options.seed,
-        keep_float=options.keep_float,
-    )
+    report, accepted = run_gate(model, Candidates(build, layers, options.keep_float), holdout, spec, settings)
     facts: dict[str, Any] = {
         "method": options.method,
         "method_overrides": dict(options.method_overrides or {}),

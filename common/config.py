@@ -8,9 +8,11 @@ repeated.
 
 A field whose type is itself a frozen dataclass is a *section*: its fields are flags of the command like
 any other (``--help`` groups them under the section's name and first docstring line) and the saved config
-nests them under the section's name. A flag is ``--`` plus the field's name with dashes, unless the field
-says ``metadata={"flag": "--other"}`` (a section's field named after the section's subject: ``--backend``
-is ``backend.kind``). Flags are unique across a command's sections.
+nests them under the section's name (a section inside a section with ``metadata={"inline": True}`` saves its
+fields in the outer section's object: a switch beside the options it switches). A section typed ``X | None``
+may be None in Python (the command line always makes one). A flag is ``--`` plus the field's name with
+dashes, unless the field says ``metadata={"flag": "--other"}`` (a section's field named after the section's
+subject: ``--backend`` is ``backend.kind``). Flags are unique across a command's sections.
 """
 
 from __future__ import annotations
@@ -140,9 +142,21 @@ def sections(cls: type[Any]) -> list[tuple[str, type[Any]]]:
     return [(f.name, tp) for f in dataclasses.fields(cls) if f.init and _is_section(tp := _field_type(cls, f.type))]
 
 
+#: A value that starts with a dash but is a number (or a comma-separated list of numbers): ``-5``, ``-.5``,
+#: ``-1e9``, ``-inf``, ``-1,2``. argparse's own pattern knows only ``-5`` and ``-.5``, so ``--flag -1e9``
+#: read ``-1e9`` as an unknown flag ("expected one argument"); no flag of sac-edge looks like this.
+_NUMBER = r"(?:\d+\.?\d*(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?|inf(?:inity)?|nan)"
+_NEGATIVE_VALUE = re.compile(rf"^-{_NUMBER}(?:,\s*[-+]?{_NUMBER})*$", re.IGNORECASE)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the one-line error convention: a bad flag is a ``SacEdgeError`` naming the flag and the
-    fix, not argparse's usage block (tens of lines) and its own exit."""
+    fix, not argparse's usage block (tens of lines) and its own exit; and a negative number is a value
+    (``--target-return -1e9``), whatever its notation."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_VALUE  # argparse consults this (private) attribute
 
     def error(self, message: str) -> typing.NoReturn:
         raise SacEdgeError(f"{message}; {_fix(message)} ('{self.prog} --help' lists the options)")
@@ -319,6 +333,7 @@ def config_from_dict(cls: type[C], values: Mapping[str, Any], source: str) -> C:
     number: no setting takes one (a NaN compares false with every bound, so range checks after this one
     would let it through)."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    values = _nest_inline(cls, fields, values)
     _refuse_unknown(
         values,
         fields,
@@ -338,6 +353,18 @@ def config_from_dict(cls: type[C], values: Mapping[str, Any], source: str) -> C:
             raise SacEdgeError(f"{flag} must be a finite number, got {value}; pass a finite value")
         out[name] = tuple(value) if isinstance(value, list) else value
     return cls(**out)
+
+
+def _nest_inline(cls: type[Any], fields: Mapping[str, dataclasses.Field], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with each inline section's settings (saved in ``cls``'s own object) under the section's name."""
+    out = dict(values)
+    for name, f in fields.items():
+        if f.metadata.get("inline"):
+            own = {g.name for g in dataclasses.fields(_field_type(cls, f.type))}
+            moved = {key: out.pop(key) for key in list(out) if key in own}
+            if moved:
+                out[name] = {**out.get(name, {}), **moved}
+    return out
 
 
 def _refuse_unknown(given: Iterable[str], known: Container[str], message: Callable[[str], str]) -> None:
@@ -377,14 +404,16 @@ def check_fields(config: Any) -> None:
         if not f.init:
             continue
         tp, value = _field_type(cls, f.type), getattr(config, f.name)
+        optional = isinstance(f.type, str) and "None" in (p.strip() for p in f.type.split("|"))
+        if value is None and optional:
+            continue
         if _is_section(tp):
             if not isinstance(value, tp):
                 name = tp.__name__
-                raise SacEdgeError(f"{cls.__name__}.{f.name} must be a {name}, got {value!r}; pass {name}(...)")
+                fix = f"{name}(...) or None" if optional else f"{name}(...)"
+                raise SacEdgeError(f"{cls.__name__}.{f.name} must be a {name}, got {value!r}; pass {fix}")
             continue
         flag = f.metadata.get("flag", flag_of(f.name))
-        if value is None and isinstance(f.type, str) and "None" in (p.strip() for p in f.type.split("|")):
-            continue
         if not _accepts(tp, value):
             item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
             kind = f"a tuple of {item.__name__} values" if item is not None else _KINDS.get(tp, str(tp))
@@ -397,9 +426,23 @@ def check_fields(config: Any) -> None:
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:
-    """The resolved config as plain JSON-able values (a section as a nested object)."""
-    out = dataclasses.asdict(cfg)
-    return json.loads(json.dumps(out, default=str))
+    """The resolved config as plain JSON-able values (a section as a nested object, an inline section's
+    settings in its outer object)."""
+    return json.loads(json.dumps(_saved(cfg), default=str))
+
+
+def _saved(cfg: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` but for inline sections, whose settings go in the outer object."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if not dataclasses.is_dataclass(value) or isinstance(value, type):
+            out[f.name] = value
+        elif f.metadata.get("inline"):
+            out.update(_saved(value))
+        else:
+            out[f.name] = _saved(value)
+    return out
 
 
 def save_config(cfg: Any, path: str | Path, **extra: Any) -> None:

@@ -104,7 +104,7 @@ class LatencyHistogram:
         middle = 0.0 if i == 0 else self.STEP ** (i - 0.5)
         return min(max(middle, float(self.min_ns)), float(self.max_ns))
 
-    def figures_us(self) -> dict[str, float]:
+    def latency_us(self) -> dict[str, float]:
         """The ``latency_us`` shape: p50 / p99 / max / mean in microseconds (NaN when empty)."""
         if not self.count:
             return latency_us(np.empty(0))

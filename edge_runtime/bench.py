@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sac_edge.common.atomic import atomic_path, atomic_write_json, check_new_file
+from sac_edge.common.bundle import Bundle
 from sac_edge.common.config import config_dict
 from sac_edge.common.cpus import check_threads
 from sac_edge.common.errors import SacEdgeError
@@ -26,7 +27,7 @@ from sac_edge.common.latency import latency_us, time_calls
 from sac_edge.common.table import format_table
 from sac_edge.edge_runtime.backends.autoselect import probe_observations
 from sac_edge.edge_runtime.backends.base import Backend, BackendOptions
-from sac_edge.edge_runtime.backends.registry import candidates, check_precision, kind, open_backend
+from sac_edge.edge_runtime.backends.registry import Candidate, candidates, check_precision, kind, open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.budget.sensors import EnergyMeter, detect_power_sensor
 
@@ -64,61 +65,21 @@ def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any
     """Measure every usable backend x precision x batch; write ``--out`` and ``--plot`` when given."""
     _validate(cfg)
     bundle = verified_bundle(cfg)
-    explicit = bool(cfg.backends or cfg.precisions)
-    usable, logged = [], set()
-    for cand in candidates(bundle, cfg.backends or None, cfg.precisions or None):
-        if cand.refusal is None:
-            usable.append(cand)
-        elif explicit and cfg.backends and cfg.precisions:
-            raise SacEdgeError(cand.refusal)
-        elif (cand.backend, cand.refusal) not in logged:  # "not installed" once per backend
-            logged.add((cand.backend, cand.refusal))
-            log(f"bench: skipping {cand.backend}/{cand.precision}: {cand.refusal}")
-    if not usable:
-        raise SacEdgeError("bench: no backend x precision can run this bundle here")
+    usable = _usable(cfg, bundle, log)
     meter = EnergyMeter(detect_power_sensor(Path(cfg.sensor_root)))
-    memory = MemoryProbe()
-    rows, samples, power = [], {}, []
-    probes = probe_observations(bundle.spec.obs_dim, count=max(cfg.batch) + 64)
-    t0 = None
+    rows = _Rows(cfg, meter, probe_observations(bundle.spec.obs_dim, count=max(cfg.batch) + 64))
     try:
         for cand in usable:
             backend = open_backend(bundle, cand.backend, cand.precision, BackendOptions(threads=cfg.threads))
             for batch in cfg.batch:
-                call = _caller(backend, probes, batch)
-                label = f"{cand.backend}/{cand.precision}/b{batch}"
-                meter.reset()
-                with meter.sampling(0.02):
-                    ns = time_calls(call, cfg.calls, cfg.warmup)
-                if meter.readings:  # none where the machine has neither a sensor nor a power model
-                    t0 = meter.readings[0].timestamp if t0 is None else t0
-                    power += [(r.timestamp - t0, r.total_w, label) for r in meter.readings]
-                inferences = cfg.calls * batch
-                peak = memory.read().peak_rss_mb
-                metered = len(meter.readings) > 1
-                rows.append(
-                    {
-                        "backend": cand.backend,
-                        "precision": cand.precision,
-                        "batch": batch,
-                        "calls": cfg.calls,
-                        "latency_us": latency_us(ns),
-                        "throughput_per_s": round(inferences / (ns.sum() / 1e9), 1),
-                        "energy_mj_per_inference": round(meter.millijoules_per(inferences), 6) if metered else None,
-                        "energy": ("measured" if meter.measured else "estimated") if metered else "none",
-                        "power_w": round(meter.mean_power_w, 3) if metered else None,
-                        "power_source": meter.sensor.source,
-                        "peak_rss_mb": round(peak, 1),
-                    }
-                )
-                samples[label] = ns / 1000.0
-                log(f"bench: {label}: p99 {rows[-1]['latency_us']['p99']} us")
+                row = rows.measure(backend, cand, batch)
+                log(f"bench: {cand.backend}/{cand.precision}/b{batch}: p99 {row['latency_us']['p99']} us")
             backend.close()
     finally:
         meter.sensor.close()
     result = {
         "bundle": str(bundle.path),
-        "rows": rows,
+        "rows": rows.rows,
         "power_source": meter.sensor.source,
         "power_measured": bool(meter.sensor.measured),
         "config": config_dict(cfg),
@@ -126,8 +87,66 @@ def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any
     if cfg.out:
         atomic_write_json(cfg.out, result, replace=cfg.overwrite)
     if cfg.plot:
-        plot(samples, power, Path(cfg.plot), meter.sensor.measured, replace=cfg.overwrite)
+        plot(rows.samples, rows.power, Path(cfg.plot), meter.sensor.measured, replace=cfg.overwrite)
     return result
+
+
+def _usable(cfg: BenchConfig, bundle: Bundle, log: Callable[[str], None]) -> list[Candidate]:
+    """The backend x precision pairs that can run here; the others logged once per backend and reason, or
+    refused (one line) when ``--backend`` and ``--precision`` named exactly what to run."""
+    usable, logged = [], set()
+    for cand in candidates(bundle, cfg.backends or None, cfg.precisions or None):
+        if cand.refusal is None:
+            usable.append(cand)
+        elif cfg.backends and cfg.precisions:
+            raise SacEdgeError(cand.refusal)
+        elif (cand.backend, cand.refusal) not in logged:  # "not installed" once per backend
+            logged.add((cand.backend, cand.refusal))
+            log(f"bench: skipping {cand.backend}/{cand.precision}: {cand.refusal}")
+    if not usable:
+        raise SacEdgeError("bench: no backend x precision can run this bundle here")
+    return usable
+
+
+class _Rows:
+    """Times one backend x batch at a time and keeps the results: the rows, each row's latencies in us (for
+    the plot) and the power readings over the whole bench, as (seconds since the first, watts, row)."""
+
+    def __init__(self, cfg: BenchConfig, meter: EnergyMeter, probes: np.ndarray) -> None:
+        self.calls, self.warmup, self.meter, self.probes = cfg.calls, cfg.warmup, meter, probes
+        self.memory = MemoryProbe()
+        self.rows: list[dict[str, Any]] = []
+        self.samples: dict[str, np.ndarray] = {}
+        self.power: list[tuple[float, float, str]] = []
+        self.t0: float | None = None
+
+    def measure(self, backend: Backend, cand: Candidate, batch: int) -> dict[str, Any]:
+        """``warmup`` untimed and ``calls`` timed calls at ``batch`` while the power sensor is sampled."""
+        meter, label = self.meter, f"{cand.backend}/{cand.precision}/b{batch}"
+        meter.reset()
+        with meter.sampling(0.02):
+            ns = time_calls(_caller(backend, self.probes, batch), self.calls, self.warmup)
+        if meter.readings:  # none where the machine has neither a sensor nor a power model
+            self.t0 = meter.readings[0].timestamp if self.t0 is None else self.t0
+            self.power += [(r.timestamp - self.t0, r.total_w, label) for r in meter.readings]
+        inferences = self.calls * batch
+        metered = len(meter.readings) > 1
+        row = {
+            "backend": cand.backend,
+            "precision": cand.precision,
+            "batch": batch,
+            "calls": self.calls,
+            "latency_us": latency_us(ns),
+            "throughput_per_s": round(inferences / (ns.sum() / 1e9), 1),
+            "energy_mj_per_inference": round(meter.millijoules_per(inferences), 6) if metered else None,
+            "energy": ("measured" if meter.measured else "estimated") if metered else "none",
+            "power_w": round(meter.mean_power_w, 3) if metered else None,
+            "power_source": meter.sensor.source,
+            "peak_rss_mb": round(self.memory.read().peak_rss_mb, 1),
+        }
+        self.rows.append(row)
+        self.samples[label] = ns / 1000.0
+        return row
 
 
 def _caller(backend: Backend, probes: np.ndarray, batch: int) -> Callable[[int], object]:

@@ -1,7 +1,8 @@
 """The builder of a run, shared by ``sac-edge run``, ``sac-edge bench`` and the runtime API (``runtime.py``).
 
 In order, each step producing a typed value and nothing assigned after construction: the config
-validated (``validate``: every flag, before anything is opened), the verified bundle (``verified_bundle``),
+validated (``validate``: every flag, once, before anything is opened; the runtime's options come out of
+it), the verified bundle (``verified_bundle``),
 the last good weights under the fine-tuning lock (``last_good_weights``), the shield (``make_shield``),
 then ``compose``: the backends (``--backend auto`` timed here), the memory probe, the learner process and
 its sizing, the governor (sized from the learner's batch), the fine-tuner (the shield's ramp listening to
@@ -39,38 +40,44 @@ from sac_edge.edge_runtime.control.loop import error_line
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
 from sac_edge.edge_runtime.control.shield import Shield
 from sac_edge.edge_runtime.control.step import StepPipeline
-from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner, finetune_dir, install_last_good
+from sac_edge.edge_runtime.finetune.finetuner import (
+    FineTuner,
+    TunerSetup,
+    build_finetuner,
+    finetune_dir,
+    install_last_good,
+)
 from sac_edge.edge_runtime.finetune.promotion import LastGood, LastGoodStore
 from sac_edge.edge_runtime.finetune.settings import FinetuneSettings
 from sac_edge.edge_runtime.finetune.weight_swap import WeightSwapper
 
-from .config import BenchConfig, RunConfig
+from .config import BenchConfig, RunConfig, RuntimeOptions
 from .preflight import checked_bundle
 
 Emit = typing.Callable[[typing.Dict[str, Any]], None]
 Log = typing.Callable[[str], None]
 
 
-def validate(cfg: RunConfig) -> None:
-    """Every flag's value, before the bundle, an env or a backend is opened (one line, exit 2); each
-    section checks its own (``RunConfig.check``)."""
-    cfg.check()
+def validate(cfg: RunConfig) -> RuntimeOptions:
+    """Every flag's value, before the bundle, an env or a backend is opened (one line, exit 2), once: the
+    scheduler's and the env's flags, then the runtime's options, which are returned (``RunConfig.check``)."""
+    return cfg.check()
 
 
-def finetune_settings(cfg: RunConfig) -> FinetuneSettings:
-    """The fine-tuning section and what the fine-tuner and the learner process read from the other sections."""
+def finetune_settings(options: RuntimeOptions) -> FinetuneSettings:
+    """The fine-tuning section and what the fine-tuner and the learner process read from the other options."""
     return FinetuneSettings(
-        cfg.finetune,
-        bundle=cfg.bundle,
-        env=cfg.env,
-        seed=cfg.seed,
-        rate_hz=cfg.loop.rate_hz,
-        mem_budget_mb=cfg.budget.mem_budget_mb,
-        cpus=cfg.realtime.cpus,
+        options.finetune,
+        bundle=options.bundle,
+        env=options.env,
+        seed=options.seed,
+        rate_hz=options.rate_hz,
+        mem_budget_mb=options.budget.mem_budget_mb,
+        cpus=options.cpus,
     )
 
 
-def verified_bundle(cfg: RunConfig | BenchConfig) -> Bundle:
+def verified_bundle(cfg: RuntimeOptions | RunConfig | BenchConfig) -> Bundle:
     """``cfg.bundle`` opened with its checksums verified (and its signature, with ``--trusted-keys``)."""
     return checked_bundle(open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade), cfg)
 
@@ -84,7 +91,7 @@ class LastGoodWeights(NamedTuple):
 
 
 @contextlib.contextmanager
-def last_good_weights(cfg: RunConfig) -> Iterator[LastGoodWeights]:
+def last_good_weights(cfg: RuntimeOptions) -> Iterator[LastGoodWeights]:
     """The store and the weights to start from (with ``--resume``), with the fine-tuning directory's lock
     held throughout when fine-tuning: one fine-tuner per weights directory, or each would overwrite the
     other's."""
@@ -102,14 +109,14 @@ def last_good_weights(cfg: RunConfig) -> Iterator[LastGoodWeights]:
         yield LastGoodWeights(store, store.load() if cfg.finetune.resume else None)
 
 
-def open_backends(cfg: RunConfig, bundle: Bundle, log: Log) -> tuple[dict[str, Backend], list[Measurement]]:
+def open_backends(cfg: RuntimeOptions, bundle: Bundle, log: Log) -> tuple[dict[str, Backend], list[Measurement]]:
     """The serving backend, plus (with budgets) the same backend at each cheaper accepted precision."""
     section = cfg.backend
     options = BackendOptions(threads=section.threads, refit=cfg.finetune.enabled)
-    figures: list[Measurement] = []
+    measurements: list[Measurement] = []
     if section.kind == "auto":
         precisions = [section.precision] if section.precision else None
-        backend, figures = autoselect(bundle, options, precisions, calls=section.auto_calls, log=log)
+        backend, measurements = autoselect(bundle, options, precisions, calls=section.auto_calls, log=log)
     else:
         backend = open_backend(bundle, section.kind, section.precision or FP32, options)
     backends = {backend.precision: backend}
@@ -118,15 +125,15 @@ def open_backends(cfg: RunConfig, bundle: Bundle, log: Log) -> tuple[dict[str, B
         for precision in cheaper:
             if refusal(bundle, backend.name, precision) is None:
                 backends[precision] = open_backend(bundle, backend.name, precision, options)
-    return backends, figures
+    return backends, measurements
 
 
-def make_governor(cfg: RunConfig, precisions: Sequence[str], finetune_batch: int | None) -> Governor | None:
+def make_governor(cfg: RuntimeOptions, precisions: Sequence[str], finetune_batch: int | None) -> Governor | None:
     """The governor for ``cfg``'s budgets over ``precisions`` (serving one first), or None without budgets."""
     if not cfg.budget.any:
         return None
     ladder = build_ladder(
-        cfg.loop.rate_hz,
+        cfg.rate_hz,
         precisions[0],
         list(precisions),
         finetune_batch=finetune_batch,
@@ -135,24 +142,21 @@ def make_governor(cfg: RunConfig, precisions: Sequence[str], finetune_batch: int
     return Governor(GovernorConfig(cfg.budget.mem_budget_mb, cfg.budget.power_budget_w), ladder)
 
 
-def make_shield(cfg: RunConfig, bundle: Bundle, emit: Emit) -> Shield | None:
-    """The shield for ``cfg`` on ``bundle`` (its envelope from the verified bytes), or None with
-    ``--shield guards``. Before the backends open: a flag that does not fit the bundle's dims is one line. A
-    bundle without ``envelope.json`` (exported before it, or ``--no-envelope``) gets the rest of the shield;
-    the summary's ``shield.envelope`` says so."""
-    settings = cfg.shield.settings()
-    if settings.mode == "guards":
+def make_shield(cfg: RuntimeOptions, bundle: Bundle, emit: Emit) -> Shield | None:
+    """The shield for ``cfg`` on ``bundle`` (its envelope from the verified bytes), or None without shield
+    options (``--shield guards``). Before the backends open: a flag that does not fit the bundle's dims is one
+    line. A bundle without ``envelope.json`` (exported before it, or ``--no-envelope``) gets the rest of the
+    shield; the summary's ``shield.envelope`` says so."""
+    if cfg.shield is None:
         return None
     spec = bundle.spec
-    problem = settings.problem(spec.act_dim)
-    if problem is not None:
-        raise SacEdgeError(problem)
+    cfg.shield.check(spec.act_dim)
     names = bundle.files(ENVELOPE_KIND)
     envelope = None
     if names:
         path = bundle.path / names[0]
         envelope = parse_envelope(bundle.read(path), path, spec.obs_dim, spec.act_dim)
-    return Shield(settings, spec.action_low, spec.action_high, envelope, emit)
+    return Shield(cfg.shield, spec.action_low, spec.action_high, envelope, emit)
 
 
 def locked(write: Emit) -> Emit:
@@ -172,7 +176,7 @@ class Composition:
 
     backends: dict[str, Backend]
     """By precision; the first one serves at the start."""
-    figures: list[Measurement]
+    auto_measurements: list[Measurement]
     """With ``--backend auto``: each candidate's start-up timing or refusal."""
     probe: MemoryProbe
     shield: Shield | None
@@ -189,28 +193,29 @@ class Composition:
         return next(iter(self.backends))
 
     def auto(self, unavailable: bool = True) -> list[dict[str, Any]]:
-        """The ``auto`` figures as reported (without the kinds not installed here unless ``unavailable``)."""
-        return [m._asdict() for m in self.figures if unavailable or m.refusal is None or "unavailable" not in m.refusal]
+        """The ``auto`` measurements as reported (without the kinds not installed here unless ``unavailable``)."""
+        kept = (m for m in self.auto_measurements if unavailable or m.refusal is None or "unavailable" not in m.refusal)
+        return [m._asdict() for m in kept]
 
 
 def compose(
-    cfg: RunConfig, bundle: Bundle, weights: LastGoodWeights, shield: Shield | None, emit: Emit, log: Log
+    cfg: RuntimeOptions, bundle: Bundle, weights: LastGoodWeights, shield: Shield | None, emit: Emit, log: Log
 ) -> Composition:
     """Backends, probe, fine-tuner (its learner process started), governor, sensor and monitor for ``cfg``.
 
-    ``cfg`` must have passed :func:`validate`; ``weights`` come from :func:`last_good_weights`, ``shield``
+    ``weights`` come from :func:`last_good_weights`, ``shield``
     from :func:`make_shield`."""
-    backends, figures = open_backends(cfg, bundle, log)
+    backends, measurements = open_backends(cfg, bundle, log)
     probe = MemoryProbe(Path(cfg.budget.sensor_root))
     last = weights.last
     precisions = list(backends)
     tuner, resumed = None, None
     if cfg.finetune.enabled:
-        tuner, resumed = build_finetuner(
-            finetune_settings(cfg), bundle, backends, probe, last, emit, log, cfg.finetune.rules(),
+        tuner, resumed = build_finetuner(TunerSetup(
+            finetune_settings(cfg), bundle, backends, probe, last, cfg.finetune.rules(),
             lambda batch: make_governor(cfg, precisions, batch),
             listeners=[shield.weights_swapped] if shield is not None else [], store=weights.store,
-        )  # fmt: skip
+        ), emit, log)  # fmt: skip
         governor = tuner.governor
     else:
         governor = make_governor(cfg, precisions, None)
@@ -228,11 +233,11 @@ def compose(
         if tuner is not None:
             tuner.stop()
         raise
-    return Composition(backends, figures, probe, shield, tuner, resumed, governor, sensor, monitor)
+    return Composition(backends, measurements, probe, shield, tuner, resumed, governor, sensor, monitor)
 
 
 def step_pipeline(
-    cfg: RunConfig,
+    cfg: RuntimeOptions,
     bundle: Bundle,
     parts: Composition,
     obs_low: np.ndarray,
@@ -246,9 +251,9 @@ def step_pipeline(
     without changing what the step keeps."""
     shield = parts.shield
     if scratch and shield is not None:
-        shield = Shield(shield.settings, bundle.spec.action_low, bundle.spec.action_high, shield.envelope)
+        shield = Shield(shield.options, bundle.spec.action_low, bundle.spec.action_high, shield.envelope)
     inner = shield.obs_bounds if shield is not None else None
-    obs_guard = ObservationGuard(obs_low, obs_high, cfg.loop.obs_fault, inner, dtype=np.float32)
+    obs_guard = ObservationGuard(obs_low, obs_high, cfg.obs_fault, inner, dtype=np.float32)
     act_guard = ActionGuard(np.array(bundle.spec.action_low), np.array(bundle.spec.action_high))
     explore = parts.tuner.explore if parts.tuner is not None and not scratch else None
-    return StepPipeline(obs_guard, act_guard, shield, explore, running, cfg.loop.max_backend_errors, error_line)
+    return StepPipeline(obs_guard, act_guard, shield, explore, running, cfg.max_backend_errors, error_line)

@@ -1,15 +1,18 @@
-"""The resolved configuration of ``sac-edge run`` (and the ``Runtime`` library), ``bench``, ``drill`` and
-``doctor`` (field help becomes ``--help``).
+"""The resolved configuration of ``sac-edge run``, ``bench``, ``drill`` and ``doctor`` (field help becomes
+``--help``), and the ``Runtime`` library's options.
 
 ``RunConfig`` is made of sections, one frozen dataclass each (backend, loop, shield, realtime, budget,
-fine-tuning), whose fields are the flags of ``sac-edge run`` under their usual names; each section's
-``check`` is the one place its flags are validated, and ``RunConfig.check`` runs them all before a bundle
-is opened. A new flag is one field and one check. The saved config (telemetry's ``config`` record) nests each
-section under its name.
+fine-tuning), whose fields are the flags of ``sac-edge run`` under their usual names. What the runtime works
+from is ``RuntimeOptions`` (the backend, budget and fine-tuning sections, the shield's options or None, and
+the few loop and realtime flags it uses), checked as a whole when made; ``RunConfig.runtime_options`` makes
+them from the flags (``--shield guards``: no shield options), and ``RunConfig.check`` checks the scheduler's
+and the env's own flags and then makes them, so each value is checked in one place, before a bundle is
+opened. The saved config (telemetry's ``config`` record) nests each section under its name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -23,7 +26,7 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.edge_runtime.backends.registry import BACKEND_CHOICES, KINDS
 from sac_edge.edge_runtime.control.realtime import check_idle_latency
 from sac_edge.edge_runtime.control.safety import OBS_FAULT_POLICIES
-from sac_edge.edge_runtime.control.shield import FALLBACKS, SHIELD_MODES, ShieldSettings
+from sac_edge.edge_runtime.control.shield import SHIELD_MODES, ShieldOptions
 from sac_edge.edge_runtime.finetune.finetuner import finetune_dir
 from sac_edge.edge_runtime.finetune.settings import FinetuneSection
 
@@ -113,82 +116,28 @@ class LoopSection:
     )
 
     def check(self) -> None:
-        """The rate, the duration and the loop's limits."""
+        """The scheduler's own flags (``--duration``, ``--spin-us``); the rest are the runtime's
+        (``RuntimeOptions.check``)."""
         check_fields(self)
-        if not MIN_RATE_HZ <= self.rate_hz <= MAX_RATE_HZ:
-            raise SacEdgeError(
-                f"--rate-hz must be from {MIN_RATE_HZ:g} to {MAX_RATE_HZ:g} steps per second, got {self.rate_hz}"
-            )
         if not 0 <= self.duration <= MAX_DURATION_S:
             raise SacEdgeError(
                 f"--duration must be from 0 (run until stopped) to {MAX_DURATION_S:g} seconds, got {self.duration}"
             )
-        if not 0 < self.inference_budget <= 1:
-            raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {self.inference_budget}")
-        if not 0 < self.inference_timeout <= MAX_INFERENCE_TIMEOUT_S:
-            raise SacEdgeError(
-                f"--inference-timeout must be more than 0 and at most {MAX_INFERENCE_TIMEOUT_S:g} seconds, "
-                f"got {self.inference_timeout}"
-            )
-        if self.max_backend_errors < 1:
-            raise SacEdgeError(f"--max-backend-errors must be at least 1, got {self.max_backend_errors}")
         if not 0 <= self.spin_us <= MAX_SPIN_US:
             raise SacEdgeError(f"--spin-us must be from 0 to {MAX_SPIN_US:g} microseconds, got {self.spin_us}")
 
 
 @dataclass(frozen=True)
-class ShieldKnobs:
-    """The safety shield after the guards (envelope, stuck sensors, fallback, ramp, slew limit)."""
-
-    shield_window: int = field(
-        default=3,
-        metadata={"help": "consecutive steps outside the envelope that switch to the fallback (0: no envelope check)"},
-    )
-    stuck_steps: int = field(
-        default=5, metadata={"help": "bit-identical observations in a row that flag a stuck sensor (0: off)"}
-    )
-    ramp_steps: int = field(
-        default=5,
-        metadata={"help": "steps of the blend-in ramp at start, after a fallback and after a weight swap (0: none)"},
-    )
-    fallback: str = field(
-        default="hold",
-        metadata={
-            "help": "fallback action: hold (the last action sent on familiar ground) or fixed (--safe-action, "
-            "else the bundle's)",
-            "choices": list(FALLBACKS),
-        },
-    )
-    safe_action: tuple[float, ...] = field(
-        default=(), metadata={"help": "the fixed fallback action and the ramp's start, one number per action dim"}
-    )
-    slew: tuple[float, ...] = field(
-        default=(),
-        metadata={
-            "help": "largest action change per step, one value or one per dim (default: the bundle's, from "
-            "the policy's rollouts at export; 0: no limit)"
-        },
-    )
-
-    def settings(self, mode: str = "on") -> ShieldSettings:
-        """These flags as the shield's settings, in ``mode``."""
-        return ShieldSettings(
-            mode, self.shield_window, self.stuck_steps, self.ramp_steps, self.fallback, self.safe_action, self.slew
-        )
-
-    def check(self) -> None:
-        """The knobs as far as they can be checked without the bundle (its act_dim comes at open)."""
-        check_fields(self)
-        problem = self.settings().problem()
-        if problem is not None:
-            raise SacEdgeError(problem)
-
-
-@dataclass(frozen=True)
-class ShieldSection(ShieldKnobs):
+class ShieldSection:
     """Whether the safety shield runs after the guards, and its knobs (envelope, stuck sensors,
-    fallback, ramp, slew limit)."""
+    fallback, ramp, slew limit).
 
+    ``sac-edge run``'s ``--shield`` switch beside the shield's options (``ShieldOptions``, whose flags are
+    this group's and whose values the saved config keeps in this section's object). The runtime takes the
+    options, or None with ``--shield guards`` (``runtime_shield``); ``sac-edge drill`` has the options alone
+    (it runs both)."""
+
+    options: ShieldOptions = field(default_factory=ShieldOptions, metadata={"inline": True})
     mode: str = field(
         default="on",
         metadata={
@@ -198,10 +147,13 @@ class ShieldSection(ShieldKnobs):
             "choices": list(SHIELD_MODES),
         },
     )
+    """``on``: a ``Shield`` after the guards; ``guards``: the observation and action guards alone."""
 
-    def settings(self, mode: str | None = None) -> ShieldSettings:
-        """These flags as the shield's settings (in ``--shield``'s mode unless ``mode`` is given)."""
-        return super().settings(self.mode if mode is None else mode)
+    def runtime_shield(self) -> ShieldOptions | None:
+        """The shield's options with ``--shield on``, None with ``guards`` (``RuntimeOptions.shield``); the
+        switch is checked here, the options with the runtime's (``RuntimeOptions.check``)."""
+        check_fields(self)
+        return self.options if self.mode == "on" else None
 
 
 @dataclass(frozen=True)
@@ -226,13 +178,10 @@ class RealtimeSection:
     cpus: tuple[int, ...] = field(default=(), metadata={"help": "pin the control loop to these CPUs, e.g. 3 or 2,3"})
 
     def check(self) -> None:
-        """The priority, the CPUs and the idle-latency cap."""
+        """The priority and the idle-latency cap (``--cpus`` is the runtime's: ``RuntimeOptions.check``)."""
         check_fields(self)
         if not 0 <= self.realtime_priority <= 99:
             raise SacEdgeError(f"--realtime-priority must be 1..99 (0: off), got {self.realtime_priority}")
-        if any(cpu < 0 for cpu in self.cpus):
-            raise SacEdgeError(f"--cpus takes CPU numbers from 0, got {','.join(map(str, self.cpus))}")
-        check_cpus(self.cpus)
         if self.idle_latency_us is not None:
             check_idle_latency(self.idle_latency_us)
 
@@ -258,6 +207,108 @@ class BudgetSection:
                 raise SacEdgeError(f"{flag} must be a positive number, got {budget}")
         if not os.path.isdir(self.sensor_root):
             raise SacEdgeError(f"--sensor-root {self.sensor_root!r} is not a directory; pass / on the device")
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """What ``Runtime`` works from (``runtime.py``) and nothing else, checked as a whole when made: a bad
+    value is one ``SacEdgeError`` line naming its ``sac-edge run`` flag, before anything is opened.
+
+    A robot's own loop makes them directly, ``RuntimeOptions("bundles/pend", rate_hz=100,
+    finetune=FinetuneSection(enabled=True))``, or with the flags' names flat, ``RuntimeOptions.of(
+    "bundles/pend", rate_hz=100, finetune=True)``; ``sac-edge run`` makes them from its flags
+    (``RunConfig.runtime_options``). The sections are ``RunConfig``'s own; ``shield`` is the shield's options
+    (``ShieldOptions``), None for the guards alone."""
+
+    bundle: str
+    """The bundle directory written by ``sac-export``."""
+    trusted_keys: str | None = None
+    """A directory of ``*.pub`` keys: refuse a bundle not signed by one of them."""
+    allow_downgrade: bool = False
+    """With ``trusted_keys``, accept a bundle older than the newest one this device accepted from its key."""
+    telemetry: str | None = None
+    """A JSONL file: the config, one record per ``tick``, every governor and shield event, the summary."""
+    overwrite_telemetry: bool = False
+    """Replace an existing ``telemetry`` file (otherwise it is refused)."""
+    rate_hz: float = 100.0
+    """The rate the caller runs at: the period ``inference_budget`` is a fraction of, the learner's sizing,
+    the governor's top rung."""
+    obs_fault: str = field(default="clip", metadata={"choices": list(OBS_FAULT_POLICIES)})
+    """A bad observation: ``clip`` (repaired: the last good value, clipped to the bounds) or ``hold`` (the
+    last safe action)."""
+    inference_budget: float = 0.5
+    """The fraction of the period an inference may take; a slower one sends the last safe action."""
+    inference_timeout: float = 2.0
+    """Seconds one inference may run before the inference watchdog stops the runtime (``HangPolicy``)."""
+    max_backend_errors: int = 10
+    """Failed inferences (each one sends the last safe action) after which ``act`` stops serving."""
+    cpus: tuple[int, ...] = ()
+    """The CPUs the caller's control loop runs on: the learner process keeps off them."""
+    env: str | None = None
+    """The env recorded with promoted fine-tuned weights (None: the bundle's)."""
+    seed: int = 0
+    """Seeds fine-tuning: the exploration noise and the learner."""
+    backend: BackendSection = field(default_factory=BackendSection)
+    shield: ShieldOptions | None = field(default_factory=ShieldOptions)
+    """The safety shield after the guards; None: the observation and action guards alone (``--shield
+    guards``)."""
+    budget: BudgetSection = field(default_factory=BudgetSection)
+    finetune: FinetuneSection = field(default_factory=FinetuneSection)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    @classmethod
+    def of(cls, bundle: str, *, shield: str = "on", **flags: Any) -> RuntimeOptions:
+        """The options from ``flags`` named as ``sac-edge run``'s flags (``rate_hz=100`` for ``--rate-hz 100``,
+        ``finetune=True`` for ``--finetune``, ``shield="guards"`` for ``--shield guards``), each put in its
+        section."""
+        made = config_from_flags(cls, {"bundle": bundle, **flags}, "RuntimeOptions.of")
+        if ShieldSection(mode=shield).runtime_shield() is None:  # the switch checked as sac-edge run checks it
+            return dataclasses.replace(made, shield=None)
+        return made
+
+    def check(self) -> None:
+        """Every value (one line naming its flag): the step's limits, the CPUs, the seed, each section's own
+        check, then the files the runtime will write."""
+        check_fields(self)
+        if not MIN_RATE_HZ <= self.rate_hz <= MAX_RATE_HZ:
+            raise SacEdgeError(
+                f"--rate-hz must be from {MIN_RATE_HZ:g} to {MAX_RATE_HZ:g} steps per second, got {self.rate_hz}"
+            )
+        if not 0 < self.inference_budget <= 1:
+            raise SacEdgeError(f"--inference-budget is a fraction of the period in (0, 1], got {self.inference_budget}")
+        if not 0 < self.inference_timeout <= MAX_INFERENCE_TIMEOUT_S:
+            raise SacEdgeError(
+                f"--inference-timeout must be more than 0 and at most {MAX_INFERENCE_TIMEOUT_S:g} seconds, "
+                f"got {self.inference_timeout}"
+            )
+        if self.max_backend_errors < 1:
+            raise SacEdgeError(f"--max-backend-errors must be at least 1, got {self.max_backend_errors}")
+        if any(cpu < 0 for cpu in self.cpus):
+            raise SacEdgeError(f"--cpus takes CPU numbers from 0, got {','.join(map(str, self.cpus))}")
+        check_cpus(self.cpus)
+        if not 0 <= self.seed < 2**64:
+            raise SacEdgeError(f"--seed must be from 0 to 2**64 - 1 (numpy's seeds), got {self.seed}")
+        for section in (self.backend, self.shield, self.budget, self.finetune):
+            if section is not None:  # no shield: the guards alone
+                section.check()
+        self._check_files()
+
+    def _check_files(self) -> None:
+        """The telemetry file and, with fine-tuning, its directory: writable, and nothing replaced unasked."""
+        if self.telemetry is not None:
+            check_new_file(
+                self.telemetry, "--telemetry", replace=self.overwrite_telemetry, replace_flag="--overwrite-telemetry"
+            )
+            if os.path.islink(self.telemetry) or (
+                os.path.lexists(self.telemetry) and not os.path.isfile(self.telemetry)
+            ):
+                raise SacEdgeError(
+                    f"--telemetry {self.telemetry} is a symlink or not a regular file; choose another path"
+                )
+        if self.finetune.enabled:  # a read-only bundle would otherwise fail at the lock, after the bundle was verified
+            check_output_path(finetune_dir(self.finetune, self.bundle), "--finetune-dir", directory=True)
 
 
 @dataclass(frozen=True)
@@ -300,30 +351,40 @@ class RunConfig:
         ``--rate-hz 100``, ``finetune=True`` for ``--finetune``), each put in its section."""
         return config_from_flags(cls, {"bundle": bundle, **flags}, "RunConfig.of")
 
-    def check(self) -> None:
-        """Every flag's value, before the bundle, an env or a backend is opened (one line, exit 2): each
-        section's own check, then what needs more than one section or the file system."""
+    def runtime_options(self) -> RuntimeOptions:
+        """The flags the runtime works from, as its options (checked as they are made)."""
+        loop = self.loop
+        return RuntimeOptions(
+            bundle=self.bundle,
+            trusted_keys=self.trusted_keys,
+            allow_downgrade=self.allow_downgrade,
+            telemetry=self.telemetry,
+            overwrite_telemetry=self.overwrite_telemetry,
+            rate_hz=loop.rate_hz,
+            obs_fault=loop.obs_fault,
+            inference_budget=loop.inference_budget,
+            inference_timeout=loop.inference_timeout,
+            max_backend_errors=loop.max_backend_errors,
+            cpus=self.realtime.cpus,
+            env=self.env,
+            seed=self.seed,
+            backend=self.backend,
+            shield=self.shield.runtime_shield(),
+            budget=self.budget,
+            finetune=self.finetune,
+        )
+
+    def check(self) -> RuntimeOptions:
+        """Every flag's value, before the bundle, an env or a backend is opened (one line, exit 2): the
+        scheduler's and the env's here, then the runtime's as its options are made; returns those options."""
         check_fields(self)
-        if not 0 <= self.seed < 2**64:
-            raise SacEdgeError(f"--seed must be from 0 to 2**64 - 1 (numpy's seeds), got {self.seed}")
-        for section in (self.backend, self.loop, self.shield, self.realtime, self.budget, self.finetune):
-            section.check()
+        self.loop.check()
+        self.realtime.check()
         if self.shift:  # gymnasium is only imported to read a --shift
             from sac_edge.edge_runtime.finetune.shift import parse_shift
 
             parse_shift(self.shift)
-        if self.telemetry is not None:
-            check_new_file(
-                self.telemetry, "--telemetry", replace=self.overwrite_telemetry, replace_flag="--overwrite-telemetry"
-            )
-            if os.path.islink(self.telemetry) or (
-                os.path.lexists(self.telemetry) and not os.path.isfile(self.telemetry)
-            ):
-                raise SacEdgeError(
-                    f"--telemetry {self.telemetry} is a symlink or not a regular file; choose another path"
-                )
-        if self.finetune.enabled:  # a read-only bundle would otherwise fail at the lock, after the bundle was verified
-            check_output_path(finetune_dir(self.finetune, self.bundle), "--finetune-dir", directory=True)
+        return self.runtime_options()
 
 
 @dataclass(frozen=True)
@@ -395,7 +456,7 @@ class DrillConfig:
     trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
     allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
     json: bool = field(default=False, metadata={"help": "print the results as one JSON object on the last line"})
-    shield: ShieldKnobs = field(default_factory=ShieldKnobs)
+    shield: ShieldOptions = field(default_factory=ShieldOptions)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,7 +43,7 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.table import format_table
 
-from .config import BackendSection, DrillConfig, LoopSection, RunConfig, ShieldSection
+from .config import BackendSection, DrillConfig, RuntimeOptions
 from .preflight import check_action_sizes, check_gate
 from .runtime import Runtime
 
@@ -181,7 +181,7 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
     bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
     spec = bundle.spec
     check_gate(bundle)
-    check_action_sizes(cfg.shield.settings(), spec.act_dim)  # before the env is made
+    check_action_sizes(cfg.shield, spec.act_dim)  # before the env is made
     env_name = cfg.env or file_env(spec.env_id, str(bundle.path / MANIFEST))
     obs_space, act_space = _env_spaces(env_name, spec)
     if cfg.fault_dim >= spec.obs_dim:
@@ -195,12 +195,12 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
     setting = _FaultSetting(env_name, sigma, low, high, swapped, original)
     rows = []
     for mode in MODES:
-        options = RunConfig(
+        options = RuntimeOptions(
             bundle=cfg.bundle,
             env=env_name,
             backend=BackendSection(kind=cfg.backend, precision=FP32),
-            loop=LoopSection(rate_hz=DRILL_RATE_HZ),
-            shield=ShieldSection(**asdict(cfg.shield), mode=mode),
+            rate_hz=DRILL_RATE_HZ,
+            shield=cfg.shield if mode == "on" else None,
             seed=cfg.seed,
             trusted_keys=cfg.trusted_keys,
             allow_downgrade=cfg.allow_downgrade,

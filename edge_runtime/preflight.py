@@ -9,15 +9,12 @@ was made or a learner process imported torch.
 
 from __future__ import annotations
 
-import typing
-from typing import Any
-
 from sac_edge.common.bundle import Bundle
 from sac_edge.common.bundle_format import INT8, MANIFEST, PRECISIONS
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.edge_runtime.control.shield import ShieldSettings
+from sac_edge.edge_runtime.control.shield import ShieldOptions
 
-from .config import BenchConfig, RunConfig
+from .config import BenchConfig, RunConfig, RuntimeOptions
 
 FINETUNE_FLOOR_MB = 350.0
 """The smallest ``--mem-budget-mb`` that fine-tuning can fit in: below the learner process's own resident
@@ -28,24 +25,21 @@ only refuses budgets the learner alone already exceeds. The sizing in ``finetune
 exact refusal once the learner is measured."""
 
 
-def checked_bundle(bundle: Bundle, cfg: RunConfig | BenchConfig) -> Bundle:
+def checked_bundle(bundle: Bundle, cfg: RuntimeOptions | RunConfig | BenchConfig) -> Bundle:
     """``bundle`` after every check that applies to ``cfg`` passed (one line, exit 2, on the first that fails)."""
     check_gate(bundle)
-    if not isinstance(cfg, BenchConfig):  # a run's flags (or the runtime's options made from them)
-        check_action_sizes(shield_settings(cfg.shield), bundle.spec.act_dim)
-        check_finetune_memory(cfg.finetune.enabled, cfg.budget.mem_budget_mb)
+    if isinstance(cfg, BenchConfig):
+        return bundle
+    shield = cfg.shield if isinstance(cfg, RuntimeOptions) else cfg.shield.runtime_shield()
+    if shield is not None:
+        check_action_sizes(shield, bundle.spec.act_dim)
+    check_finetune_memory(cfg.finetune.enabled, cfg.budget.mem_budget_mb)
     return bundle
 
 
-def shield_settings(shield: Any) -> ShieldSettings:
-    """The shield's settings from a command's shield flags (or the settings themselves)."""
-    return shield if isinstance(shield, ShieldSettings) else typing.cast(ShieldSettings, shield.settings())
-
-
-def check_action_sizes(shield: ShieldSettings, act_dim: int) -> None:
-    """``--safe-action`` and ``--slew`` hold as many numbers as the bundle's actions (with the shield on)."""
-    if shield.mode == "guards":
-        return
+def check_action_sizes(shield: ShieldOptions, act_dim: int) -> None:
+    """``--safe-action`` and ``--slew`` hold as many numbers as the bundle's actions (the shield's own
+    check, which it makes again when it is built)."""
     problem = shield.problem(act_dim)
     if problem is not None:
         raise SacEdgeError(problem)

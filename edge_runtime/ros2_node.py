@@ -4,8 +4,10 @@ topics (docs/ROS2.md), built on ``Runtime`` like ``sac-edge run``.
 - **configure**: the options checked, the bundle verified, the backend opened and parity-gated
   (``Runtime.open``), the bundle's layout checked against the robot's first ``JointState`` (a missing or extra
   joint is one line naming it), the step warmed up on that state; topics and publishers made.
-- **activate**: the shield's ramp restarted (from its safe action), then one step per timer tick (``mode``
-  ``timer`` at ``rate_hz``) or per incoming state message (``mode`` ``message``, lockstep).
+- **activate**: the shield's ramp restarted from where the robot is (position commands: its joints' current
+  positions from the latest fresh ``JointState``, as an action; velocity and effort commands, or no fresh
+  state: the shield's safe action), then one step per timer tick (``mode`` ``timer`` at ``rate_hz``) or per
+  incoming state message (``mode`` ``message``, lockstep).
 - Each step: every input's age checked against ``max_input_age_ms``; a stale or missing input makes the step
   the shield's fallback (counted), and fresh inputs come back through the ramp. The command goes out as
   ``std_msgs/Float64MultiArray`` in the layout's joint order (a ros2_control forward command controller's
@@ -23,6 +25,7 @@ module imports it, so import it only where ROS 2 is sourced; ``sac-edge ros2`` s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -45,27 +48,33 @@ from std_msgs.msg import Bool, Float64, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from sac_edge.common.atomic import atomic_write_json
-from sac_edge.common.bundle import open_bundle
-from sac_edge.common.config import options, parse_value
+from sac_edge.common.config import flag_of, options, parse_value
 from sac_edge.common.errors import InternalError, SacEdgeError
-from sac_edge.common.io_layout import bundle_layout
+from sac_edge.common.io_layout import IoLayout, bundle_layout
 from sac_edge.edge_runtime.control.loop import StoppedServing
+from sac_edge.edge_runtime.control.realtime import PM_QOS_MAX_US, enter_realtime, hold_idle_latency
 from sac_edge.edge_runtime.ros2 import diagnostics
 from sac_edge.edge_runtime.ros2.compat import event_callbacks
 from sac_edge.edge_runtime.ros2.qos import incompatible_warning, profile
 from sac_edge.edge_runtime.ros2.recorder import Recorder
 
-from .config import RunConfig
-from .runtime import Runtime, RuntimeSummary
+from .compose import verified_bundle
+from .config import RealtimeSection, RunConfig
+from .runtime import Caller, Runtime, RuntimeSummary
 
 NODE_NAME = "sac_edge"
 
 #: ``sac-edge run`` options that are no node parameter: the env, the seed and the schedule are the robot's
-#: (the node's own ``mode``/``rate_hz`` schedule it), and the realtime knobs are not applied by the node yet.
-NOT_PARAMETERS = frozenset(
-    {"bundle", "env", "seed", "shift", "json", "duration", "spin_us", "warm_cache", "realtime_priority",
-     "idle_latency_us", "lock_memory", "cpus"}
-)  # fmt: skip
+#: (the node's own ``mode``/``rate_hz`` schedule it; ``bundle`` is a node parameter of its own).
+NOT_PARAMETERS = frozenset({"bundle", "env", "seed", "shift", "json", "duration", "spin_us", "warm_cache"})
+#: Run options whose unset value is not the parameter type's 0 (0 is a value of theirs): their unset value.
+UNSET = {"idle_latency_us": -1}
+#: The (low, high) range a run option's parameter declares, where its flag's check has one.
+RANGES: dict[str, tuple[float, float]] = {
+    "rate_hz": (1e-3, 1e5),
+    "realtime_priority": (0, 99),
+    "idle_latency_us": (-1, PM_QOS_MAX_US),
+}
 MODES = ("timer", "message")
 
 
@@ -123,9 +132,9 @@ NODE_PARAMETERS = (
 )
 
 
-def run_options(bundle: str, flags: dict[str, Any]) -> RunConfig:
-    """The runtime's options from the run-option parameters (flag names, dashes as underscores): the one
-    place the node builds them."""
+def run_config(bundle: str, flags: dict[str, Any]) -> RunConfig:
+    """``sac-edge run``'s config from the run-option parameters (flag names, dashes as underscores): the one
+    place the node builds it. Its ``check()`` checks every value and returns the runtime's options."""
     return RunConfig.of(bundle, **flags)
 
 
@@ -141,6 +150,9 @@ def run_parameters() -> list[tuple[str, Any, str, Any, bool]]:
         if typing.get_origin(tp) is tuple:
             ros_default: Any = ",".join(map(str, default))
             note = " (comma-separated, as the flag takes it; '': none)"
+        elif default is None and opt.dest in UNSET:
+            ros_default = UNSET[opt.dest]
+            note = f" ({ros_default}: not set)"
         elif default is None:
             ros_default = {str: "", int: 0, float: 0.0}[tp]
             note = " ('' or 0: not set)"
@@ -153,15 +165,16 @@ def run_parameters() -> list[tuple[str, Any, str, Any, bool]]:
 
 def _flag_value(name: str, value: Any, tp: Any, may_be_unset: bool) -> Any:
     """A run option's parameter value as its flag's value."""
-    if typing.get_origin(tp) is tuple:
-        return parse_value(RunConfig, name, value) if value else ()
-    if may_be_unset and value in ("", 0):
+    if typing.get_origin(tp) is tuple:  # the flag's text, a number (-p cpus:=3) or a YAML list (-p cpus:=[2,3])
+        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        return parse_value(RunConfig, name, text) if text else ()
+    if may_be_unset and value == UNSET.get(name, "" if tp is str else 0):
         return None
     return float(value) if tp is float else value
 
 
 class _Steps:
-    """Per-step figures for /diagnostics and the summary: step time (callback to publish), deadline misses,
+    """Per-step counts and times for /diagnostics and the summary: step time (callback to publish), deadline misses,
     stale steps by input."""
 
     def __init__(self) -> None:
@@ -170,7 +183,7 @@ class _Steps:
         self.stale_by: dict[str, int] = {}
         self.qos_incompatible = 0
 
-    def figures(self) -> dict[str, float]:
+    def step_percentiles_us(self) -> dict[str, float]:
         if not self.took_ns:
             return {"step_p50_us": math.nan, "step_p99_us": math.nan}
         us = np.asarray(self.took_ns[-10000:], dtype=np.float64) / 1e3
@@ -195,6 +208,9 @@ class SacEdgeNode(LifecycleNode):
         self._entities: list[tuple[str, Any]] = []
         self._timer: Any = None
         self._recorder: Recorder | None = None
+        self._idle_us: int | None = None
+        self._idle_hold = contextlib.ExitStack()
+        """The idle-latency cap while active (``_enter_realtime``)."""
         self.get_logger().info(
             f"ready, unconfigured: configure and activate through {self.get_fully_qualified_name()}/change_state "
             "(or set autostart)"
@@ -205,9 +221,11 @@ class SacEdgeNode(LifecycleNode):
         for p in NODE_PARAMETERS:
             self.declare_parameter(p.name, p.default, self._descriptor(p.help, p.default, p.low, p.high))
         self._run_params = run_parameters()
-        for name, default, text, _, _ in self._run_params:
-            low, high = (1e-3, 1e5) if name == "rate_hz" else (None, None)
-            self.declare_parameter(name, default, self._descriptor(text, default, low, high))
+        for name, default, text, tp, _ in self._run_params:
+            low, high = RANGES.get(name, (None, None))
+            descriptor = self._descriptor(text, default, low, high)
+            descriptor.dynamic_typing = typing.get_origin(tp) is tuple  # a list may come as text, number or list
+            self.declare_parameter(name, default, descriptor)
 
     @staticmethod
     def _descriptor(text: str, default: Any, low: float | None, high: float | None) -> ParameterDescriptor:
@@ -233,12 +251,16 @@ class SacEdgeNode(LifecycleNode):
     def _param(self, name: str) -> Any:
         return self.get_parameter(name).value
 
-    def options(self) -> RunConfig:
-        """The runtime's options from the parameters (one line on a bad value)."""
+    def run_config(self) -> RunConfig:
+        """The run options from the parameters, unchecked (``RunConfig.check``); one line on a value that does
+        not parse."""
         flags = {}
         for name, _, _, tp, may_be_unset in self._run_params:
-            flags[name] = _flag_value(name, self._param(name), tp, may_be_unset)
-        return run_options(str(self._param("bundle")), flags)
+            try:
+                flags[name] = _flag_value(name, self._param(name), tp, may_be_unset)
+            except ValueError as err:
+                raise SacEdgeError(f"parameter {name}: {err}; set it as its flag takes it ({flag_of(name)})") from None
+        return run_config(str(self._param("bundle")), flags)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def on_configure(self, state: Any) -> Any:
@@ -264,9 +286,9 @@ class SacEdgeNode(LifecycleNode):
         mode = self._param("mode")
         if mode not in MODES:
             raise SacEdgeError(f"mode must be timer or message, got {mode!r}")
-        options = self.options()
-        bundle = open_bundle(str(self._param("bundle")), self._param("trusted_keys") or None,
-                             allow_downgrade=bool(self._param("allow_downgrade")))  # fmt: skip
+        run = self.run_config()
+        options = run.check()  # every value, one line, before the bundle is verified or the robot waited for
+        bundle = verified_bundle(options)
         layout = bundle_layout(bundle)
         if layout is None:
             raise SacEdgeError(
@@ -292,8 +314,9 @@ class SacEdgeNode(LifecycleNode):
         self._steps = _Steps()
         record = str(self._param("record"))
         self._recorder = Recorder(record, bool(self._param("record_overwrite"))) if record else None
-        runtime = Runtime(options, bundle=bundle, log=self.get_logger().warning, name="sac_edge")
+        runtime = Runtime(options, bundle=bundle, log=self.get_logger().warning, caller=Caller("sac_edge"))
         self._runtime = runtime.open()
+        self._idle_us = self._enter_realtime(run.realtime)
         self._summary = None
         self._fatal = None
         self._state_msg: Any = first  # as old as it is: stale unless a newer one comes in time
@@ -312,6 +335,22 @@ class SacEdgeNode(LifecycleNode):
         if not layout.topics:  # the warm-up: the step on the robot's own first state, without its effects
             layout.gather(self._obs, self._jmap, _fields(first), {}, f"JointState on {state_topic}")
             self._runtime.warm_up(self._obs)
+
+    def _enter_realtime(self, rt: RealtimeSection) -> int | None:
+        """``sac-edge run``'s realtime options, on this thread (the executor's, which runs every step): pinned
+        to ``cpus``, SCHED_FIFO at ``realtime_priority``, memory locked, now that ``Runtime.open`` has started
+        the fine-tuner (its threads and learner process keep the default policy; the learner keeps off
+        ``cpus``). The idle-latency cap (0 by default with a priority, as in ``sac-edge run``) is tried now, so
+        that a refusal is one line at configure, and held while active. Returns the cap (None: none)."""
+        for line in enter_realtime(rt.realtime_priority, rt.cpus, rt.lock_memory):
+            self.get_logger().info(f"realtime: {line}")
+        idle_us = rt.idle_latency_us
+        if idle_us is None and rt.realtime_priority:
+            idle_us = 0
+        if idle_us is not None:
+            with hold_idle_latency(idle_us):
+                pass
+        return idle_us
 
     def _qos(self, side: str) -> tuple[str, int, str]:
         return (
@@ -362,17 +401,49 @@ class SacEdgeNode(LifecycleNode):
 
     def on_activate(self, state: Any) -> Any:
         assert self._runtime is not None
+        if self._idle_us is not None:
+            try:
+                line = self._idle_hold.enter_context(hold_idle_latency(self._idle_us))
+            except SacEdgeError as err:
+                self.get_logger().error(f"activate failed: {err}")
+                return TransitionCallbackReturn.FAILURE
+            self.get_logger().info(f"realtime: {line}, while active")
         shield = self._runtime.shield
+        origin = self._ramp_origin() if shield is not None else None
         if shield is not None:
-            shield.restart()  # the ramp from the safe action
+            shield.restart(origin)
         self._previous = None
         self._state = "active"
         if not self._message_mode:
             self._timer = self.create_timer(self._period_ns / 1e9, self._on_timer)
         self._last_step_ns = 0
         self._event({"type": "lifecycle", "state": "active"})
-        self.get_logger().info(f"active: {self._param('mode')} mode at {self._rate_hz:g} Hz")
+        start = (
+            "no ramp (no shield)"
+            if shield is None
+            else "ramp from the " + ("robot's pose" if origin is not None else "safe action")
+        )
+        self.get_logger().info(f"active: {self._param('mode')} mode at {self._rate_hz:g} Hz, {start}")
         return TransitionCallbackReturn.SUCCESS
+
+    def _ramp_origin(self) -> list[float] | None:
+        """Where the activation ramp starts, as an action: with position commands the action joints' current
+        positions (the latest JointState, when fresh); else None, the shield's safe action. Velocity and effort
+        commands start there because neither zero velocity nor zero effort is safe for every robot (zero effort
+        drops an arm under gravity): ``safe_action`` is the user's to set."""
+        layout = self._layout
+        if layout.action.interface != "position":
+            return None
+        age_ns = time.monotonic_ns() - self._state_ns
+        if self._state_msg is None or age_ns > self._age_ns:
+            self.get_logger().warning(
+                f"activate: the latest JointState is {age_ns / 1e6:.0f} ms old (limit {self._age_ns / 1e6:g} ms): "
+                "the ramp starts at the shield's safe action, not at the robot's pose"
+            )
+            return None
+        origin = pose_action(layout, self._state_msg)
+        self._event({"type": "ramp_origin", "action": origin})
+        return origin
 
     def on_deactivate(self, state: Any) -> Any:
         self._stop_stepping()
@@ -402,6 +473,7 @@ class SacEdgeNode(LifecycleNode):
         )
         self._stop_stepping()
         self._publish_safe()
+        self._state = "error"  # what the summary says
         self._finish()
         self._state = "unconfigured"
         return TransitionCallbackReturn.SUCCESS
@@ -416,6 +488,7 @@ class SacEdgeNode(LifecycleNode):
 
     def _stop_stepping(self) -> None:
         self._state = "stopping"
+        self._idle_hold.close()
         if self._timer is not None:
             self._timer.cancel()
             self.destroy_timer(self._timer)
@@ -436,11 +509,11 @@ class SacEdgeNode(LifecycleNode):
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             self._summary = runtime.close()
-            figures = self.figures()
-            self.get_logger().info("summary: " + json.dumps(figures, default=str))
+            status = self.status_report()
+            self.get_logger().info("summary: " + json.dumps(status, default=str))
             path = str(self._param("summary"))
             if path:
-                atomic_write_json(path, {"node": figures, "runtime": self._summary.to_dict()})
+                atomic_write_json(path, {"node": status, "runtime": self._summary.to_dict()})
         self._release()
 
     def _release(self) -> None:
@@ -528,7 +601,7 @@ class SacEdgeNode(LifecycleNode):
             if stale is not None:
                 steps.stale_steps += 1
                 steps.stale_by[stale] = steps.stale_by.get(stale, 0) + 1
-                action = self._fallback()
+                action = runtime.hold(self._obs)  # the shield's fallback, counted by the runtime
             else:
                 if self._recorder is not None:
                     self._recorder.write(self._state_topic, "sensor_msgs/msg/JointState", msg, time.time_ns())
@@ -537,7 +610,7 @@ class SacEdgeNode(LifecycleNode):
         except StoppedServing as err:
             self._fatal = str(err)
             self._publish(err.action, t0)
-            self.get_logger().error(f"runtime stopped serving: {err}; going to the error state")
+            self.get_logger().error(f"{err}; going to the error state")
             self._state = "stopping"
             self.trigger_deactivate()
             return
@@ -566,17 +639,6 @@ class SacEdgeNode(LifecycleNode):
             {"type": "stale", "input": stale, "step": self._steps.steps, "age_ms": age_ms,
              "since_previous_step_ms": since / 1e6, "limit_ms": self._age_ns / 1e6}
         )  # fmt: skip
-
-    def _fallback(self) -> np.ndarray:
-        """The step on a stale input: the shield's fallback (held or fixed, counted by the shield), or the
-        last safe action without a shield."""
-        runtime = self._runtime
-        assert runtime is not None
-        shield = runtime.shield
-        safe = runtime.safe_action()
-        if shield is None:
-            return safe
-        return shield.step(self._obs, safe, False)
 
     def _learn(self, runtime: Runtime, action: np.ndarray) -> None:
         """The transition that ended at this step's observation, to ``Runtime.observe`` (with a reward topic)."""
@@ -635,13 +697,13 @@ class SacEdgeNode(LifecycleNode):
         backend = runtime.backend.describe()
         return f"{backend.get('backend')} {backend.get('precision')}"
 
-    def figures(self) -> dict[str, Any]:
-        """What /diagnostics shows and the summary holds: the node's step figures and the runtime's."""
+    def status_report(self) -> dict[str, Any]:
+        """What /diagnostics shows and the summary holds: the node's step counts and times and the runtime's."""
         steps = getattr(self, "_steps", None) or _Steps()
         summary = self._summary
         if summary is None and self._runtime is not None:
             summary = self._runtime.summary()
-        out: dict[str, Any] = {"state": self._state, "steps": steps.steps, **steps.figures()}
+        out: dict[str, Any] = {"state": self._state, "steps": steps.steps, **steps.step_percentiles_us()}
         out.update(
             deadline_misses=steps.misses,
             stale_steps=steps.stale_steps,
@@ -658,6 +720,7 @@ class SacEdgeNode(LifecycleNode):
                 inference_p50_us=summary.latency_us.get("p50"),
                 inference_p99_us=summary.latency_us.get("p99"),
                 inference_overruns=summary.inference_overruns,
+                held_steps=summary.obs_held,  # Runtime.hold's steps (the stale ones) and held observations
                 shield_fallbacks=shield.get("fallbacks", 0),
                 shield_fallback_steps=shield.get("fallback_steps", 0),
                 shield_ramps=shield.get("ramps", 0),
@@ -674,16 +737,16 @@ class SacEdgeNode(LifecycleNode):
         return out
 
     def _publish_diagnostics(self) -> None:
-        figures = self.figures()
+        status = self.status_report()
         if self._runtime is not None:
             report = self._runtime.tick() if self._state != "active" else None
             power = (report.power if report is not None else None) or {}
-            figures["power_w"] = power.get("watts", power.get("power_w")) if isinstance(power, dict) else None
+            status["power_w"] = power.get("watts", power.get("power_w")) if isinstance(power, dict) else None
         msgs = _DiagnosticMsgs
         stamp = self.get_clock().now().to_msg()
         name = f"{self.get_name()}: policy"
         self._diagnostics_pub.publish(
-            diagnostics.diagnostic_array(msgs, stamp, name, str(self._param("bundle")), figures)
+            diagnostics.diagnostic_array(msgs, stamp, name, str(self._param("bundle")), status)
         )
 
 
@@ -691,6 +754,21 @@ class _DiagnosticMsgs:
     DiagnosticArray = DiagnosticArray
     DiagnosticStatus = DiagnosticStatus
     KeyValue = KeyValue
+
+
+def pose_action(layout: IoLayout, msg: Any) -> list[float]:
+    """The action that commands the positions ``msg`` (a JointState) gives the action's joints: the layout's
+    ``offset + scale * action`` solved for the action; NaN where a joint has no finite position or a scale of
+    0 (``Shield.restart`` takes the safe action's value there)."""
+    where = {name: i for i, name in enumerate(msg.name)}
+    positions = list(msg.position)
+    action = layout.action
+    out = []
+    for joint, scale, offset in zip(action.joints, action.scale.tolist(), action.offset.tolist()):
+        i = where.get(joint, len(positions))
+        value = float(positions[i]) if i < len(positions) else math.nan
+        out.append((value - offset) / scale if scale and math.isfinite(value) else math.nan)
+    return out
 
 
 def _fields(msg: Any) -> dict[str, Any]:
@@ -749,7 +827,7 @@ def main(argv: Sequence[str]) -> int:
         while not stop and rclpy.ok():
             executor.spin_once(timeout_sec=0.1)
         summary = node.stop()
-        figures = node.figures()
+        status = node.status_report()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -757,8 +835,8 @@ def main(argv: Sequence[str]) -> int:
             node.destroy_node()
         rclpy.try_shutdown()
     why = signal.Signals(stop[0]).name if stop else "ROS shutdown"
-    print(f"sac-edge ros2: stopped by {why} after {figures['steps']} steps", flush=True)
-    record = {"stopped_by_signal": why, "node": figures, "runtime": summary.to_dict() if summary else None}
+    print(f"sac-edge ros2: stopped by {why} after {status['steps']} steps", flush=True)
+    record = {"stopped_by_signal": why, "node": status, "runtime": summary.to_dict() if summary else None}
     print(json.dumps(record, default=str), flush=True)
     sys.stdout.flush()
     return 0

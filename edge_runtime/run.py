@@ -5,7 +5,8 @@ A client of the runtime library (``runtime.py``), like a robot's own loop: the b
 the last good weights under the lock, the shield, the backends, the learner process and its sizing, the
 governor, the fine-tuner, the monitor), then the fixed-rate scheduler (``control/loop.py``) calling the
 runtime's ``act``/``observe``/``warm_up``/``tick``. What is added here is what a CLI owns: the env, the
-signals, the real-time setup, the status line and the summary's table.
+signals, the real-time setup, the status line and the summary's table. ``Run`` is also the runtime's hang
+policy: when a backend call hangs, it ends the run from the inference watchdog's thread.
 
 Everything that can be wrong with the input (bundle, checksum, env, shapes, backend, precision, gate,
 budgets) is checked before the first step and is a one-line error. With budgets, the backend is also
@@ -24,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from sac_edge.common.bundle import Bundle
 from sac_edge.common.bundle_format import MANIFEST
+from sac_edge.common.config import config_dict
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.spec import PolicySpec
@@ -35,9 +38,9 @@ from sac_edge.edge_runtime.control.telemetry import StatusLine
 from sac_edge.edge_runtime.finetune.finetuner import FinetuneSummary
 from sac_edge.edge_runtime.finetune.shift import parse_shift, shifted
 
-from .compose import validate, verified_bundle
-from .config import RunConfig
-from .runtime import RunSummary, Runtime
+from .compose import Log, validate, verified_bundle
+from .config import RealtimeSection, RunConfig, RuntimeOptions
+from .runtime import Caller, RunSummary, Runtime
 
 
 def check_env_matches(env: Any, spec: PolicySpec, name: str) -> None:
@@ -66,78 +69,118 @@ def stop_on_signals(stop: Callable[[str], None]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_command(
-    cfg: RunConfig, log: Callable[[str], None], on_hang: Callable[[RunSummary], None] | None = None
-) -> RunSummary:
-    """Run the loop per ``cfg`` and return the summary (also printed as a table by the CLI).
+def run_command(cfg: RunConfig, log: Log, on_hang: Callable[[RunSummary], None] | None = None) -> RunSummary:
+    """Run the loop per ``cfg`` and return the summary (also printed as a table by the CLI): the flags
+    checked, the bundle verified, the env made and checked against it, then the run (``Run``).
 
-    When a backend call hangs, the inference watchdog finishes the run on its own thread (env, runtime:
-    monitor, fine-tuner, telemetry, as after a normal end) and hands the summary to ``on_hang``, which is
-    expected to report it and end the process: the control thread is still inside the call."""
-    validate(cfg)
-    bundle = verified_bundle(cfg)
+    ``on_hang`` gets the summary on the inference watchdog's thread when a backend call hangs, after the run
+    ended there as after a normal end; it is expected to report it and end the process (the control thread
+    is still inside the call)."""
+    options = validate(cfg)
+    bundle = verified_bundle(options)
     env_name = cfg.env or file_env(bundle.spec.env_id, str(bundle.path / MANIFEST))
     env = make_env(env_name)
     check_env_matches(env, bundle.spec, env_name)
     env = shifted(env, parse_shift(cfg.shift))
-    shift = getattr(env, "shift", None)
-    space = env.observation_space
-    runtime = Runtime(
-        cfg,
-        obs_low=space.low,  # type: ignore[attr-defined]
-        obs_high=space.high,  # type: ignore[attr-defined]
-        log=log,
-        bundle=bundle,
-        env=env_name,
-        shift=shift,
-        on_hang=lambda: loop.hung(),
-        name="sac-edge run",
-    )
-    status = StatusLine() if sys.stderr.isatty() else None
-    finished: list[RunSummary] = []
+    return Run(cfg, options, bundle, env, env_name, log, on_hang).execute()
 
-    def finish(schedule: ScheduleSummary) -> RunSummary:
-        """After the loop (on the watchdog's thread when a call hung): status line, env, runtime."""
-        if not finished:
-            if status is not None:
-                status.finish()
-            schedule = close_env(env, schedule)
-            finished.append(RunSummary(runtime.close(schedule), schedule, env_name, shift))
-        return finished[0]
 
-    hang = None if on_hang is None else (lambda schedule: on_hang(finish(schedule)))
-    settings = LoopSettings(cfg.loop.rate_hz, cfg.loop.duration, cfg.loop.spin_us, cfg.seed, cfg.loop.warm_cache)
-    loop = ControlLoop(env, runtime, settings, status, on_hang=hang)
-    opened = False
+class Run:
+    """One ``sac-edge run`` on an env already made: the runtime and its scheduler composed once, then
+    ``execute``: open, loop, finish. It is also the runtime's hang policy (``hung``), which ends the run
+    from the watchdog's thread when a backend call hangs."""
 
-    def on_signal(name: str) -> None:
-        if not opened:  # still opening (an engine build can take minutes): give it up, as before any run
+    def __init__(
+        self,
+        cfg: RunConfig,
+        options: RuntimeOptions,
+        bundle: Bundle,
+        env: Any,
+        env_name: str,
+        log: Log,
+        on_hang: Callable[[RunSummary], None] | None,
+    ) -> None:
+        self._cfg, self._env, self._env_name, self._log, self._on_hang = cfg, env, env_name, log, on_hang
+        self._shift = getattr(env, "shift", None)
+        space = env.observation_space
+        caller = Caller("sac-edge run", config_dict(cfg), env_name, self._shift)
+        self._runtime = Runtime(
+            options, obs_low=space.low, obs_high=space.high, bundle=bundle, log=log, hang=self, caller=caller
+        )
+        self._status = StatusLine() if sys.stderr.isatty() else None
+        loop = cfg.loop
+        settings = LoopSettings(loop.rate_hz, loop.duration, loop.spin_us, cfg.seed, loop.warm_cache)
+        self._loop = ControlLoop(env, self._runtime, settings, self._status)
+        self._opened = False
+        self._finishing = threading.Lock()
+        """Held by whichever thread ends the run (the control thread, or the watchdog's on a hang)."""
+        self._summary: RunSummary | None = None
+
+    def execute(self) -> RunSummary:
+        """Open the runtime, run the loop (with the real-time setup) and finish; on any exception the env and
+        the runtime are closed before it propagates."""
+        with stop_on_signals(self._on_signal):  # before the config record: a test (or a service manager)
+            try:  # may signal as soon as it sees it
+                self._runtime.open()
+                self._opened = True
+                with realtime_setup(self._cfg.realtime, self._log):  # after the tuner starts: the learner
+                    schedule = self._loop.run()  # process keeps the default policy
+            except BaseException:
+                self._abandon()
+                raise
+        return self.finish(schedule)
+
+    def hung(self, reason: str) -> None:
+        """The hang policy (``runtime.HangPolicy``), on the watchdog's thread: the env gets the last safe
+        action and the run ends with its summary, which goes to ``on_hang`` (the lock stays held meanwhile,
+        so a call that returns late finds the run ended). Without ``on_hang`` the control thread ends the
+        run should the call return."""
+        with self._finishing:
+            schedule = self._loop.hung()
+            if schedule is not None and self._on_hang is not None:
+                self._on_hang(self._finished(schedule))
+
+    def finish(self, schedule: ScheduleSummary) -> RunSummary:
+        """After the loop: the status line, the env and the runtime closed; the summary (once)."""
+        with self._finishing:
+            return self._finished(schedule)
+
+    def _finished(self, schedule: ScheduleSummary) -> RunSummary:
+        if self._summary is None:
+            if self._status is not None:
+                self._status.finish()
+            schedule = close_env(self._env, schedule)
+            self._summary = RunSummary(self._runtime.close(schedule), schedule, self._env_name, self._shift)
+        return self._summary
+
+    def _on_signal(self, name: str) -> None:
+        if not self._opened:  # still opening (an engine build can take minutes): give it up, as before any run
             raise KeyboardInterrupt
-        loop.stop(name)
+        self._loop.stop(name)
 
-    with stop_on_signals(on_signal):  # before the config record: a test (or a service manager) may signal
-        try:  # as soon as it sees it
-            runtime.open()
-            opened = True
-            with contextlib.ExitStack() as held:
-                rt = cfg.realtime
-                for line in enter_realtime(rt.realtime_priority, rt.cpus, rt.lock_memory):  # after the tuner
-                    log(f"sac-edge run: {line}")  # starts: the learner process keeps the default policy
-                idle_us = cfg.realtime.idle_latency_us
-                if idle_us is None and cfg.realtime.realtime_priority:
-                    idle_us = 0
-                if idle_us is not None:
-                    log(f"sac-edge run: {held.enter_context(hold_idle_latency(idle_us))}")
-                schedule = loop.run()
-        except BaseException:
-            if status is not None:
-                status.finish()
-            with contextlib.suppress(BaseException):
-                env.close()
-            with contextlib.suppress(SacEdgeError):  # not opened: nothing to close
-                runtime.close()
-            raise
-    return finish(schedule)
+    def _abandon(self) -> None:
+        """The run failed before its summary: status line, env and runtime closed, errors of their own kept quiet."""
+        if self._status is not None:
+            self._status.finish()
+        with contextlib.suppress(BaseException):
+            self._env.close()
+        with contextlib.suppress(SacEdgeError):  # not opened: nothing to close
+            self._runtime.close()
+
+
+@contextlib.contextmanager
+def realtime_setup(rt: RealtimeSection, log: Log) -> Iterator[None]:
+    """The control thread's priority, CPUs and memory locking (``--realtime-priority``, ``--cpus``,
+    ``--lock-memory``) and the CPUs' idle-state cap for the loop's duration (default 0 with a priority)."""
+    for line in enter_realtime(rt.realtime_priority, rt.cpus, rt.lock_memory):
+        log(f"sac-edge run: {line}")
+    idle_us = rt.idle_latency_us
+    if idle_us is None and rt.realtime_priority:
+        idle_us = 0
+    with contextlib.ExitStack() as held:
+        if idle_us is not None:
+            log(f"sac-edge run: {held.enter_context(hold_idle_latency(idle_us))}")
+        yield
 
 
 def close_env(env: Any, schedule: ScheduleSummary) -> ScheduleSummary:

@@ -7,9 +7,9 @@ parity-gated backend (``--backend auto`` timed at open), the observation and act
 action on an overrun, memory and power budgets with the governor, fine-tuning with promotion and rollback
 (the last good weights kept on disk), and telemetry::
 
-    from sac_edge.edge_runtime.runtime import FinetuneSection, LoopSection, RunConfig, Runtime
+    from sac_edge.edge_runtime.runtime import FinetuneSection, Runtime, RuntimeOptions
 
-    options = RunConfig(bundle="bundles/pend", loop=LoopSection(rate_hz=100), finetune=FinetuneSection(enabled=True))
+    options = RuntimeOptions("bundles/pend", rate_hz=100, finetune=FinetuneSection(enabled=True))
     with Runtime(options) as runtime:
         obs = robot.read()
         while robot.ok():
@@ -20,20 +20,19 @@ action on an overrun, memory and power budgets with the governor, fine-tuning wi
             runtime.tick()  # budgets once a second; its rate_hz is the rate the governor asks for
     print(runtime.summary())
 
-Options are ``sac-edge run``'s ``RunConfig``: its sections (``BackendSection``, ``LoopSection``,
-``ShieldSection``, ``RealtimeSection``, ``BudgetSection``, ``FinetuneSection``) hold the flags under their
-names, checked in the same place before anything is opened; ``RunConfig.of(bundle, rate_hz=100,
-finetune=True)`` takes the flags' names flat. The settings about the env and the schedule (``env``,
-``shift``, ``seed``, and of the loop ``duration``, ``spin_us``, ``warm_cache``; the realtime section but
-``cpus``) are the caller's business here and are not used; ``loop.inference_timeout`` is the inference
-watchdog's limit (a call that runs past it stops the runtime: ``act`` raises once it returns);
-``loop.rate_hz`` is the rate the caller runs at (the period the inference budget is a fraction of, the
-learner's sizing, the governor's top rung); ``realtime.cpus`` are the CPUs the caller's loop runs on (the
-learner process keeps off them).
+Options are ``RuntimeOptions`` (``config.py``): what the runtime works from and nothing else, checked with
+``sac-edge run``'s flag messages when made. Its sections (``BackendSection``, ``BudgetSection``,
+``FinetuneSection``) are ``sac-edge run``'s, its ``shield`` the shield's options (``ShieldOptions``; None:
+the guards alone); ``RuntimeOptions.of(bundle, rate_hz=100, finetune=True)`` takes the flags' names flat,
+and ``sac-edge run`` makes them from its config (``RunConfig.runtime_options()``). ``inference_timeout`` is
+the inference watchdog's limit (a call that runs past it stops the runtime, the ``HangPolicy`` is told on the
+watchdog's thread, and ``act`` raises once the call returns); ``rate_hz`` is the rate the caller runs at (the
+period the inference budget is a fraction of, the learner's sizing, the governor's top rung); ``cpus`` are the
+CPUs the caller's loop runs on (the learner process keeps off them).
 
 ``sac-edge run`` is a client of this class too: its scheduler (``control/loop.py``) calls ``act``,
 ``observe``, ``warm_up`` (the step on scratch state before each slot, to warm the caches) and ``tick`` with
-each second's schedule figures, so the step cannot differ between the two. ``Runtime`` is the lifecycle
+each second's schedule window, so the step cannot differ between the two. ``Runtime`` is the lifecycle
 (``RuntimeState``) and the thread rules; the step itself is ``control/step.py``'s ``StepPipeline``, the
 budgets ``BudgetTicker``, all composed once at ``open`` (``compose.step_pipeline``).
 
@@ -52,10 +51,9 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from types import TracebackType
-from typing import Any, SupportsFloat
+from typing import Any, Protocol, SupportsFloat
 
 import numpy as np
 
@@ -66,7 +64,7 @@ from sac_edge.common.inputs import done_flag, ordered_bounds
 from sac_edge.edge_runtime.backends.base import Backend
 from sac_edge.edge_runtime.control.loop import ScheduleSummary, ScheduleWindow, StoppedServing, finite_reward
 from sac_edge.edge_runtime.control.safety import plain_array
-from sac_edge.edge_runtime.control.shield import Shield, ShieldSummary, guards_summary
+from sac_edge.edge_runtime.control.shield import Shield, ShieldOptions, ShieldSummary, guards_summary
 from sac_edge.edge_runtime.control.step import BackendFailed, CallTaken, StepPipeline
 from sac_edge.edge_runtime.control.step_stats import StepStats
 from sac_edge.edge_runtime.control.telemetry import TelemetryWriter
@@ -83,23 +81,31 @@ from .compose import (
     locked,
     make_shield,
     step_pipeline,
-    validate,
     verified_bundle,
 )
-from .config import BackendSection, BudgetSection, LoopSection, RealtimeSection, RunConfig, ShieldSection
+from .config import (
+    BackendSection,
+    BudgetSection,
+    LoopSection,
+    RealtimeSection,
+    RuntimeOptions,
+)
 
 __all__ = [
     "BackendSection",
     "BudgetSection",
+    "Caller",
     "FinetuneSection",
+    "HangPolicy",
+    "LogHang",
     "LoopSection",
     "RealtimeSection",
-    "RunConfig",
     "RunSummary",
     "Runtime",
+    "RuntimeOptions",
     "RuntimeState",
     "RuntimeSummary",
-    "ShieldSection",
+    "ShieldOptions",
     "StoppedServing",
     "TickReport",
 ]
@@ -162,7 +168,7 @@ class RuntimeSummary:
     reward_invalid: int
     """Transitions whose reward was missing or not finite (not given to the fine-tuner)."""
     shield: ShieldSummary
-    """The shield's settings and counts (``mode`` alone with ``shield="guards"``)."""
+    """The shield's settings and counts (``mode`` alone without a shield: ``shield=None``)."""
     backend: dict[str, Any]
     """The serving backend's description."""
     precision: str
@@ -195,7 +201,7 @@ _NOT_RUN_KEYS = frozenset({"steps", "transitions", "stopped_by", "closed"})
 
 @dataclass(frozen=True)
 class RunSummary:
-    """``sac-edge run``'s summary: the runtime's figures, the schedule's and the env's (``to_json`` gives the
+    """``sac-edge run``'s summary: the runtime's, the schedule's and the env's (``to_json`` gives the
     keys of ``sac-edge run --json``, docs/CONTRACTS.md)."""
 
     runtime: RuntimeSummary
@@ -261,7 +267,8 @@ class BudgetTicker:
         self.serve(parts.first)
         self.t0 = time.monotonic_ns()
         self.next_ns = self.t0 + TICK_NS
-        self.report = TickReport(0.0, rate_hz, self.precision, (), {}, None, pipelines[0].stats.figures("latency"))
+        latency = pipelines[0].stats.run_percentiles_us("latency")
+        self.report = TickReport(0.0, rate_hz, self.precision, (), {}, None, latency)
 
     def serve(self, precision: str) -> None:
         """Serve ``precision`` from the next step (at open, and when the governor switches)."""
@@ -272,7 +279,7 @@ class BudgetTicker:
             pipeline.serve(self.backend.act, budget_ns)
 
     def tick(self, t_s: float, window: ScheduleWindow | None, steps: int) -> TickReport:
-        """The reading at ``t_s``; ``window``: a scheduler's figures for the second."""
+        """The reading at ``t_s``; ``window``: a scheduler's steps and misses for the second."""
         stats = self._pipelines[0].stats
         latency, jitter = stats.fold()
         record: dict[str, Any] = {"type": "second", "t_s": t_s}
@@ -306,36 +313,73 @@ class BudgetTicker:
             self.peak_rss_mb = float(peak)
 
 
+class HangPolicy(Protocol):
+    """What happens when the inference watchdog gives up on a backend call (one that ran past
+    ``inference_timeout``): the runtime composes one at construction (``LogHang`` unless given one)."""
+
+    def hung(self, reason: str) -> None:
+        """Called once, on the inference watchdog's thread, while the control thread is still inside the call
+        (it may never return). The runtime has stopped serving already: ``act`` raises ``StoppedServing``
+        if the call returns, and ``safe_action``, ``stopped_by`` and ``summary`` answer from this thread.
+        ``reason`` is that ``stopped_by`` line."""
+
+
+class LogHang:
+    """The hang policy of a runtime not given one: one line to its log; the caller finds ``act`` raising."""
+
+    def __init__(self, log: Log, name: str) -> None:
+        self._log, self._name = log, name
+
+    def hung(self, reason: str) -> None:
+        self._log(f"{self._name}: {reason}; act() raises if the call returns")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who drives the runtime, as its log lines and telemetry name it (``sac-edge run`` gives every field;
+    a robot's own loop may give none)."""
+
+    name: str = "sac-edge runtime"
+    """Begins the lines the runtime logs."""
+    config: dict[str, Any] | None = None
+    """The caller's whole config, for the telemetry's ``config`` record (None: the runtime's options):
+    ``sac-edge run`` saves its ``RunConfig`` there."""
+    env: str | None = None
+    """The plant (an env id or class), in the telemetry's config and summary records."""
+    shift: dict[str, Any] | None = None
+    """The plant's changed dynamics (tests, drills), in the same records."""
+
+
 class Runtime:
     """A bundle's policy behind ``act``/``observe``/``tick`` for a loop the caller owns (module docstring)."""
 
     def __init__(
         self,
-        options: RunConfig,
+        options: RuntimeOptions,
         *,
         obs_low: Any = None,
         obs_high: Any = None,
-        log: Log | None = None,
         bundle: Bundle | None = None,
-        env: str | None = None,
-        shift: dict[str, Any] | None = None,
-        on_hang: Callable[[], None] | None = None,
-        name: str = "sac-edge runtime",
+        log: Log | None = None,
+        hang: HangPolicy | None = None,
+        caller: Caller = Caller(),
     ) -> None:
-        """Check ``options`` (every flag, one line each) and nothing else; ``open`` does the work.
+        """Take ``options`` (checked when they were made) and nothing else; ``open`` does the work.
 
         ``obs_low``/``obs_high`` are the observation bounds the guard enforces (the training env's
         observation space); without them an observation need only be finite. ``bundle`` is the bundle
-        already verified from ``options.bundle`` (``compose.verified_bundle``), else ``open`` verifies it;
-        ``env`` and ``shift`` name the plant in the telemetry. ``on_hang`` is called on the inference
-        watchdog's thread when a call runs past ``inference_timeout`` (the control thread is still inside it;
-        ``act`` raises ``StoppedServing`` if it returns); without it the runtime logs one line. ``name``
-        begins the lines it logs."""
-        validate(options)
+        already verified from ``options.bundle`` (``compose.verified_bundle``), else ``open`` verifies it.
+        ``log`` takes the runtime's lines (default: stderr); ``hang`` is what happens when a backend call
+        runs past ``inference_timeout`` (``HangPolicy``; default: ``LogHang``); ``caller`` names the run in
+        the log lines and the telemetry."""
+        if not isinstance(options, RuntimeOptions):
+            raise SacEdgeError(f"Runtime takes RuntimeOptions, got {type(options).__name__}; pass RuntimeOptions(...)")
         self.options = options
         self._bounds = (obs_low, obs_high)
-        self._log: Log = log if log is not None else (lambda message: print(message, file=sys.stderr, flush=True))
-        self._given_bundle, self._env, self._shift, self._on_hang, self._name = bundle, env, shift, on_hang, name
+        self._bundle = bundle
+        self._log: Log = log if log is not None else _stderr
+        self._caller = caller
+        self._hang_policy: HangPolicy = hang if hang is not None else LogHang(self._log, caller.name)
         self._state = RuntimeState.CREATED
         self._owner = _NOBODY
         """The control thread's id while serving, else ``_NOBODY``: each call checks it in one comparison."""
@@ -359,7 +403,7 @@ class Runtime:
         cfg = self.options
         resources = contextlib.ExitStack()
         try:
-            bundle = self._given_bundle or verified_bundle(cfg)
+            bundle = self._bundle or verified_bundle(cfg)
             low, high = (
                 _bound(b, bundle.spec.obs_dim, name, fill) for b, name, fill in zip(self._bounds, _NAMES, _FILLS)
             )
@@ -372,18 +416,16 @@ class Runtime:
             if parts.tuner is not None:
                 resources.callback(parts.tuner.stop)  # before the lock is released: the learner process goes first
             self._parts: Composition = parts
-            self._watchdog = InferenceWatchdog(cfg.loop.inference_timeout, self._tripped)
+            self._watchdog = InferenceWatchdog(cfg.inference_timeout, self._tripped)
             self._pipeline = step_pipeline(cfg, bundle, parts, low, high, self._watchdog.running)
             self._scratch = step_pipeline(cfg, bundle, parts, low, high, self._watchdog.running, scratch=True)
-            self._ticker = BudgetTicker(
-                parts, (self._pipeline, self._scratch), cfg.loop.inference_budget, cfg.loop.rate_hz, emit
-            )
+            self._ticker = BudgetTicker(parts, (self._pipeline, self._scratch), cfg.inference_budget, cfg.rate_hz, emit)
             emit(
                 {
                     "type": "config",
-                    "config": config_dict(cfg),
-                    "env": self._env,
-                    "shift": self._shift,
+                    "config": config_dict(cfg) if self._caller.config is None else self._caller.config,
+                    "env": self._caller.env,
+                    "shift": self._caller.shift,
                     "backend": self._ticker.backend.describe(),
                     "auto": parts.auto(),
                     "power_source": parts.sensor.source if parts.sensor else None,
@@ -420,13 +462,13 @@ class Runtime:
             summary = self._summary(closed=True, summary_record=True)
             record = summary.to_dict()
             if schedule is not None:
-                record = RunSummary(summary, schedule, self._env or "", self._shift).to_json()
+                record = RunSummary(summary, schedule, self._caller.env or "", self._caller.shift).to_json()
             self._telemetry.write({"type": "summary", **record})
         finally:
             self._state, self._owner = RuntimeState.CLOSED, _NOBODY
             self._resources.close()
         if summary.finetune is not None and summary.finetune["error"]:
-            self._log(f"{self._name}: fine-tuning stopped early: {summary.finetune['error']}")
+            self._log(f"{self._caller.name}: fine-tuning stopped early: {summary.finetune['error']}")
         self._final = summary
         return summary
 
@@ -441,7 +483,7 @@ class Runtime:
 
     @property
     def shield(self) -> Shield | None:
-        """The safety shield (None with ``shield="guards"``). A caller that swaps weights itself calls its
+        """The safety shield (None with the options' ``shield=None``). A caller that swaps weights itself calls its
         ``weights_swapped()`` so that the ramp runs; ``falling_back`` says whether the fallback serves now."""
         self._opened("shield", "there is no shield yet")
         return self._parts.shield
@@ -514,7 +556,7 @@ class Runtime:
         (a malformed observation or a non-finite reward is not)."""
         if _get_ident() != self._owner:
             self._claim("observe")
-        if terminated.__class__ is not bool or truncated.__class__ is not bool:  # the common case costs two compares
+        if terminated.__class__ is not bool or truncated.__class__ is not bool:  # plain bools skip the checks
             terminated, truncated = done_flag(terminated, "terminated"), done_flag(truncated, "truncated")
         counts = self._transitions
         counts.transitions += 1
@@ -544,7 +586,7 @@ class Runtime:
         telemetry record. The caller owns the schedule: run at the report's ``rate_hz``.
 
         A scheduler that keeps its own seconds (``control/loop.py``) passes each one's ``window``: the
-        reading is then taken at once and the record carries the window's figures."""
+        reading is then taken at once and the record carries the window's steps and misses."""
         if _get_ident() != self._owner:
             self._claim("tick")
         ticker = self._ticker
@@ -562,10 +604,22 @@ class Runtime:
         """The last safe action (a reused buffer), as ``act`` holds it."""
         return self._pipeline.act_guard.hold()
 
+    def hold(self, obs: np.ndarray | None = None) -> np.ndarray:
+        """The step for a loop whose input it cannot trust now (a stale or missing sensor message): nothing
+        is inferred; the last safe action, through the shield's fallback where there is a shield (which
+        then ramps back to the policy once ``act`` steps again), in a buffer the next step reuses, as ``act``'s.
+        Counted as a step and in ``obs_held``, as ``act`` counts an observation its guard holds; the shield
+        counts the fallback (cause ``not_inferred``). ``obs``: the last observation the caller has, for the
+        shield's envelope and stuck-sensor checks (None: none)."""
+        if _get_ident() != self._owner:
+            self._claim("hold")
+        observed = plain_array(obs) if obs is not None else None
+        return self._pipeline.hold(observed if type(observed) is np.ndarray else None)
+
     # -- any thread ----------------------------------------------------------------------------------
     def summary(self) -> RuntimeSummary:
-        """The figures so far (any thread; inference latency up to the last ``tick``), or the final ones
-        after ``close``."""
+        """The counts and latencies so far (any thread; inference latency up to the last ``tick``), or the
+        final ones after ``close``."""
         if self._final is not None:
             return self._final
         self._opened("summary()", "there is nothing to report yet")
@@ -600,7 +654,7 @@ class Runtime:
 
     def _tripped(self, ran_ns: int) -> None:
         """The watchdog's thread, once, while the control thread is inside a call that overran by far."""
-        limit = self.options.loop.inference_timeout
+        limit = self.options.inference_timeout
         name = self._ticker.backend.name
         precision = self._ticker.precision
         self._hang = {"backend": name, "precision": precision, "limit_s": limit, "call_s": round(ran_ns / 1e9, 3)}
@@ -608,10 +662,7 @@ class Runtime:
             f"inference watchdog: a {name} call ran {ran_ns / 1e9:.1f} s, past the {limit:g} s --inference-timeout"
         )
         self._state, self._owner = RuntimeState.STOPPED, _NOBODY
-        if self._on_hang is not None:
-            self._on_hang()
-        else:
-            self._log(f"{self._name}: {self._stopped_by}; act() raises if the call returns")
+        self._hang_policy.hung(self._stopped_by)
 
     def _hung(self) -> StoppedServing:
         """After a call the watchdog took: its thread has handled the step (``done``), and ``act`` raises."""
@@ -626,9 +677,9 @@ class Runtime:
             steps=steps.steps,
             transitions=seen.transitions,
             episodes=seen.episodes,
-            rate_hz=self.options.loop.rate_hz,
+            rate_hz=self.options.rate_hz,
             final_rate_hz=ticker.rate_hz,
-            latency_us=pipeline.stats.figures("latency"),
+            latency_us=pipeline.stats.run_percentiles_us("latency"),
             inference_overruns=steps.overruns,
             obs_nonfinite=obs.nonfinite,
             obs_out_of_range=obs.out_of_range,
@@ -656,6 +707,10 @@ class Runtime:
             torch_imported="torch" in sys.modules,
             closed=closed,
         )
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 _NOBODY = -1

@@ -190,10 +190,9 @@ def _int8(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any
         method_overrides=calib_overrides(cfg.calib_overrides),
         gate_episodes=cfg.gate_episodes,
         seed=cfg.seed,
+        calib_samples=cfg.calib_samples,
     )
-    result = quantize_and_gate(
-        stage / POLICY_ONNX, stage, source.replay_states, source.spec, options, calib_samples=cfg.calib_samples
-    )
+    result = quantize_and_gate(stage / POLICY_ONNX, stage, source.replay_states, source.spec, options)
     if result.int8_onnx is not None:
         check_tensorrt_ops(onnx.load(str(result.int8_onnx)))
     return result.to_dict()

@@ -7,7 +7,7 @@ few seeded rollouts of the exported policy (seeds disjoint from calibration, par
 states the deployed policy itself visits, which a short run's replay may cover thinly). A seeded
 ``HOLDOUT_FRACTION`` of the rows is held out: the per-dimension bounds and the normalisation are fitted on
 the rest, and the Mahalanobis threshold is the ``1 - fpr`` quantile of the held-out scores, so the
-false-positive rate is measured on states the fit did not see (both figures go into the facts).
+false-positive rate is measured on states the fit did not see (both rates go into the facts).
 
 Why Mahalanobis and not a nearest-neighbour distance: at HalfCheetah's size it costs one small
 matrix-vector product per step, against a pass over thousands of stored states, and it detects the drill's

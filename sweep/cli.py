@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.config import build_parser, check_fields, config_dict, config_from_dict
 from sac_edge.common.errors import InternalError, SacEdgeError, run_cli
 from sac_edge.common.jsonfile import read_json
@@ -18,7 +19,7 @@ from sac_edge.common.summary import emit_json
 from sac_edge.train.config import TrainConfig, check_values
 
 from .config import SweepConfig, check_sizes
-from .grid import Trial, parse_grid, plan
+from .grid import Trial, TrialOutcome, parse_grid, plan
 
 if TYPE_CHECKING:
     from .storage import Storage
@@ -29,6 +30,11 @@ SAVED = "sweep_config.json"
 # On --resume these come from the command line; everything else from DIR/sweep_config.json.
 # `out` above all: the directory resumed is the one named here, never one a copied sweep_config.json names.
 RESUME_FROM_FLAGS = ("address", "cpus", "json", "out", "resume")
+# On --resume these replace the saved ones when given (a value other than the default), else the saved ones stay:
+# --storage (the same store reached another way) and what the report measures against, the target return and the
+# price; those two are also written back to DIR/sweep_config.json, as settings of the sweep rather than of a session.
+RESUME_IF_GIVEN = {"sweep": ("storage", "target_return"), "train": ("price_per_hour",)}
+WRITTEN_BACK = {"sweep": ("target_return",), "train": ("price_per_hour",)}
 JSON_KEYS = (
     "engine",
     "ray_version",
@@ -52,6 +58,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[SweepConfig, TrainConfig]:
     sweep = config_from_dict(SweepConfig, vars(ns), PROG)
     train_ns = build_parser(TrainConfig, PROG, "").parse_args(rest)
     train = dataclasses.replace(config_from_dict(TrainConfig, vars(train_ns), PROG), env=sweep.env)
+    if train.profile:  # each trial would stop once profiled, and the sweep would rank runs cut short
+        raise SacEdgeError("--profile stops a run once profiled, so no sweep takes it; profile one run with sac-train")
+    # Here, not as every trial's error once Ray has started (--price-per-hour -1 failed them all). --threads is
+    # left to each trial: a cluster's workers may have more CPUs than this machine.
+    check_values(dataclasses.replace(train, threads=0))
     return sweep, train
 
 
@@ -63,23 +74,38 @@ def _require_extra() -> None:
         raise SacEdgeError(f"sac-sweep needs Ray Tune and scipy ({err.name} is missing); {INSTALL}") from None
 
 
-def _saved(sweep_dir: Path, sweep: SweepConfig) -> tuple[SweepConfig, TrainConfig]:
+def _given(cfg: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The settings of ``cfg`` among ``names`` that the command line gave (a value other than the default)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    return {name: getattr(cfg, name) for name in names if getattr(cfg, name) != defaults[name]}
+
+
+def _saved(sweep_dir: Path, sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, TrainConfig]:
     saved = read_json(sweep_dir / SAVED, "sweep config", "nothing to resume; run without --resume")
-    # --storage again on --resume: the same store reached another way (a new endpoint, another mount point).
-    given = ("storage",) if sweep.storage is not None else ()
-    flags = {k: getattr(sweep, k) for k in (*RESUME_FROM_FLAGS, *given)}
     source = str(sweep_dir / SAVED)
     if not all(isinstance(saved.get(part), dict) for part in ("sweep", "train")):  # was a KeyError, exit 1
         raise SacEdgeError(f"{source}: holds no 'sweep' and 'train' settings; nothing to resume; run without --resume")
-    sweep_cfg = config_from_dict(SweepConfig, {**saved["sweep"], **flags}, source)
-    train_cfg = config_from_dict(TrainConfig, saved["train"], source)
+    flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
+    sweep_given, train_given = _given(sweep, RESUME_IF_GIVEN["sweep"]), _given(train, RESUME_IF_GIVEN["train"])
+    sweep_cfg = config_from_dict(SweepConfig, {**saved["sweep"], **flags, **sweep_given}, source)
+    train_cfg = config_from_dict(TrainConfig, {**saved["train"], **train_given}, source)
     try:  # the types the command line's parser would have checked (a str seed count was a TypeError, exit 1)
         check_fields(sweep_cfg)
         check_fields(train_cfg)
         check_values(train_cfg)
     except SacEdgeError as err:
         raise SacEdgeError(f"{source} holds a setting no sweep can use ({err}); restore it") from None
+    _write_back(sweep_dir / SAVED, saved, sweep_cfg, train_cfg)
     return sweep_cfg, train_cfg
+
+
+def _write_back(path: Path, saved: dict[str, Any], sweep: SweepConfig, train: TrainConfig) -> None:
+    """The report's settings taken on --resume into the saved config (atomically), so the next resume and the
+    saved config agree with the summary; the rest of the file as it was."""
+    now = {"sweep": config_dict(sweep), "train": config_dict(train)}
+    changed = {part: {k: now[part][k] for k in names} for part, names in WRITTEN_BACK.items()}
+    if any(saved[part].get(k) != v for part, values in changed.items() for k, v in values.items()):
+        atomic_write_json(path, {**saved, **{part: {**saved[part], **changed[part]} for part in changed}})
 
 
 def _check_address(address: str | None) -> None:
@@ -102,7 +128,7 @@ def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, Train
     if sweep_dir.exists() and not sweep_dir.is_dir():  # was a NotADirectoryError, exit 1
         raise SacEdgeError(f"--out {sweep_dir} is a file; pass a directory path")
     if sweep.resume:
-        return _saved(sweep_dir, sweep)
+        return _saved(sweep_dir, sweep, train)
     if train.eval_every <= 0 or train.eval_every > train.total_steps:
         raise SacEdgeError("a sweep ranks trials by their evaluations; give 0 < --eval-every <= --total-steps")
     if (sweep_dir / SAVED).exists():
@@ -148,51 +174,82 @@ def _resume_from(sweep: SweepConfig, storage: Storage, trials: list[Trial]) -> d
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    sweep, train = parse_args(argv)
-    sweep, train = _prepare(sweep, train)
+    sweep, train = _prepare(*parse_args(argv))
     trials = plan(parse_grid(sweep.grid), train.seed, sweep.seeds, Path(sweep.out))
     _require_extra()
-    import ray
-
     from . import state
-    from .report import CURVES, curves, plot_curves, summarize, write_summary
-    from .storage import checked_trials_dir, collect, open_storage
-    from .tune_run import probe_storage, ray_session, run_trials, trial_resources
+    from .storage import open_storage
 
     sweep_dir = Path(sweep.out)
     storage = open_storage(sweep.storage or str(sweep_dir))
-    if sweep.resume:
-        checked_trials_dir(sweep_dir)
-        collect(storage, trials, sweep_dir)  # a driver killed outright copied nothing back
-    elif sweep.storage:
-        _fresh_storage(storage, sweep.force)
+    _ready_storage(sweep, storage, trials)
     ended = state.ended(sweep_dir) if sweep.resume else {}
     pending = state.to_run(trials, train.total_steps, ended)
-    lost: dict[str, str] = {}
     start = time.perf_counter()
-    if pending:
-        with ray_session(sweep.address, sweep.cpus, trial_resources(train)):
-            if sweep.address is not None or sweep.storage:
-                probe_storage(storage, given=bool(sweep.storage))
-            if not sweep.resume:
-                from sac_edge.common.atomic import atomic_write_json
-
-                atomic_write_json(sweep_dir / SAVED, {"sweep": config_dict(sweep), "train": config_dict(train)})
-            try:
-                lost = run_trials(
-                    pending,
-                    train,
-                    sweep_dir,
-                    storage,
-                    scheduler=sweep.scheduler,
-                    max_concurrent=sweep.max_concurrent,
-                    ended=ended,
-                    resume_from=_resume_from(sweep, storage, pending),
-                )
-            finally:  # after the run and after Ctrl-C: each trial's newest checkpoint into DIR/trials
-                collect(storage, trials, sweep_dir)
+    lost = _run_pending(sweep, train, storage, pending, ended, trials)
     outcomes = state.outcomes(trials, ended)
-    wall = time.perf_counter() - start
+    summary = _summarize(sweep, train, outcomes, lost, time.perf_counter() - start)
+    _write_outputs(summary, outcomes, sweep, train)
+    return _exit_code(summary, sweep_dir)
+
+
+def _ready_storage(sweep: SweepConfig, storage: Storage, trials: list[Trial]) -> None:
+    """On --resume the trials' newest checkpoints copied back into DIR/trials (a driver killed outright copied
+    nothing back); a new sweep with --storage starts on an empty prefix."""
+    from .storage import checked_trials_dir, collect
+
+    if sweep.resume:
+        checked_trials_dir(Path(sweep.out))
+        collect(storage, trials, Path(sweep.out))
+    elif sweep.storage:
+        _fresh_storage(storage, sweep.force)
+
+
+def _run_pending(
+    sweep: SweepConfig,
+    train: TrainConfig,
+    storage: Storage,
+    pending: list[Trial],
+    ended: dict[str, str | None],
+    trials: list[Trial],
+) -> dict[str, str]:
+    """The trials still to run, on Ray (none to run: no Ray); the sweep's config is saved once the storage is
+    known to work. Adds each trial that ends to ``ended``; returns those the cluster lost."""
+    if not pending:
+        return {}
+    from .storage import collect
+    from .tune_run import probe_storage, ray_session, run_trials, trial_resources
+
+    sweep_dir = Path(sweep.out)
+    with ray_session(sweep.address, sweep.cpus, trial_resources(train)):
+        if sweep.address is not None or sweep.storage:
+            probe_storage(storage, given=bool(sweep.storage))
+        if not sweep.resume:
+            atomic_write_json(sweep_dir / SAVED, {"sweep": config_dict(sweep), "train": config_dict(train)})
+        try:
+            return run_trials(
+                pending,
+                train,
+                sweep_dir,
+                storage,
+                scheduler=sweep.scheduler,
+                max_concurrent=sweep.max_concurrent,
+                ended=ended,
+                resume_from=_resume_from(sweep, storage, pending),
+            )
+        finally:  # after the run and after Ctrl-C: each trial's newest checkpoint into DIR/trials
+            collect(storage, trials, sweep_dir)
+
+
+def _summarize(
+    sweep: SweepConfig, train: TrainConfig, outcomes: list[TrialOutcome], lost: dict[str, str], wall: float
+) -> dict[str, Any]:
+    """summary.json's contents: the ranking, each config's time and cost, and how many trials are unfinished."""
+    import ray
+
+    from .report import summarize
+
+    sweep_dir = Path(sweep.out)
     summary = summarize(
         outcomes,
         train.total_steps,
@@ -211,9 +268,23 @@ def _main(argv: Sequence[str] | None) -> int:
     summary["unfinished"] = sum(
         r["status"] in unfinished or Path(r["run"]).name in lost for r in summary["trial_results"]
     )
+    return summary
+
+
+def _write_outputs(
+    summary: dict[str, Any], outcomes: list[TrialOutcome], sweep: SweepConfig, train: TrainConfig
+) -> None:
+    """summary.json, curves.png, and the table (with --json, the JSON line last on stdout)."""
+    from .report import CURVES, curves, plot_curves, write_summary
+
+    sweep_dir = Path(sweep.out)
     write_summary(summary, sweep_dir)
     plot_curves(curves(outcomes), sweep_dir / CURVES, f"{train.env}: {len(outcomes)} trials")
     _report(summary, sweep_dir, sweep.json)
+
+
+def _exit_code(summary: dict[str, Any], sweep_dir: Path) -> int:
+    """0; 130 with how to continue when trials are unfinished; an error when every trial failed."""
     if summary["trials"] and summary["errors"] == summary["trials"]:
         raise InternalError("every trial failed (their errors are above); fix the first and run again")
     if summary["unfinished"]:

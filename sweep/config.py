@@ -63,7 +63,10 @@ class SweepConfig:
     json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})
     target_return: float | None = field(
         default=None,
-        metadata={"help": "evaluation return to reach: the table and summary.json add each config's seconds to it"},
+        metadata={
+            "help": "evaluation return to reach: the table and summary.json add each config's seconds to it "
+            "(given with --resume, it replaces the saved one)"
+        },
     )
 
 

@@ -19,7 +19,8 @@ from sac_edge.train.config import TrainConfig, value_error
 
 from .config import MAX_TRIALS
 
-# Set by the sweep itself (per trial or for the whole sweep's resources), so not grid keys.
+# Set by the sweep itself (per trial or for the whole sweep's resources), or of no use in a sweep (profile), so
+# not grid keys.
 NOT_GRID_KEYS = {
     "env": "--env",
     "seed": "--seeds (and --seed for the first)",
@@ -31,6 +32,7 @@ NOT_GRID_KEYS = {
     "checkpoint_every": "--eval-every (a trial checkpoints at each evaluation)",
     "device": "--device for the whole sweep",
     "threads": "--threads for the whole sweep",
+    "profile": "sac-train --profile on one run (a profiled run stops once profiled)",
 }
 TRIALS = "trials"
 

@@ -1,5 +1,5 @@
 """BENCHMARKS.md stays a reference one can rerun: every command it quotes names a script or command that
-exists with flags it accepts, every benchmark under ``bench/`` has its figures there, and the goal table's
+exists with flags it accepts, every benchmark under ``bench/`` has its command there, and the goal table's
 links land on a section."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_every_quoted_command_exists_with_its_flags(command: str) -> None:
         assert re.search(re.escape(flag) + r"(?![\w-])", accepted), f"{flag} is not a flag of {' '.join(words[:2])}"
 
 
-def test_every_benchmark_has_its_figures_here() -> None:
+def test_every_benchmark_has_its_command_quoted() -> None:
     for script in sorted((ROOT / "bench").glob("*.py")):
         assert f"python bench/{script.name}" in DOC, f"BENCHMARKS.md quotes no command of bench/{script.name}"
 

@@ -246,7 +246,7 @@ NOT_THE_FORMAT = {
     ("train/config.py", "fp16"): "an --amp mode (mixed-precision training), not a bundle precision",
     ("train/sac.py", "fp16"): "an --amp mode (mixed-precision training), not a bundle precision",
     ("train/precision.py", "fp16"): "an --amp mode (mixed-precision training), not a bundle precision",
-    ("export/cli.py", "int8"): "the --json summary's key for the INT8 gate figures (docs/CONTRACTS.md)",
+    ("export/cli.py", "int8"): "the --json summary's key for the INT8 gate's measurements (docs/CONTRACTS.md)",
     ("common/trt/builder.py", "int8"): "a word searched for in TensorRT's engine-inspector JSON",
     ("edge_runtime/finetune/finetuner.py", "int8"): "a key of the learner process's JSON messages",
     ("edge_runtime/finetune/learner_process.py", "int8"): "a key of the learner process's JSON messages",

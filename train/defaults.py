@@ -9,7 +9,7 @@ and run, and saved resolved in ``config.json`` (so ``--resume`` continues on exa
 - ``--backward auto``: resolved too, so ``config.json`` says which backward ran.
 - ``--compile auto``: on when the run has enough updates to repay compiling them: from
   ``COMPILE_S / SAVED_S`` updates (the saving scaled linearly with the batch size). The two constants are
-  defaults measured on the reference CPU (``bench/train_speed.py``; the figures and the resulting
+  defaults measured on the reference CPU (``bench/train_speed.py``; the measurements and the resulting
   break-even are in BENCHMARKS.md's training section); a machine that compiles faster or slower moves
   the break-even, and ``--compile on`` / ``--compile off`` decide it outright. Off on CUDA (its gain
   there is measured by ``scripts/gpu_check.sh``, not assumed) and with ``--backward autograd`` on a CPU

@@ -1,7 +1,7 @@
 """What a training interval cost: its own rates, time per update, process memory and CPU, CUDA memory and
 the GPU's utilisation and power (``--log-every``; the columns are in docs/CONTRACTS.md, "metrics.csv").
 
-Every figure is of the interval since the previous row, never cumulative, so the first row after
+Every column is of the interval since the previous row, never cumulative, so the first row after
 ``--resume`` is the resumed process's own rate. Sensors are small readers: ``/proc/self/status`` (with a
 ``root`` to read another tree in tests), the CUDA caching allocator's peak counters, and NVML through
 ``nvidia-ml-py`` imported lazily (absent package, driver or GPU: those columns stay empty).
@@ -140,7 +140,7 @@ class IntervalMonitor:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def row(self, step: int) -> dict[str, Any]:
-        """The interval's figures (rates per second of the interval; ``""`` where not measured), then a new
+        """The interval's measurements (rates per second of the interval; ``""`` where not measured), then a new
         interval starts."""
         wall, cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
         durations = self.timer.drain()

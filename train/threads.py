@@ -15,7 +15,8 @@ parallel speed-up (1.3x on 2 quiet cores). So:
 3. ``ThreadWatch``: during the run, windows of update time; when updates/s falls below ``COLLAPSE`` of the
    best window at the current count, one window at half the threads, kept if faster; after a step down,
    a window at the higher count every ``RETRY_S`` seconds of update time, kept if faster (the neighbour
-   left). Each kept change is one log line.
+   left). Each kept change is one log line and one entry of ``changes`` in ``config.json``'s
+   ``choices.threads`` (with ``current``, the count now; a resumed run keeps the record before as ``earlier``).
 
 ``--threads N`` forces N and turns all of this off. Measured in BENCHMARKS.md, "Training: threads beside
 busy neighbours" (``bench/train_threads.py``).
@@ -57,7 +58,7 @@ RETRY_S = 30.0
 
 
 class UsableCpus(NamedTuple):
-    """How many CPUs this process may use, and what set the figure."""
+    """How many CPUs this process may use, and what set that number."""
 
     n: int
     source: str
@@ -195,9 +196,11 @@ class ThreadWatch:
     returns a log line when a change is kept (None otherwise).
     """
 
-    def __init__(self, threads: int, ceiling: int, window_s: float = WINDOW_S, retry_s: float = RETRY_S) -> None:
+    def __init__(self, threads: int, ceiling: int, window_s: float | None = None, retry_s: float | None = None) -> None:
         self.threads, self.ceiling = threads, ceiling
-        self.window_s, self.retry_s = window_s, retry_s
+        # The module's constants read now, not when it loaded: a test shortens them for one run.
+        self.window_s = WINDOW_S if window_s is None else window_s
+        self.retry_s = RETRY_S if retry_s is None else retry_s
         self.best: dict[int, float] = {}  # best window updates/s seen at each count
         self._updates, self._seconds = 0, 0.0
         self._since_change = 0.0  # update seconds since the last kept change
@@ -248,6 +251,17 @@ class ThreadWatch:
     def _set(self, threads: int) -> None:
         self.threads = threads
         torch.set_num_threads(threads)
+
+
+def watched_record(record: dict[str, Any], threads: int) -> dict[str, Any]:
+    """``config.json``'s thread record of a watched run at its start: the count now (``current``) and the
+    watch's kept changes (``changes``, none yet)."""
+    return {**record, "current": threads, "changes": []}
+
+
+def with_change(record: dict[str, Any], change: dict[str, Any], threads: int) -> dict[str, Any]:
+    """``record`` with one kept change of the watch added and ``current`` the count that change moved to."""
+    return {**record, "current": threads, "changes": [*record.get("changes", []), change]}
 
 
 #: Replay rows the throwaway learner of the probe holds (random data: only the update's time matters).

@@ -42,7 +42,7 @@ from .policies import InferencePolicy
 from .profiling import WARMUP_UPDATES, ProfileSession, check_fits, enable_ranges, phase
 from .profiling import report as profile_report
 from .sac import SAC
-from .threads import ThreadWatch, choose_threads, torch_threads
+from .threads import ThreadWatch, choose_threads, torch_threads, watched_record, with_change
 from .update_types import UpdateMetrics
 
 EVAL_SEED_OFFSET = 10_000
@@ -145,11 +145,7 @@ class Trainer:
         self.eval_env = make_env(cfg.env)  # fails fast with a one-line error on a bad id or space
         self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode)
         self.spec: PolicySpec = policy_spec(cfg.env, self.envs, cfg.hidden)
-        threads = choose_threads(cfg, self.spec, self.device)  # before the learner: the probe reseeds torch
-        if cfg.threads == 0 or "warning" in threads.reason:
-            print(f"sac-train: {threads.reason}", file=sys.stderr if cfg.json else sys.stdout)
-        self.thread_watch = ThreadWatch(threads.threads, threads.threads) if cfg.threads == 0 else None
-        self.choices = {**speed.choices, "threads": threads.record}
+        self.choices = {**speed.choices, "threads": self._choose_threads()}  # before the learner: see there
         if cfg.device == "cpu" and cfg.amp == "bf16" and not cpu_bf16_flags():
             print(
                 "sac-train: warning: this CPU has no bf16 matmul units (AVX512-BF16 or AMX), so --amp bf16 "
@@ -173,14 +169,35 @@ class Trainer:
         if not cfg.resume and cfg.force and self.run.exists():
             shutil.rmtree(self.run)
         self.run.mkdir(parents=True, exist_ok=True)
-        ckpt_config = {**config_dict(cfg), "spec": self.spec.to_dict(), "versions": _versions()}
-        ckpt_config["choices"] = self.choices  # what auto chose on this machine, and why
-        atomic_write_json(self.run / ckpt.CONFIG, ckpt_config)
+        self._write_config()
         self.metrics = MetricsLog(self.run, resume_step)
         if not cfg.resume and self.cfg.normalize_obs:
             self.sac.obs_norm.update(torch.as_tensor(self.obs, device=self.device))
 
+    def _choose_threads(self) -> dict[str, Any]:
+        """The thread count (torch left at it; the probe reseeds torch, so this comes before the learner),
+        the watch under ``--threads 0``, and ``config.json``'s record (on ``--resume`` with the record of the
+        run before it as ``earlier``)."""
+        cfg = self.cfg
+        choice = choose_threads(cfg, self.spec, self.device)
+        if cfg.threads == 0 or "warning" in choice.reason:
+            self._say(choice.reason)
+        self.thread_watch = ThreadWatch(choice.threads, choice.threads) if cfg.threads == 0 else None
+        record = watched_record(choice.record, choice.threads) if self.thread_watch else choice.record
+        earlier = _saved_threads(self.run) if cfg.resume else None
+        return record if earlier is None else {**record, "earlier": earlier}
+
+    def _say(self, line: str, flush: bool = False) -> None:
+        """One log line (on stderr under --json, whose summary owns stdout)."""
+        print(f"sac-train: {line}", file=sys.stderr if self.cfg.json else sys.stdout, flush=flush)
+
     # -- persistence ------------------------------------------------------------------------------
+    def _write_config(self) -> None:
+        """``config.json``, atomically: the resolved flags, the spec, versions and what auto chose on this
+        machine and why (rewritten when the thread watch keeps a change)."""
+        config = {**config_dict(self.cfg), "spec": self.spec.to_dict(), "versions": _versions()}
+        atomic_write_json(self.run / ckpt.CONFIG, {**config, "choices": self.choices})
+
     def _trainer_state(self) -> dict[str, Any]:
         return {
             "step": self.step,
@@ -270,61 +287,81 @@ class Trainer:
         return float(np.mean(returns))
 
     def train(self) -> TrainSummary:
-        cfg = self.cfg
-        self._start = start = time.perf_counter()
+        self._start = time.perf_counter()
         self._finite = torch.ones((), dtype=torch.bool, device=self.device)
         self._fast_ready = False
-        self.monitor = monitor = IntervalMonitor(self.device, self.step)
-        uncounted, updates_at_start = self.step, self.updates  # steps out of the summary's rate (earlier sessions')
-        loop_s = 0.0  # seconds of collecting and updating in this process (no evaluations, no checkpoints)
-        metrics = None
+        self.monitor = IntervalMonitor(self.device, self.step)
+        bar = self._progress_bar()
+        try:
+            loop_s, uncounted = self._loop(bar)
+        finally:
+            bar.close()
+            self.metrics.close()
+            self.monitor.close()
+            self.envs.close()
+        return self._summary(loop_s, uncounted)
+
+    def _progress_bar(self) -> tqdm:
         # Only on a terminal: a redirected log gets metrics.csv and the summary, not carriage-return noise.
-        bar = tqdm(
-            total=cfg.total_steps,
+        return tqdm(
+            total=self.cfg.total_steps,
             initial=self.step,
-            disable=not (cfg.progress and sys.stderr.isatty()),
+            disable=not (self.cfg.progress and sys.stderr.isatty()),
             unit="step",
             dynamic_ncols=True,
             mininterval=0.5,
         )
-        try:
-            while self.step < cfg.total_steps:
-                before = self.step
-                t0 = time.perf_counter()
-                metrics = self._advance()[2] or metrics
-                loop_s += time.perf_counter() - t0
-                profiled = bool(cfg.profile) and self.updates - updates_at_start >= WARMUP_UPDATES
-                if profiled:  # its steps run under the profiler: out of the summary's rate
-                    profiled_from = self.step
-                    metrics = self._profile() or metrics
-                    uncounted += self.step - profiled_from
-                bar.update(self.step - before)
-                last = self.step >= cfg.total_steps or profiled
-                do_eval = cfg.eval_every > 0 and (_crossed(before, self.step, cfg.eval_every) or last)
-                if do_eval or last or _crossed(before, self.step, cfg.log_every):
-                    self._check_finite(self._finite)
-                    row = self._row(metrics)
-                    if do_eval:
-                        self.last_eval = row["eval_return"] = self._evaluate()
-                    self.metrics.log(row)
-                    bar.set_postfix(ret=row["train_return"], ups=f"{row['updates_per_s'] or 0:.0f}", refresh=False)
-                if cfg.checkpoint_every and _crossed(before, self.step, cfg.checkpoint_every):
-                    self._check_finite(self._finite)
-                    self.save()
-                if profiled:
-                    break
+
+    def _loop(self, bar: tqdm) -> tuple[float, int]:
+        """Collect and update up to --total-steps (or to the end of --profile), then checkpoint. Returns the
+        seconds of collecting and updating in this process (no evaluations, no checkpoints) and the steps
+        left out of the summary's rate (earlier sessions' and profiled ones)."""
+        cfg = self.cfg
+        uncounted, updates_at_start = self.step, self.updates
+        loop_s = 0.0
+        metrics = None
+        while self.step < cfg.total_steps:
+            before = self.step
+            t0 = time.perf_counter()
+            metrics = self._advance()[2] or metrics
+            loop_s += time.perf_counter() - t0
+            profiled = bool(cfg.profile) and self.updates - updates_at_start >= WARMUP_UPDATES
+            if profiled:  # its steps run under the profiler: out of the summary's rate
+                profiled_from = self.step
+                metrics = self._profile() or metrics
+                uncounted += self.step - profiled_from
+            bar.update(self.step - before)
+            self._log_and_checkpoint(before, metrics, bar, last=self.step >= cfg.total_steps or profiled)
+            if profiled:
+                break
+        self._check_finite(self._finite)
+        self.save()
+        return loop_s, uncounted
+
+    def _log_and_checkpoint(self, before: int, metrics: UpdateMetrics | None, bar: tqdm, last: bool) -> None:
+        """After the steps from ``before``: a metrics row when one is due (with an evaluation when that is due
+        too, and always at the ``last`` step), and a checkpoint when one is due."""
+        cfg = self.cfg
+        do_eval = cfg.eval_every > 0 and (_crossed(before, self.step, cfg.eval_every) or last)
+        if do_eval or last or _crossed(before, self.step, cfg.log_every):
+            self._check_finite(self._finite)
+            row = self._row(metrics)
+            if do_eval:
+                self.last_eval = row["eval_return"] = self._evaluate()
+            self.metrics.log(row)
+            bar.set_postfix(ret=row["train_return"], ups=f"{row['updates_per_s'] or 0:.0f}", refresh=False)
+        if cfg.checkpoint_every and _crossed(before, self.step, cfg.checkpoint_every):
             self._check_finite(self._finite)
             self.save()
-        finally:
-            bar.close()
-            self.metrics.close()
-            monitor.close()
-            self.envs.close()
+
+    def _summary(self, loop_s: float, uncounted: int) -> TrainSummary:
+        """The run's summary (and its cost line in the log) from ``_loop``'s seconds and uncounted steps."""
+        monitor = self.monitor
         monitor.timer.drain()
         steps_per_s = (self.step - uncounted) / loop_s if loop_s > 0 else 0.0
         peak_rss = monitor.memory.read()[1]
-        costs = cost_fields(steps_per_s, self.wall_before + self._session_s(), cfg.price_per_hour)
-        print(f"sac-train: {cost_line(costs, peak_rss)}", file=sys.stderr if cfg.json else sys.stdout)
+        costs = cost_fields(steps_per_s, self.wall_before + self._session_s(), self.cfg.price_per_hour)
+        self._say(cost_line(costs, peak_rss))
         return TrainSummary(
             str(self.run),
             self.step,
@@ -332,7 +369,7 @@ class Trainer:
             self.episodes,
             _rate(monitor.timer.total_updates, monitor.timer.total_s),
             self.last_eval,
-            time.perf_counter() - start,
+            self._session_s(),
             self.compile_s,
             steps_per_s,
             costs["hours_per_million_steps"],
@@ -398,9 +435,16 @@ class Trainer:
         return metrics
 
     def _watch_threads(self, updates: int, seconds: float) -> None:
-        """Under ``--threads 0``: feed the watch; a kept change of thread count is one log line."""
-        if self.thread_watch is not None and (line := self.thread_watch.observe(updates, seconds)):
-            print(f"sac-train: {line}", file=sys.stderr if self.cfg.json else sys.stdout, flush=True)
+        """Under ``--threads 0``: feed the watch; a kept change of thread count is one log line and one entry
+        of ``choices.threads.changes`` in ``config.json``."""
+        watch = self.thread_watch
+        if watch is None or not (line := watch.observe(updates, seconds)):
+            return
+        self._say(line, flush=True)
+        change = {**watch.changes[-1], "step": self.step, "wall_s": round(self.wall_before + self._session_s(), 1)}
+        change["reason"] = line.partition(": ")[2]  # the log line without its "--threads auto: "
+        self.choices["threads"] = with_change(self.choices["threads"], change, watch.threads)
+        self._write_config()
 
     def _row(self, metrics: Any) -> dict[str, Any]:
         row: dict[str, Any] = {
@@ -412,7 +456,7 @@ class Trainer:
             "wall_s": round(self.wall_before + self._session_s(), 1),
         }
         eta = eta_s(self.cfg.total_steps - self.step, row["steps_per_s"] or 0.0)
-        row["eta_s"] = "" if eta is None else round(eta, 1)
+        row["eta_s"] = "" if eta is None else round(eta, 3)
         if metrics is not None:
             row.update(
                 critic_loss=float(metrics.critic_loss),
@@ -428,6 +472,12 @@ class Trainer:
                 f"non-finite loss before step {self.step}: training stopped; last good checkpoint in {self.run} "
                 f"({kept}) kept; lower the learning rates or use --amp off"
             )
+
+
+def _saved_threads(run: Path) -> Any:
+    """The thread record in the run's ``config.json`` before this resume (None in a run saved without one)."""
+    choices = read_json(run / ckpt.CONFIG, "run config", "nothing to resume; train without --resume").get("choices")
+    return choices.get("threads") if isinstance(choices, dict) else None
 
 
 def _rate(count: int, seconds: float) -> float:

@@ -9,7 +9,7 @@ and are compared with the fp32 ONNX reference through onnxruntime's CPU provider
 - fp32 and fp16: max abs action error <= ``common.tolerance.tolerance`` (a fraction of the action range);
 - int8: judged against the INT8 model it implements, the Q/DQ graph (``policy.int8.onnx``) as
   onnxruntime's CPU provider runs it with the same weights: mean abs action error <= ``INT8_KERNEL_FRAC``
-  of the range, the room TensorRT's int8 kernels (other rounding, fusion, fp16 between layers) need.
+  of the range, the margin TensorRT's int8 kernels (other rounding, fusion, fp16 between layers) need.
   Its accuracy against fp32 was decided by the accuracy gate at export (or by the fine-tuner's re-check
   for swapped weights); here it must stay within the Q/DQ graph's own error on the same states plus
   that margin. Judging an int8 engine against fp32 with the gate's 1% would leave it no headroom: a
@@ -46,8 +46,8 @@ from sac_edge.common.tolerance import tolerance
 from .base import Backend, PendingSwap
 
 ACT_ROWS = 32  # rows also sent one at a time through act (the serving context)
-# Room for int8 kernels that implement the same Q/DQ model differently, as a mean fraction of the action
-# range; BENCHMARKS.md ("INT8 engine gate") has the kernel differences it was set against.
+# The margin for int8 kernels that implement the same Q/DQ model differently, as a mean fraction of the action
+# range; BENCHMARKS.md ("Edge: the INT8 engine gate") has the kernel differences it was set against.
 INT8_KERNEL_FRAC = 0.002
 
 

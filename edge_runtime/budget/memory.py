@@ -172,7 +172,7 @@ class MemorySample:
 
 
 class MemoryProbe:
-    """Reads a process's memory values in one call (~0.1 ms: a few small proc files)."""
+    """Reads a process's memory values in one call (a few small proc files)."""
 
     def __init__(
         self,

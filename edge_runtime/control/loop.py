@@ -18,17 +18,17 @@ The environment is foreign code: anything its ``reset()`` or ``step()`` raises (
 not one truth value), ends the loop as a stop, kept in ``env_error`` and named in the summary's
 ``stopped_by``, so the summary is still made. When ``act`` stops serving after ``max_backend_errors`` failed
 calls (``StoppedServing``), the step still sends the last safe action it carries and the loop stops after
-it. A call that does not return is the runtime's inference watchdog's: it calls ``hung`` on its own thread
-(``run.py`` wires it), which sends the env the last safe action and hands the summary to this step to
-``on_hang``, since the control thread is still inside the call.
+it. A call that does not return is the runtime's inference watchdog's: the runtime's hang policy (``run.py``'s
+``Run``) calls ``hung`` on the watchdog's thread, which sends the env the last safe action and returns the
+summary to this step, since the control thread is still inside the call.
 
 ``stop()`` (wired to SIGINT and SIGTERM by the CLI) ends the loop after the current step; the sleep to the
 next slot is taken in slices of at most ``SLEEP_SLICE_S``, so at any rate a stop is seen that soon. The
 summary is always produced.
 
 Once a second, off the per-step path: the youngest GC generation, the runtime's ``tick`` with the second's
-schedule figures (memory and power, the governor, which may switch precision or lower the rate: the
-schedule re-anchors; one telemetry record), and a live status line on a terminal.
+steps and misses (it reads memory and power and ticks the governor, which may switch precision or lower the
+rate: the schedule re-anchors; one telemetry record), and a live status line on a terminal.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class ScheduleWindow(NamedTuple):
     misses_total: int
 
 
-class TickFigures(Protocol):
+class PerSecondReport(Protocol):
     """What the loop reads from the runtime's per-second report (``runtime.TickReport``)."""
 
     @property
@@ -125,7 +125,7 @@ class StepRuntime(Protocol):
 
     def warm_up(self, obs: np.ndarray) -> bool: ...
 
-    def tick(self, window: ScheduleWindow | None = None) -> TickFigures: ...
+    def tick(self, window: ScheduleWindow | None = None) -> PerSecondReport: ...
 
     def safe_action(self) -> np.ndarray: ...
 
@@ -243,13 +243,8 @@ class ControlLoop:
         runtime: StepRuntime,
         settings: LoopSettings,
         status: Callable[[str], None] | None = None,
-        on_hang: Callable[[ScheduleSummary], None] | None = None,
     ) -> None:
         self.env, self.runtime, self.settings, self.status = env, runtime, settings, status
-        self.on_hang = on_hang
-        """Given the summary on the watchdog's thread when a backend call hangs (the caller ends the process
-        there: the control thread may never return); without it ``run()`` returns that summary if the call
-        ever returns."""
         self.stop_reason: str | None = None
         self.env_error: dict[str, str] | None = None
         """What the environment raised, if it ended the run: call, type, message (reported after the summary)."""
@@ -263,22 +258,22 @@ class ControlLoop:
         if self.stop_reason is None:
             self.stop_reason = reason
 
-    def hung(self) -> None:
-        """The runtime's inference watchdog, on its thread, once, while the control thread is inside a call
-        that overran by far: the env gets the last safe action, and the summary (to this step) goes to
-        ``on_hang``; before the loop runs there is nothing to hand over."""
+    def hung(self) -> ScheduleSummary | None:
+        """For the runtime's hang policy, on the inference watchdog's thread, once, while the control thread is
+        inside a call that overran by far: the env gets the last safe action, and the schedule's summary (to
+        this step) is returned, which ``run()`` also returns should the call come back; None before the loop
+        runs (nothing to hand over)."""
         schedule = self._schedule
         try:
             if schedule is None:
-                return
+                return None
             self.stop_reason = self.runtime.stopped_by  # over any other reason: this is why the run ends
             try:
                 self.env.step(self.runtime.safe_action())
             except BaseException as err:  # the env is foreign code
                 self._env_failed("step", err, stop=False)
             self._hung_summary = self._finish(schedule)
-            if self.on_hang is not None:
-                self.on_hang(self._hung_summary)
+            return self._hung_summary
         finally:
             self._hang_handled.set()
 
@@ -289,8 +284,8 @@ class ControlLoop:
             return self._run()
 
     def _run(self) -> ScheduleSummary:
-        """Each slot: wait (warming the caches), the step (act, env, observe), its figures, once a second the
-        runtime's tick. The step's own part is inline: its work is what the loop's figures measure."""
+        """Each slot: wait (warming the caches), the step (act, env, observe), its timings, once a second the
+        runtime's tick. The step's own part is inline: its work is what the loop's timings measure."""
         s, runtime = self.settings, self.runtime
         clock, timer = time.monotonic_ns, time.perf_counter_ns
         stats = runtime.stats
@@ -385,7 +380,7 @@ class ControlLoop:
 
     def _second(self, schedule: Schedule, finished: int) -> None:
         """Once a second, off the per-step path: the youngest GC generation, the runtime's tick with the
-        second's figures, the status line, and the schedule re-anchored when the governor changed the rate."""
+        second's steps and misses, the status line, and the schedule re-anchored when the governor changed the rate."""
         gc.collect(0)  # the youngest generation only: tens of microseconds, at a known point
         report = self.runtime.tick(schedule.window(finished))
         if self.status is not None:
@@ -406,7 +401,7 @@ class ControlLoop:
             deadline_misses=misses,
             miss_rate=misses / steps if steps else 0.0,
             skipped_slots=schedule.skipped,
-            jitter_us=stats.figures("jitter"),
+            jitter_us=stats.run_percentiles_us("jitter"),
             loop_work_us=run["loop_work_us"],
             env_step_us=run["env_step_us"],
             miss_causes=run["miss_causes"],
@@ -423,7 +418,7 @@ class ControlLoop:
             self.stop_reason = f"environment error in {call}(): {type(err).__name__}" + (f": {first}" if first else "")
 
 
-def status_line(report: TickFigures, steps: int, misses: int) -> str:
+def status_line(report: PerSecondReport, steps: int, misses: int) -> str:
     """The live line on a terminal, once a second."""
     power = report.power or {}
     watts = f" {power['total_w']:.1f}W{'' if power.get('measured') else '(est)'}" if power else ""

@@ -7,7 +7,7 @@ and process, so they stay at normal priority. Needs root or CAP_SYS_NICE (and CA
 
 Between steps the core idles, and waking from a deep idle state takes time: a Jetson's cores can be
 power-gated, a virtual machine's vCPU halts and waits for the host to run it again (the miss rates at
-1 kHz with and without the hold are in BENCHMARKS.md). ``hold_idle_latency``
+1 kHz with and without the hold: BENCHMARKS.md "Edge: the action in the control loop"). ``hold_idle_latency``
 caps the exit latency the kernel may choose through PM QoS (``/dev/cpu_dma_latency``: the request holds
 while the file is open, for every CPU), as cyclictest does.
 """

@@ -8,11 +8,11 @@ observation and the guarded action:
   ``common/envelope.py``): per-dimension bounds from the training states and a Mahalanobis distance under
   a threshold calibrated on held-out training states. A non-finite or malformed observation is outside.
 - **Stuck sensor**: ``stuck_steps`` observations in a row that are identical bit for bit.
-- **Fallback**: after ``window`` consecutive steps outside the envelope, on a stuck sensor, or when the
+- **Fallback**: after ``shield_window`` consecutive steps outside the envelope, on a stuck sensor, or when the
   step's action was not inferred (an overrun, a backend error, an observation the guard held), the shield
   switches to the fallback action (``hold``: the action it sent at the last step that was inside and clear;
   ``fixed``: the safe action, from
-  ``--safe-action`` or the envelope) on that same step. It returns once ``window`` consecutive steps are
+  ``--safe-action`` or the envelope) on that same step. It returns once ``shield_window`` consecutive steps are
   clear again, through the ramp.
 - **Ramp**: over ``ramp_steps`` steps the sent action blends from where it was (the safe action at the start
   of an episode) to the policy's, linearly: at the start, when a fallback ends and after a weight swap.
@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from sac_edge.common.config import check_fields
 from sac_edge.common.envelope import Envelope
+from sac_edge.common.errors import SacEdgeError
 
 from .safety import PYTHON_CHECK_MAX
 
@@ -46,36 +48,69 @@ _dist = math.dist
 _FLOAT32 = np.dtype(np.float32)
 
 SHIELD_MODES = ("on", "guards")
-"""``guards``: the observation and action guards alone (the runtime's behaviour without a shield)."""
+"""``--shield``: ``on`` runs a ``Shield``; ``guards``: the observation and action guards alone."""
 FALLBACKS = ("hold", "fixed")
 CAUSES = ("envelope", "stuck", "not_inferred")
 
 
 @dataclass(frozen=True)
-class ShieldSettings:
-    """The shield's knobs (the ``--shield*`` flags; ``RunConfig`` holds the same names)."""
+class ShieldOptions:
+    """The safety shield after the guards (envelope, stuck sensors, fallback, ramp, slew limit).
 
-    mode: str = "on"
-    window: int = 3
-    """M: consecutive steps outside the envelope before the fallback (0: the envelope is not checked)."""
-    stuck_steps: int = 5
+    The one type of the shield's options: ``Shield`` takes it, ``RuntimeOptions.shield`` holds it (None: no
+    shield), ``sac-edge drill`` has its fields as flags, and ``sac-edge run``'s shield section
+    (``config.ShieldSection``) holds it beside the ``--shield`` switch. Each field's ``help`` is its flag's
+    ``--help`` line."""
+
+    shield_window: int = field(
+        default=3,
+        metadata={"help": "consecutive steps outside the envelope that switch to the fallback (0: no envelope check)"},
+    )
+    """M: consecutive steps outside the envelope before the fallback, and clear steps before it ends (0: the
+    envelope is not checked)."""
+    stuck_steps: int = field(
+        default=5, metadata={"help": "bit-identical observations in a row that flag a stuck sensor (0: off)"}
+    )
     """K: bit-identical observations in a row that flag a stuck sensor (0: off)."""
-    ramp_steps: int = 5
+    ramp_steps: int = field(
+        default=5,
+        metadata={"help": "steps of the blend-in ramp at start, after a fallback and after a weight swap (0: none)"},
+    )
     """N: steps of the blend-in ramp (0: no ramp)."""
-    fallback: str = "hold"
-    safe_action: tuple[float, ...] = ()
+    fallback: str = field(
+        default="hold",
+        metadata={
+            "help": "fallback action: hold (the last action sent on familiar ground) or fixed (--safe-action, "
+            "else the bundle's)",
+            "choices": list(FALLBACKS),
+        },
+    )
+    safe_action: tuple[float, ...] = field(
+        default=(), metadata={"help": "the fixed fallback action and the ramp's start, one number per action dim"}
+    )
     """The fixed fallback and the ramp's start; empty: the envelope's (0 clipped to the bounds without one)."""
-    slew: tuple[float, ...] = ()
+    slew: tuple[float, ...] = field(
+        default=(),
+        metadata={
+            "help": "largest action change per step, one value or one per dim (default: the bundle's, from "
+            "the policy's rollouts at export; 0: no limit)"
+        },
+    )
     """Largest change per step, one value for every dimension or one per dimension; empty: the envelope's
     default; 0: no limit."""
 
+    def check(self, act_dim: int | None = None) -> None:
+        """Every field, one line naming its flag; with ``act_dim`` (the bundle's, known at open) the sizes too."""
+        check_fields(self)
+        problem = self.problem(act_dim)
+        if problem is not None:
+            raise SacEdgeError(problem)
+
     def problem(self, act_dim: int | None = None) -> str | None:
-        """What is wrong with the settings (a line naming the flag), or None."""
-        if self.mode not in SHIELD_MODES:
-            return f"--shield must be one of {', '.join(SHIELD_MODES)}, got {self.mode!r}"
+        """What is wrong with the values (a line naming the flag), or None."""
         if self.fallback not in FALLBACKS:
             return f"--fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}"
-        for flag, value in (("--shield-window", self.window), ("--stuck-steps", self.stuck_steps)):
+        for flag, value in (("--shield-window", self.shield_window), ("--stuck-steps", self.stuck_steps)):
             if not 0 <= value <= 1_000_000:
                 return f"{flag} must be from 0 (off) to 1000000 steps, got {value}"
         if self.stuck_steps == 1:
@@ -198,25 +233,25 @@ class Shield:
 
     def __init__(
         self,
-        settings: ShieldSettings,
+        options: ShieldOptions,
         action_low: Sequence[float],
         action_high: Sequence[float],
         envelope: Envelope | None,
         emit: Callable[[dict[str, Any]], None] = lambda _: None,
     ) -> None:
-        self.settings = settings
+        self.options = options
         self.envelope = envelope
         self.emit = emit
         low = [float(v) for v in action_low]
         high = [float(v) for v in action_high]
         self._bounds = list(zip(low, high))
         self.safe_action = [
-            min(max(v, lo), hi) for v, (lo, hi) in zip(_safe_action(settings, envelope, len(low)), self._bounds)
+            min(max(v, lo), hi) for v, (lo, hi) in zip(_safe_action(options, envelope, len(low)), self._bounds)
         ]
-        self.slew = SlewLimiter(_slew(settings, envelope, len(low)))
-        self.ramp = BlendRamp(settings.ramp_steps, self._bounds)
-        self.stuck = StuckSensorDetector(settings.stuck_steps)
-        self._check = envelope is not None and settings.window > 0
+        self.slew = SlewLimiter(_slew(options, envelope, len(low)))
+        self.ramp = BlendRamp(options.ramp_steps, self._bounds)
+        self.stuck = StuckSensorDetector(options.stuck_steps)
+        self._check = envelope is not None and options.shield_window > 0
         if envelope is not None:  # score = |A obs - A mean|^2 with A = W diag(1/scale)
             self._a = np.ascontiguousarray(envelope.whiten / envelope.scale[None, :])
             # the product in the observation's own dtype (the guard hands on the policy's float32): a
@@ -232,7 +267,7 @@ class Shield:
             self._w = np.empty(envelope.obs_dim)
         self._out = np.array(self.safe_action, dtype=np.float32)
         self._pack = struct.Struct(f"{len(low)}f").pack_into
-        self._window = max(settings.window, 1)
+        self._window = max(options.shield_window, 1)
         self._swaps = 0
         self._seen_swaps = 0
         self.counts = _Counts()
@@ -360,7 +395,7 @@ class Shield:
         counts.causes[cause] += 1
         if counts.first_fallback_step is None:
             counts.first_fallback_step = self.steps
-        self._fallback = list(self._last_clear) if self.settings.fallback == "hold" else list(self.safe_action)
+        self._fallback = list(self._last_clear) if self.options.fallback == "hold" else list(self.safe_action)
         self.ramp.stop()
         self.emit({"type": "shield", "event": "fallback", "cause": cause, "step": self.steps})
 
@@ -371,10 +406,17 @@ class Shield:
         self.emit({"type": "shield", "event": "resume", "step": self.steps})
 
     # -- events from outside the step ----------------------------------------------------------------
-    def restart(self) -> None:
-        """A new start (the first step, a new episode): the ramp from the safe action, no history."""
-        self._sent = self._last_clear = list(self.safe_action)
-        self.ramp.start(self.safe_action)
+    def restart(self, origin: Sequence[float] | None = None) -> None:
+        """A new start (the first step, a new episode): the ramp from ``origin`` (where the plant is now, as
+        an action: clipped to the bounds, the safe action's value where one is not finite), else from the
+        safe action; no history."""
+        start = list(self.safe_action)
+        if origin is not None:
+            for i, (v, (lo, hi)) in enumerate(zip(origin, self._bounds)):
+                if math.isfinite(v):
+                    start[i] = hi if v > hi else lo if v < lo else float(v)
+        self._sent = self._last_clear = start
+        self.ramp.start(start)
         self.stuck.reset()
         self._outside = self._clear = 0
         self._falling_back = False
@@ -389,11 +431,11 @@ class Shield:
         return self._falling_back
 
     def summary(self) -> ShieldSummary:
-        c, s = self.counts, self.settings
+        c, s = self.counts, self.options
         return dict(
-            mode=s.mode,
+            mode="on",
             envelope=self._check,
-            window=s.window,
+            window=s.shield_window,
             stuck_steps=s.stuck_steps,
             ramp_steps=s.ramp_steps,
             fallback=s.fallback,
@@ -410,19 +452,19 @@ class Shield:
         )
 
 
-def _safe_action(settings: ShieldSettings, envelope: Envelope | None, dim: int) -> list[float]:
+def _safe_action(options: ShieldOptions, envelope: Envelope | None, dim: int) -> list[float]:
     """The fixed fallback and the ramp's start: ``--safe-action``, else the envelope's, else zeros."""
-    if settings.safe_action:
-        return list(settings.safe_action)
+    if options.safe_action:
+        return list(options.safe_action)
     if envelope is not None:
         return [float(v) for v in envelope.safe_action.tolist()]
     return [0.0] * dim
 
 
-def _slew(settings: ShieldSettings, envelope: Envelope | None, dim: int) -> list[float]:
+def _slew(options: ShieldOptions, envelope: Envelope | None, dim: int) -> list[float]:
     """The slew per dimension: ``--slew`` (one value for all or one each), else the envelope's, else none."""
-    if settings.slew:
-        return list(settings.slew) * (dim if len(settings.slew) == 1 else 1)
+    if options.slew:
+        return list(options.slew) * (dim if len(options.slew) == 1 else 1)
     if envelope is not None and envelope.slew is not None:
         return [float(v) for v in envelope.slew.tolist()]
     return [0.0] * dim

@@ -7,8 +7,9 @@
         (observed, inside, guarded, inferred) --Shield.filter_action--> the action to send
 
 A step that is not inferred (an observation held by ``--obs-fault hold``, an inference over its budget,
-a backend error) sends the last safe action, through the shield where there is one. ``StepPipeline`` owns
-the stages and the figures the step keeps (``StepCounters``, the timings in ``StepStats``); the runtime
+a backend error, or a step the caller holds because its input is stale: ``hold``) sends the last safe action,
+through the shield where there is one. ``StepPipeline`` owns
+the stages and the counts and timings the step keeps (``StepCounters``, the timings in ``StepStats``); the runtime
 (``runtime.Runtime``) owns the lifecycle and the thread rules around it.
 """
 
@@ -51,7 +52,8 @@ class StepCounters:
     steps: int = 0
     """``act`` calls."""
     obs_held: int = 0
-    """Steps whose observation the guard held (``--obs-fault hold``): not inferred."""
+    """Steps not inferred because of the observation: the guard held it (``--obs-fault hold``), or the caller
+    did (``hold``: a stale or missing input)."""
     overruns: int = 0
     """Inferences over the budget (the last safe action was sent)."""
     backend_errors: int = 0
@@ -125,6 +127,18 @@ class StepPipeline:
         if self._filter is None:
             return self._apply(raw)
         return self._filter(observed, inside, self._take(raw), True)
+
+    def hold(self, observed: np.ndarray | None) -> np.ndarray:
+        """The step on an observation the caller does not trust (a stale or missing input): not inferred,
+        counted as a step and as held, the last safe action through the shield (its fallback, whose count
+        is the shield's). ``observed``: the caller's last observation (None: none)."""
+        counters = self.counters
+        steps = counters.steps = counters.steps + 1
+        if not steps % BOUND_EVERY:
+            self.stats.bound()
+        counters.obs_held += 1
+        self._infers(0)
+        return self.last_safe(observed)
 
     def last_safe(self, observed: np.ndarray | None) -> np.ndarray:
         """The last safe action, through the shield where there is one (this step was not inferred)."""

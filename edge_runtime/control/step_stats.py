@@ -2,11 +2,11 @@
 
 Each step appends five integers (nanoseconds) to Python lists, the window: an append is the cheapest
 record the interpreter has (BENCHMARKS.md "Edge: the action in the control loop"). Once a second
-(``fold``, from ``Runtime.tick``) the window's lists become arrays, the second's exact figures are taken
-from them, and they are folded into whole-run ``LatencyHistogram``s and fixed-edge histograms. A caller
-that never ticks (no budgets: no reason to) has its window folded by ``bound`` once it holds
+(``fold``, from ``Runtime.tick``) the window's lists become arrays, the second's exact percentiles are
+taken from them, and they are folded into whole-run ``LatencyHistogram``s and fixed-edge histograms. A
+caller that never ticks (no budgets: no reason to) has its window folded by ``bound`` once it holds
 ``WINDOW_CAP`` steps, so memory stays at kilobytes for days at any rate, ticked or not; above
-``WINDOW_CAP`` steps a second, a ticked second's figures then cover the steps since that fold.
+``WINDOW_CAP`` steps a second, a ticked second's percentiles then cover the steps since that fold.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sac_edge.common.latency import LatencyHistogram, latency_us
 MISS_CAUSES = ("late_wakeup", "inference", "env", "loop")
 HISTOGRAM_EDGES_US = (0, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 WINDOW_CAP = 4096
-"""The most steps the window holds before ``bound`` folds it (a fold of this many costs about 0.3 ms)."""
+"""The most steps the window holds before ``bound`` folds it: a bound on both a fold's time and the window's memory."""
 
 
 def miss_cause(wake_ns: int, inference_ns: int, env_ns: int, loop_ns: int) -> str:
@@ -53,12 +53,12 @@ class StepStats:
 
     def fold(self) -> tuple[dict[str, float], dict[str, float]]:
         """Fold the window into the run's histograms and start a new one; the window's exact latency and
-        jitter figures (microseconds) are returned for its telemetry record."""
+        jitter percentiles (microseconds) are returned for its telemetry record."""
         jitter, latency = np.array(self.jitter, np.int64), np.array(self.latency, np.int64)
         step, infer, env = (np.array(x, np.int64) for x in (self.step, self.infer, self.env))
         for series in (self.jitter, self.latency, self.infer, self.env, self.step):
             series.clear()  # in place: the loop holds their bound append methods
-        work = step - infer[: len(step)] - env  # a step cut short after its inference has no step figure
+        work = step - infer[: len(step)] - env  # a step cut short after its inference has no step time
         for name, values in (("latency", latency), ("jitter", jitter), ("loop_work", work), ("env_step", env)):
             self.run[name].add(values)
         for name, values in (("late_wakeup", jitter), ("step", step)):
@@ -67,7 +67,7 @@ class StepStats:
 
     def bound(self) -> None:
         """Fold the window if it holds ``WINDOW_CAP`` steps or more: whole when a scheduler records its
-        series too (they line up step by step), else the inference times alone, into the run's figures."""
+        series too (they line up step by step), else the inference times alone, into the run's histograms."""
         if len(self.infer) < WINDOW_CAP:
             return
         if self.step or self.jitter:
@@ -81,12 +81,12 @@ class StepStats:
         """Where the run's steps went: the loop's own work (a step less its inference and env step), the
         env step, the misses by cause, and histograms of wake-up lateness and step duration (us)."""
         return {
-            "loop_work_us": self.run["loop_work"].figures_us(),
-            "env_step_us": self.run["env_step"].figures_us(),
+            "loop_work_us": self.run["loop_work"].latency_us(),
+            "env_step_us": self.run["env_step"].latency_us(),
             "miss_causes": dict(self.causes),
             "histogram_us": {"edges": list(HISTOGRAM_EDGES_US), **{k: v.tolist() for k, v in self.coarse.items()}},
         }
 
-    def figures(self, name: str) -> dict[str, float]:
+    def run_percentiles_us(self, name: str) -> dict[str, float]:
         """Whole-run p50 / p99 / max / mean (us) of ``latency``, ``jitter``, ``loop_work`` or ``env_step``."""
-        return self.run[name].figures_us()
+        return self.run[name].latency_us()

@@ -54,6 +54,8 @@ from .promotion import LastGood, LastGoodStore, PromotionRules, check_complete, 
 from .settings import FinetuneSection, FinetuneSettings
 from .weight_swap import WeightSets, WeightSwapper
 
+#: The interpreter's switch interval while fine-tuning runs: the longest the control thread waits for the
+#: GIL the coordinator holds (see ``FineTuner.start``).
 GIL_SWITCH_S = 1e-4
 #: The coordinator wakes on a message from the learner or after this long (knobs, episodes, a dead child).
 #: Each wake takes the GIL; at normal priority on a busy CPU a thread can be preempted while holding it,
@@ -336,7 +338,7 @@ class FineTuner:
             return
         self.candidate = None
         verdict = judge(cand.returns, list(self.good_returns), self.rules.rollback_threshold, self.rules.noise_z)
-        figures = {
+        scores = {
             "candidate_mean": verdict.candidate_mean,
             "good_mean": verdict.good_mean,
             "allowed_drop": verdict.allowed_drop,
@@ -348,7 +350,7 @@ class FineTuner:
             self.good_generation = self.generation
             self.learner.resolve("rollback")
             self.counts["rollbacks"] += 1
-            self.event("rollback", generation=cand.generation, step=cand.step, **figures, swap_s=outcome.seconds)
+            self.event("rollback", generation=cand.generation, step=cand.step, **scores, swap_s=outcome.seconds)
             return
         self.good_state, self.good_sets, self.good_states = cand.state, cand.sets, cand.states
         self.good_generation = cand.generation
@@ -365,7 +367,7 @@ class FineTuner:
         self.last_good_sha = self.store.save(cand.state, cand.states, info)
         self.learner.resolve("promote")
         self.counts["promotions"] += 1
-        self.event("promote", generation=cand.generation, step=cand.step, **figures, sha256=self.last_good_sha)
+        self.event("promote", generation=cand.generation, step=cand.step, **scores, sha256=self.last_good_sha)
 
     # -- report -----------------------------------------------------------------------------------
     def summary(self) -> FinetuneSummary:
@@ -421,57 +423,45 @@ def read_learner_tensors(bundle: Bundle) -> dict[str, np.ndarray]:
         raise SacEdgeError(f"{path}: learner tensors are corrupt or truncated ({err}); re-export the bundle") from None
 
 
+@dataclass(frozen=True)
+class TunerSetup:
+    """What :func:`build_finetuner` makes a tuner from (``sac-edge run --finetune``'s composition)."""
+
+    cfg: FinetuneSettings
+    bundle: Bundle
+    backends: Mapping[str, Backend]
+    """Every loaded backend: each swap goes into all of them."""
+    probe: MemoryProbe
+    """This process's memory reader; it follows the learner process too."""
+    last: LastGood | None = None
+    """With ``--resume``: the last good weights to start from (None: the bundle's)."""
+    rules: PromotionRules | None = None
+    """The promotion rules; None: ``cfg``'s."""
+    governor: Callable[[int], Governor | None] | None = None
+    """Makes the budget governor from the fine-tuning batch the learner chose (None: no governor)."""
+    listeners: Sequence[Callable[[], None]] = ()
+    """Called after each swap that went live (the shield's ramp)."""
+    store: LastGoodStore | None = None
+    """The fine-tuning directory's store, its lock held by the caller (None: one for ``cfg``'s directory)."""
+
+
 def build_finetuner(
-    cfg: FinetuneSettings,
-    bundle: Bundle,
-    backends: Mapping[str, Backend],
-    probe: MemoryProbe,
-    last: LastGood | None,
-    emit: Emit,
-    log: Callable[[str], None],
-    rules: PromotionRules | None = None,
-    governor: Callable[[int], Governor | None] | None = None,
-    listeners: Sequence[Callable[[], None]] = (),
-    store: LastGoodStore | None = None,
+    setup: TunerSetup, emit: Emit, log: Callable[[str], None]
 ) -> tuple[FineTuner, dict[str, Any] | None]:
     """Install the starting weights, start the learner process (which imports torch and sizes itself from
-    the memory budget and this process's baseline), and make the tuner.
-
-    ``rules`` default to ``cfg``'s; ``governor`` makes the budget governor from the fine-tuning batch the
-    learner chose (none without it), so the tuner is built with it; ``listeners`` are called after each
-    swap that went live (the shield's ramp); ``store`` is the fine-tuning directory's (its lock held by the
-    caller), else one is made for ``cfg``'s directory."""
+    the memory budget and this process's baseline), and make the tuner; also what ``--resume`` restored."""
     if importlib.util.find_spec("torch") is None:
         raise SacEdgeError("--finetune needs the Python package 'torch' (the inference-only path does not)")
-    spec = bundle.spec
-    tensors = dict(last.tensors) if last is not None else read_learner_tensors(bundle)
-    if rules is None:
-        rules = cfg.section.rules()
-    swapper = WeightSwapper(backends, bundle, listeners)
-    states = last.states if last is not None else np.zeros((0, spec.obs_dim), np.float32)
-    resumed: dict[str, Any] | None = None
-    if last is not None:
-        sets, resumed = install_last_good(swapper, last)
-    else:  # the bundle's own weights: checks the graph names them like the learner
-        sets = swapper.prepare(_actor(tensors), None)
-        swapper.install(sets)
-    swapper.warm_up(sets)
-    settings = {
-        "main_baseline_mb": probe.read().budget_mb,  # everything but the learner: backends, env, the swap path
-        "bundle": str(bundle.path),
-        "manifest": bundle.manifest,  # the child re-checks that it re-quantises with the files opened here
-        "finetune": cfg.to_json(),  # the section itself, as JSON: the child rebuilds the same dataclass
-    }
-    learner = LearnerProcess(spec, tensors, sets.int8, settings)
-    probe.follow(learner.process.pid)  # the governor's memory figure includes the learner's
+    cfg, last = setup.cfg, setup.last
+    tensors = dict(last.tensors) if last is not None else read_learner_tensors(setup.bundle)
+    rules = setup.rules if setup.rules is not None else cfg.section.rules()  # checked before the learner starts
+    swapper = WeightSwapper(setup.backends, setup.bundle, setup.listeners)
+    start, resumed = _starting_weights(swapper, tensors, last)
+    learner = _start_learner(setup, start)
     try:
-        budget = governor(int(learner.ready["batch_size"])) if governor is not None else None
-        store = store if store is not None else LastGoodStore(finetune_dir(cfg.section, cfg.bundle))
-        info = last.info if last is not None else {}
-        tuner = FineTuner(
-            TunerParts(spec, learner, swapper, store, rules, cfg, budget, emit),
-            StartingWeights(tensors, sets, states, int(info.get("step", 0)), int(info.get("generation", 0))),
-        )
+        budget = setup.governor(int(learner.ready["batch_size"])) if setup.governor is not None else None
+        store = setup.store if setup.store is not None else LastGoodStore(finetune_dir(cfg.section, cfg.bundle))
+        tuner = FineTuner(TunerParts(setup.bundle.spec, learner, swapper, store, rules, cfg, budget, emit), start)
     except BaseException:
         learner.close()
         raise
@@ -484,3 +474,33 @@ def build_finetuner(
         f"utd {tuner.utd:g} ({'; '.join(tuner.sizing['reasons'])}); learner process {learner.process.pid}"
     )
     return tuner, resumed
+
+
+def _starting_weights(
+    swapper: WeightSwapper, tensors: dict[str, np.ndarray], last: LastGood | None
+) -> tuple[StartingWeights, dict[str, Any] | None]:
+    """Serve ``last`` (and say what was restored) or the bundle's own ``tensors``, warm the swap path, and
+    return what the tuner starts from."""
+    if last is not None:
+        sets, resumed = install_last_good(swapper, last)
+        info = last.info
+        start = StartingWeights(tensors, sets, last.states, int(info.get("step", 0)), int(info.get("generation", 0)))
+    else:  # the bundle's own weights: checks the graph names them like the learner
+        sets, resumed = swapper.prepare(_actor(tensors), None), None
+        swapper.install(sets)
+        start = StartingWeights(tensors, sets, np.zeros((0, swapper.bundle.spec.obs_dim), np.float32))
+    swapper.warm_up(sets)
+    return start, resumed
+
+
+def _start_learner(setup: TunerSetup, start: StartingWeights) -> LearnerProcess:
+    """The learner process on ``start``'s tensors, its memory followed by the probe."""
+    settings = {
+        "main_baseline_mb": setup.probe.read().budget_mb,  # everything but the learner: backends, env, swap path
+        "bundle": str(setup.bundle.path),
+        "manifest": setup.bundle.manifest,  # the child re-checks that it re-quantises with the files opened here
+        "finetune": setup.cfg.to_json(),  # the section itself, as JSON: the child rebuilds the same dataclass
+    }
+    learner = LearnerProcess(setup.bundle.spec, start.state, start.sets.int8, settings)
+    setup.probe.follow(learner.process.pid)  # the governor's memory reading includes the learner's
+    return learner

@@ -2,13 +2,13 @@
 
 With the learner as a thread, every update held the one interpreter lock between torch kernels, and the
 control thread, woken for its slot, waited for it; on a loaded CPU the holder could be preempted while
-holding it, and the control thread waited for the scheduler (measured: BENCHMARKS.md, "Fine-tuning beside
-the 1 kHz loop"). Here the main process keeps everything the control path and the safety rules need (the
-staging ring's producer, the weight swap into its backends, promotion and the last good store, the one
+holding it, and the control thread waited for the scheduler (measured: BENCHMARKS.md, "Edge: fine-tuning
+beside the 1 kHz loop"). Here the main process keeps everything the control path and the safety rules need
+(the staging ring's producer, the weight swap into its backends, promotion and the last good store, the one
 writer), and a ``spawn`` child (``serve``) imports torch and runs ``DeviceLearner``, and makes each
 candidate's int8 weights (``weight_swap.weight_sets``: re-quantisation and the action-error check, which
 held the control process's interpreter lock for milliseconds a candidate when they ran there; BENCHMARKS.md,
-weight swaps):
+"Edge: weight swaps out of the control process"):
 
 - experience: the ``StagingRing`` rows live in shared memory; the control thread's ``observe`` copies a
   transition in, and the child drains the rows into its replay buffer;
@@ -51,6 +51,7 @@ import sys
 import time
 import types
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -268,15 +269,8 @@ def serve(config_json: str, conn: Any, publish: Any) -> None:
         _keep_off(list(settings.cpus))
         ring_block, weights, control = (SharedArrays.attach(cfg["blocks"][k]) for k in ("ring", "weights", "control"))
         spec = PolicySpec.from_dict(cfg["spec"], source="the learner process's config")
-        loop = LearnerLoop.build(
-            spec,
-            StagingRing(ring_block.arrays, np.array(spec.action_low), np.array(spec.action_high), publish),
-            weights,
-            control,
-            conn,
-            cfg,
-            settings,
-        )
+        ring = StagingRing(ring_block.arrays, np.array(spec.action_low), np.array(spec.action_high), publish)
+        loop = LearnerLoop.build(spec, Channels(ring, weights, control, conn), cfg, settings)
         from sac_edge.train import compat
 
         _send(conn, {"kind": "ready", "torch_notes": compat.notes(), **loop.sizing})
@@ -298,10 +292,25 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _keep_off(loop_cpus: list[int]) -> None:
     """Run on the CPUs the control loop is not pinned to (``--cpus``), when there are any left: the loop's
-    core then has no learner to preempt when its slot comes (measured: BENCHMARKS.md)."""
+    core then has no learner to preempt when its slot comes (measured: BENCHMARKS.md,
+    "Edge: fine-tuning beside the 1 kHz loop")."""
     rest = os.sched_getaffinity(0) - set(loop_cpus)
     if loop_cpus and rest:
         os.sched_setaffinity(0, rest)
+
+
+@dataclass(frozen=True)
+class Channels:
+    """The learner process's hand-offs with the main process."""
+
+    ring: StagingRing
+    """The transitions the control thread stages, drained into the replay buffer."""
+    weights: SharedArrays
+    """Where a candidate's tensors, its int8 sets and its shadow states are published."""
+    control: SharedArrays
+    """The governor's knobs (in) and the counters and flags (both ways)."""
+    conn: Any
+    """The pipe: events and candidates out, verdicts in."""
 
 
 class LearnerLoop:
@@ -311,18 +320,17 @@ class LearnerLoop:
         self,
         spec: PolicySpec,
         learner: Any,
-        ring: StagingRing,
-        weights: SharedArrays,
-        control: SharedArrays,
-        conn: Any,
+        channels: Channels,
         settings: FinetuneSettings,
-        utd: float,
+        sizing: Mapping[str, Any],
         requantizer: Int8Requantizer | None = None,
     ) -> None:
-        self.spec, self.learner, self.ring, self.weights, self.conn = spec, learner, ring, weights, conn
-        self.requantizer = requantizer
-        self.knobs, self.flags = control["knobs"], control["flags"]
-        self.utd = utd
+        self.spec, self.learner, self.requantizer = spec, learner, requantizer
+        self.ring, self.weights, self.conn = channels.ring, channels.weights, channels.conn
+        self.knobs, self.flags = channels.control["knobs"], channels.control["flags"]
+        self.sizing = dict(sizing)
+        """The learner's sizing as chosen at start-up, with the UTD and why (reported in ``ready``)."""
+        self.utd = float(sizing["utd"])
         self.swap_every = settings.section.swap_every
         self.learning_starts = settings.section.learning_starts
         self.shadow_max_diff = settings.section.shadow_max_diff
@@ -331,19 +339,11 @@ class LearnerLoop:
         self.awaiting = False  # a proposal the main process has not resolved yet
         self.credit = 0.0
         self.since = 0
-        self.sizing: dict[str, Any] = {}
         self._metrics: Any = None
 
     @classmethod
     def build(
-        cls,
-        spec: PolicySpec,
-        ring: StagingRing,
-        weights: SharedArrays,
-        control: SharedArrays,
-        conn: Any,
-        cfg: Mapping[str, Any],
-        settings: FinetuneSettings,
+        cls, spec: PolicySpec, channels: Channels, cfg: Mapping[str, Any], settings: FinetuneSettings
     ) -> LearnerLoop:
         """Size the learner for the memory budget (this process's resident memory after torch's and the int8
         re-check's warm-ups plus the main process's baseline), time an update, choose the UTD, load the
@@ -355,7 +355,7 @@ class LearnerLoop:
 
         torch.set_num_threads(1)
         warm_up_math(spec)
-        tensors = {k: torch.from_numpy(weights[k].copy()) for k in cfg["tensor_names"]}
+        tensors = {k: torch.from_numpy(channels.weights[k].copy()) for k in cfg["tensor_names"]}
         requantizer = None
         if cfg["int8"]:  # one re-check whose verdict is not used: its sessions' memory counts from here on
             requantizer = Int8Requantizer(reopen_bundle(cfg["bundle"], cfg["manifest"], spec))
@@ -378,14 +378,13 @@ class LearnerLoop:
         utd, reason = choose_utd(
             settings.section.finetune_utd, learner.update_seconds, settings.rate_hz, settings.section.learner_cpu
         )
-        loop = cls(spec, learner, ring, weights, control, conn, settings, utd, requantizer)
-        loop.sizing = {
+        facts = {
             **sizing.to_dict(),
             "utd": utd,
             "update_ms": round(learner.update_seconds * 1e3, 3),
             "reasons": [*sizing.reasons, reason],
         }
-        return loop
+        return cls(spec, learner, channels, settings, facts, requantizer)
 
     def run(self, parent_pid: int) -> None:
         while not self.flags[STOP] and os.getppid() == parent_pid:
@@ -438,18 +437,7 @@ class LearnerLoop:
         """Check the learner's actor (finite losses, shadow check); publish it as a candidate or say why not."""
         facts = {"updates": int(self.flags[UPDATES]), "collected": int(self.flags[COLLECTED])}
         if not bool(self._metrics.finite):
-            import torch
-
-            self.learner.load({k: torch.from_numpy(v.copy()) for k, v in self.good_state.items()})
-            _send(
-                self.conn,
-                {
-                    "kind": "event",
-                    "counter": "nonfinite",
-                    "reason": "non-finite losses; learner reset to the last good weights",
-                    **facts,
-                },
-            )
+            self._reset_to_good(facts)
             return
         weights = self.learner.actor_weights()
         states = self.learner.recent_states(SHADOW_STATES)
@@ -488,13 +476,26 @@ class LearnerLoop:
                 },
             )
             return
+        self._publish(sets.int8, states)
+        _send(self.conn, {"kind": "candidate", "shadow": shadow._asdict(), "int8": sets.int8_facts, **facts})
+
+    def _reset_to_good(self, facts: Mapping[str, int]) -> None:
+        """After non-finite losses: the whole learner back to the last good state, and the main process told."""
+        import torch
+
+        self.learner.load({k: torch.from_numpy(v.copy()) for k, v in self.good_state.items()})
+        reason = "non-finite losses; learner reset to the last good weights"
+        _send(self.conn, {"kind": "event", "counter": "nonfinite", "reason": reason, **facts})
+
+    def _publish(self, int8: Mapping[str, np.ndarray], states: np.ndarray) -> None:
+        """The learner's state, its int8 sets and the shadow states into shared memory; the candidate then
+        awaits the main process's verdict."""
         self.pending = _numpy(self.learner.state())
         self.weights.write(self.pending)
-        self.weights.write({INT8 + k: v for k, v in sets.int8.items()})
+        self.weights.write({INT8 + k: v for k, v in int8.items()})
         self.weights[STATES][: len(states)] = states
         self.weights[N_STATES][...] = len(states)
         self.awaiting = True
-        _send(self.conn, {"kind": "candidate", "shadow": shadow._asdict(), "int8": sets.int8_facts, **facts})
 
 
 def _numpy(tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:

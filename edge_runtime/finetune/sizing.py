@@ -136,26 +136,12 @@ def choose_sizing(
     def rows_that_fit(b: int, gc: bool) -> int:
         return max(0, math.floor((room_mb - fixed_mb(b, gc)) * MB / row_bytes(net)))
 
-    helps = activation_bytes(net, batch, True) < activation_bytes(net, batch, False)
-    options = [(batch, False)]
-    if helps:
-        options.append((batch, True))
-    b = batch
-    while b // 2 >= min(MIN_BATCH, batch) and b > MIN_BATCH:
-        b //= 2
-        options.append((b, helps))
+    options = _options(net, batch)
     for b, gc in options:
         fit = rows_that_fit(b, gc)
         if fit >= min_rows:
             chosen = min(rows, fit)
-            if chosen < rows:
-                reasons.append(f"replay {rows} -> {chosen} rows to fit")
-            if gc:
-                reasons.append("gradient checkpointing in the critics to fit")
-            if b < batch:
-                reasons.append(f"batch {batch} -> {b} to fit")
-            if len(reasons) == 1:
-                reasons.append("requested sizes fit")
+            reasons += _changes(rows, chosen, batch, b, gc)
             return Sizing(
                 chosen, b, gc, staging, budget_mb, baseline_mb, estimate(net, chosen, staging, b, gc), tuple(reasons)
             )
@@ -166,6 +152,32 @@ def choose_sizing(
         f"+ {need - baseline_mb:.1f} MiB for the smallest learner ({min_rows} rows, batch {smallest[0]}, "
         f"checkpointing {smallest[1]}) needs about {need / (1 - HEADROOM):.0f} MiB with headroom; raise the budget"
     )
+
+
+def _options(net: NetShape, batch: int) -> list[tuple[int, bool]]:
+    """The (batch, checkpointing) pairs to try, in order: as requested, with checkpointing where it saves
+    memory, then the batch halved (with checkpointing where it helps) down to ``MIN_BATCH``."""
+    helps = activation_bytes(net, batch, True) < activation_bytes(net, batch, False)
+    options = [(batch, False)]
+    if helps:
+        options.append((batch, True))
+    b = batch
+    while b // 2 >= min(MIN_BATCH, batch) and b > MIN_BATCH:
+        b //= 2
+        options.append((b, helps))
+    return options
+
+
+def _changes(rows: int, chosen: int, batch: int, b: int, gc: bool) -> list[str]:
+    """What the budget changed from the requested sizes, one reason each."""
+    changes = []
+    if chosen < rows:
+        changes.append(f"replay {rows} -> {chosen} rows to fit")
+    if gc:
+        changes.append("gradient checkpointing in the critics to fit")
+    if b < batch:
+        changes.append(f"batch {batch} -> {b} to fit")
+    return changes or ["requested sizes fit"]
 
 
 def choose_utd(requested: float, update_s: float, rate_hz: float, learner_cpu: float) -> tuple[float, str]:

@@ -4,6 +4,6 @@ incompatible peers (``qos.py``), ``/diagnostics`` (``diagnostics.py``), MCAP rec
 input ages (``inputs.py``).
 
 rclpy and the message packages come from the robot's own ROS 2 (Humble and newer) and are imported lazily:
-never a pip dependency of the device runtime. This room imports ``common`` only (no other room, nor the
+never a pip dependency of the device runtime. This package imports ``common`` only (no other package, nor the
 composition root).
 """

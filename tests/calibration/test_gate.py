@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
 import pytest
 
 from sac_edge.calibration.calibrators import compute_amax
-from sac_edge.calibration.gate import gate_model, render_table, run_gate, worst_return
+from sac_edge.calibration.gate import Candidates, GateSettings, gate_model, render_table, run_gate, worst_return
 from sac_edge.calibration.graph import layer_name, linear_nodes
 from sac_edge.calibration.qdq import quantizable_tensors, quantize_model
 from sac_edge.calibration.session import collect_activations
@@ -46,7 +48,7 @@ def test_faithful_int8_is_accepted(
     # range, so the faithful INT8 model is the one the gate settles on, with the last layer in int8.
     model = onnx.load(str(fp32_onnx))
     int8 = quantize_model(model, amax, float_layers={layer_name(n) for n in linear_nodes(model)[:-1]})
-    report = gate_model(fp32_onnx, int8, states.holdout, spec, gate_episodes=EPISODES, worst=pendulum_worst)
+    report = gate_model(fp32_onnx, int8, states.holdout, spec, GateSettings(EPISODES, worst=pendulum_worst))
     assert report.accepted, render_table(report)
     assert report.mean_action_error_frac <= 0.01 and report.max_action_error > 0
     assert report.mean_action_error == pytest.approx(report.mean_action_error_frac * 4.0)
@@ -60,7 +62,7 @@ def test_broken_int8_is_rejected(
     fp32_onnx: Path, amax: dict[str, float], states: StateSets, spec: PolicySpec, pendulum_worst: tuple[float, str]
 ) -> None:
     broken = quantize_model(onnx.load(str(fp32_onnx)), {k: v / 100 for k, v in amax.items()})
-    report = gate_model(fp32_onnx, broken, states.holdout, spec, gate_episodes=EPISODES, worst=pendulum_worst)
+    report = gate_model(fp32_onnx, broken, states.holdout, spec, GateSettings(EPISODES, worst=pendulum_worst))
     assert not report.accepted and report.verdict == "rejected"
     assert report.mean_action_error_frac > 0.01
     table = render_table(report)
@@ -83,16 +85,8 @@ def test_sensitive_layer_is_kept_in_float(
     def build(float_layers: frozenset[str]) -> onnx.ModelProto:
         return quantize_model(fp32_model, sabotaged, float_layers=float_layers)
 
-    report, model = run_gate(
-        fp32_model,
-        build,
-        layers,
-        states.holdout,
-        spec,
-        gate_episodes=EPISODES,
-        worst=pendulum_worst,
-        keep_float={first},
-    )
+    candidates = Candidates(build, layers, keep_float={first})
+    report, model = run_gate(fp32_model, candidates, states.holdout, spec, GateSettings(EPISODES, worst=pendulum_worst))
     assert report.accepted and model is not None, render_table(report)
     assert report.float_layers == (first, middle)
     by_name = {layer.name: layer for layer in report.layers}
@@ -101,3 +95,14 @@ def test_sensitive_layer_is_kept_in_float(
     assert [a.passed for a in report.attempts] == [False, True]
     assert report.mean_action_error_frac <= 0.01
     assert "attempt 1" in render_table(report)
+
+
+def test_without_an_env_the_action_rule_alone_decides(
+    fp32_onnx: Path, amax: dict[str, float], states: StateSets, spec: PolicySpec
+) -> None:
+    model = onnx.load(str(fp32_onnx))
+    int8 = quantize_model(model, amax, float_layers={layer_name(n) for n in linear_nodes(model)[:-1]})
+    report = gate_model(fp32_onnx, int8, states.holdout, replace(spec, env_id=""), GateSettings(EPISODES))
+    assert report.accepted and report.episode_seeds == () and report.fp32_returns == ()
+    assert report.worst_return_source.startswith("no environment") and math.isnan(report.allowed_return_drop)
+    assert "skipped: no --env" in render_table(report)

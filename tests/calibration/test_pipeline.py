@@ -55,8 +55,8 @@ def test_rejected_int8_writes_nothing(fp32_onnx: Path, states: StateSets, spec: 
 def test_quantize_and_gate_builds_its_states(
     fp32_onnx: Path, replay: np.ndarray, spec: PolicySpec, tmp_path: Path
 ) -> None:
-    options = CalibrationOptions(method="minmax", gate_episodes=1)
-    result = quantize_and_gate(fp32_onnx, tmp_path, replay, spec, options, calib_samples=256, holdout_samples=128)
+    options = CalibrationOptions(method="minmax", gate_episodes=1, calib_samples=256, holdout_samples=128)
+    result = quantize_and_gate(fp32_onnx, tmp_path, replay, spec, options)
     assert result.calibration["states"]["calibration_replay"] == 128
     assert (result.int8_onnx is not None) == result.report.accepted
 
@@ -71,3 +71,9 @@ def test_non_finite_states_fail_cleanly(fp32_onnx: Path, states: StateSets, spec
     assert not list(tmp_path.iterdir())
     with pytest.raises(SacEdgeError, match="cannot read the fp32 ONNX"):
         calibrate_and_gate(tmp_path / "missing.onnx", tmp_path, states, spec, CalibrationOptions(gate_episodes=1))
+
+
+def test_gate_episodes_checked_before_any_work(states: StateSets, spec: PolicySpec, tmp_path: Path) -> None:
+    # The gate's settings are checked first: a missing model is not even opened.
+    with pytest.raises(SacEdgeError, match="--gate-episodes must be >= 1, got 0"):
+        calibrate_and_gate(tmp_path / "missing.onnx", tmp_path, states, spec, CalibrationOptions(gate_episodes=0))

@@ -104,6 +104,78 @@ def test_check_fields_takes_what_the_parser_makes() -> None:
     check_fields(Command("t"))
 
 
+@dataclass(frozen=True)
+class Switched:
+    """An engine behind a switch.
+
+    (The switch and the engine's settings share this group and this object in the saved config.)"""
+
+    engine: Engine = field(default_factory=Engine, metadata={"inline": True})
+    switch: str = field(default="on", metadata={"flag": "--switch", "help": "the switch", "choices": ["on", "off"]})
+
+
+@dataclass(frozen=True)
+class Spare:
+    size: int = field(default=1, metadata={"help": "the spare's size"})
+
+
+@dataclass(frozen=True)
+class SwitchedCommand:
+    target: str = field(metadata={"help": "what to run"})
+    switched: Switched = field(default_factory=Switched)
+    spare: Spare | None = field(default_factory=Spare)
+
+
+def test_an_inline_section_s_settings_share_the_outer_group_and_object() -> None:
+    """A switch beside the options it switches: one group in ``--help``, one object in the saved config,
+    which reads back."""
+    help_text = build_parser(SwitchedCommand, "cmd", "x", ("target",)).format_help()
+    group = help_text[help_text.index("\nswitched:\n") :]
+    assert "An engine behind a switch." in group and "--engine {fast,slow}" in group and "--switch {on,off}" in group
+    assert "\nengine:" not in help_text
+    cfg = parse_config(SwitchedCommand, ["t", "--engine", "slow", "--switch", "off"], "cmd", "x", ("target",))
+    assert cfg == SwitchedCommand("t", Switched(Engine("slow"), "off"))
+    saved = config_dict(cfg)
+    assert saved == {
+        "target": "t",
+        "switched": {"kind": "slow", "limit": None, "cores": [], "switch": "off"},
+        "spare": {"size": 1},
+    }
+    assert config_from_dict(SwitchedCommand, saved, "saved.json") == cfg
+    without = SwitchedCommand("t", spare=None)
+    assert (
+        config_dict(without)["spare"] is None
+        and config_from_dict(SwitchedCommand, config_dict(without), "s") == without
+    )
+    with pytest.raises(SacEdgeError, match=r"saved.json: unknown setting\(s\) speed"):
+        config_from_dict(SwitchedCommand, {**saved, "switched": {**saved["switched"], "speed": 1}}, "saved.json")
+
+
+def test_an_optional_section_may_be_none_and_is_checked_when_given() -> None:
+    check_fields(SwitchedCommand("t", spare=None))
+    check_fields(SwitchedCommand("t", spare=Spare()))
+    with pytest.raises(
+        SacEdgeError, match=r"^SwitchedCommand.spare must be a Spare, got 3; pass Spare\(...\) or None$"
+    ):
+        check_fields(SwitchedCommand("t", spare=3))  # type: ignore[arg-type]
+
+
 def test_two_settings_with_one_flag_are_a_bug() -> None:
     with pytest.raises(InternalError, match=r"kind and engine\.kind share --engine"):
         options(Clash)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("-1e9", -1e9), ("-5", -5.0), ("-.5", -0.5), ("-2.5E-3", -2.5e-3), ("-7.", -7.0)]
+)
+def test_a_negative_number_after_a_flag_is_its_value(text: str, value: float) -> None:
+    """argparse's own pattern knows only ``-5`` and ``-.5``: ``--limit -1e9`` was "expected one argument"."""
+    cfg = parse_config(Command, ["t", "--limit", text, "--cores", "-1,2"], "cmd", "x", ("target",))
+    assert cfg.engine.limit == value and cfg.engine.cores == (-1, 2)
+
+
+def test_a_negative_infinity_is_read_as_a_value_and_refused_as_one() -> None:
+    with pytest.raises(SacEdgeError, match=r"^--limit must be a finite number, got -inf"):
+        parse_config(Command, ["t", "--limit", "-inf"], "cmd", "x", ("target",))
+    with pytest.raises(SacEdgeError, match=r"^argument --limit: expected one argument"):  # a word stays a flag
+        parse_config(Command, ["t", "--limit", "-fast"], "cmd", "x", ("target",))

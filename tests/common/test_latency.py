@@ -18,9 +18,9 @@ def test_percentiles_are_within_one_percent_and_extremes_exact(scale: float) -> 
     for chunk in np.array_split(samples, 50):  # once a second, as the loop folds
         hist.add(chunk)
     exact = latency_us(samples)
-    got = hist.figures_us()
+    got = hist.latency_us()
     for q in ("p50", "p99"):
-        assert got[q] == pytest.approx(exact[q], rel=0.01, abs=0.011)  # abs: the figures are rounded to 10 ns
+        assert got[q] == pytest.approx(exact[q], rel=0.01, abs=0.011)  # abs: the values are rounded to 10 ns
     assert got["max"] == exact["max"] and got["mean"] == pytest.approx(exact["mean"], rel=1e-9)
     assert got["p50"] <= got["p99"] <= got["max"]
     assert hist.counts.size == LatencyHistogram.BUCKETS and hist.count == samples.size
@@ -28,7 +28,7 @@ def test_percentiles_are_within_one_percent_and_extremes_exact(scale: float) -> 
 
 def test_empty_zero_and_huge_samples() -> None:
     hist = LatencyHistogram()
-    assert all(math.isnan(v) for v in hist.figures_us().values())
+    assert all(math.isnan(v) for v in hist.latency_us().values())
     hist.add(np.array([0, 0, 10**15]))  # a zero-length interval and one far beyond the last bucket
-    figures = hist.figures_us()
-    assert figures["p50"] == 0.0 and figures["max"] == 10**12
+    summary = hist.latency_us()
+    assert summary["p50"] == 0.0 and summary["max"] == 10**12

@@ -28,8 +28,8 @@ from sac_edge.edge_runtime.backends.base import Backend, BackendOptions
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.compose import finetune_settings
-from sac_edge.edge_runtime.config import RunConfig
-from sac_edge.edge_runtime.finetune.finetuner import FineTuner, build_finetuner
+from sac_edge.edge_runtime.config import RuntimeOptions
+from sac_edge.edge_runtime.finetune.finetuner import FineTuner, TunerSetup, build_finetuner
 from sac_edge.train.checkpoint import save_tensors
 
 
@@ -80,7 +80,7 @@ def make_tuner(
     """A fine-tuner (its learner process started) on ``bundle_dir``'s onnxruntime backends of ``precisions``
     (the first one returned), built as ``sac-edge run --finetune`` builds it, with small buffers so the
     tests learn quickly."""
-    cfg = RunConfig.of(
+    cfg = RuntimeOptions.of(
         str(bundle_dir),
         finetune=True,
         finetune_dir=str(tmp_path / "ft"),
@@ -92,5 +92,7 @@ def make_tuner(
     bundle = open_bundle(bundle_dir)
     options = BackendOptions(refit=True)  # as the run opens them with --finetune
     backends = {p: open_backend(bundle, "onnxruntime", p, options) for p in precisions}
-    tuner, _ = build_finetuner(finetune_settings(cfg), bundle, backends, MemoryProbe(), None, emit, lambda _: None)
+    tuner, _ = build_finetuner(
+        TunerSetup(finetune_settings(cfg), bundle, backends, MemoryProbe()), emit, lambda _: None
+    )
     return tuner, backends[precisions[0]]

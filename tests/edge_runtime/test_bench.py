@@ -67,8 +67,8 @@ def test_plot_without_matplotlib_is_a_one_line_error(
 
 def test_auto_picks_the_lowest_p99_among_gated_candidates(rejected_bundle: Path) -> None:
     lines: list[str] = []
-    chosen, figures = autoselect(open_bundle(rejected_bundle), BackendOptions(), calls=50, warmup=5, log=lines.append)
-    timed = [m for m in figures if m.refusal is None]
+    chosen, measured = autoselect(open_bundle(rejected_bundle), BackendOptions(), calls=50, warmup=5, log=lines.append)
+    timed = [m for m in measured if m.refusal is None]
     assert {(m.backend, m.precision) for m in timed} == {("onnxruntime", "fp32")}  # int8 rejected, torch excluded
     assert (chosen.name, chosen.precision) == ("onnxruntime", "fp32")
     assert chosen.act(__import__("numpy").zeros(3, "float32")).shape == (1,)

@@ -202,3 +202,81 @@ def test_finetune_numbers_are_checked_without_fine_tuning_work(flags: str, tmp_p
     name, value = flags.split()
     with pytest.raises(SacEdgeError, match=name):  # the bundle is not even looked at
         validate(RunConfig.of(str(tmp_path / "absent"), finetune=True, **{name[2:].replace("-", "_"): float(value)}))
+
+
+# ``sac-edge run``'s flags that are the scheduler's, the env's or the terminal's: the runtime takes none of them.
+NOT_THE_RUNTIMES = {
+    "shift", "verbose", "json", "duration", "spin_us", "warm_cache", "realtime_priority", "idle_latency_us",
+    "lock_memory",
+}  # fmt: skip
+
+
+def test_the_runtime_options_are_the_run_flags_the_runtime_works_from(pendulum_bundle: Path) -> None:
+    """``RuntimeOptions`` holds ``sac-edge run``'s flags but the scheduler's, under the same names and defaults,
+    and ``RunConfig.runtime_options`` carries each one's value; the ``--shield`` switch is whether the
+    runtime's ``shield`` holds the shield's options or None."""
+    import dataclasses
+
+    from sac_edge.edge_runtime.config import RuntimeOptions
+
+    run = {o.dest: o for o in options(RunConfig)}
+    runtime = {o.dest: o for o in options(RuntimeOptions)}
+    assert set(run) - set(runtime) == NOT_THE_RUNTIMES | {"shield"} and set(runtime) <= set(run)
+    assert all(runtime[d].flag == run[d].flag for d in runtime)
+    assert RunConfig(bundle=str(pendulum_bundle)).runtime_options() == RuntimeOptions(str(pendulum_bundle))
+    given = dict(
+        seed=7, env="Pendulum-v1", rate_hz=50.0, obs_fault="hold", inference_budget=0.25, inference_timeout=1.5,
+        max_backend_errors=3, cpus=(0,), backend="onnxruntime", threads=1, shield_window=2,
+        stuck_steps=0, ramp_steps=1, fallback="fixed", slew=(0.5,), mem_budget_mb=900.0, finetune_lr=1e-3,
+        telemetry=str(pendulum_bundle.parent / "absent.jsonl"), duration=3.0, spin_us=0.0,
+    )  # fmt: skip
+    theirs = {k: v for k, v in given.items() if k in runtime}
+    made = RunConfig.of(str(pendulum_bundle), **given).runtime_options()
+    assert made == RuntimeOptions.of(str(pendulum_bundle), **theirs)
+    expected = {"bundle": str(pendulum_bundle), **given}
+    for dest, opt in runtime.items():
+        value = made
+        for name in opt.path:
+            value = getattr(value, name)
+        assert value == expected.get(dest, opt.field.default), dest
+    guards = RunConfig.of(str(pendulum_bundle), shield="guards", **given).runtime_options()
+    assert (
+        guards
+        == dataclasses.replace(made, shield=None)
+        == RuntimeOptions.of(str(pendulum_bundle), shield="guards", **theirs)
+    )
+    assert RunConfig.of(str(pendulum_bundle), shield="on", **given).runtime_options() == made
+
+
+def test_a_bad_shield_switch_is_one_line_in_python(tmp_path: Path) -> None:
+    from sac_edge.common.errors import SacEdgeError
+    from sac_edge.edge_runtime.config import RuntimeOptions, ShieldSection
+
+    for made in (
+        lambda: RuntimeOptions.of(str(tmp_path), shield="x"),
+        lambda: RunConfig.of(str(tmp_path), shield="x").runtime_options(),
+    ):
+        with pytest.raises(SacEdgeError, match=r"^--shield must be one of on, guards, got 'x'$"):
+            made()
+    with pytest.raises(SacEdgeError, match=r"^RuntimeOptions.shield must be a ShieldOptions, got ShieldSection.*"
+                       r"pass ShieldOptions\(\.\.\.\) or None$"):  # fmt: skip
+        RuntimeOptions(str(tmp_path), shield=ShieldSection())  # type: ignore[arg-type]
+
+
+def test_sac_edge_run_checks_its_options_once(pendulum_bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sac-edge run`` checks every flag once, before any work (``compose.validate``); the runtime it makes
+    takes the options as checked."""
+    from sac_edge.edge_runtime.config import RuntimeOptions
+    from sac_edge.edge_runtime.run import run_command
+
+    checks: list[str] = []
+    check = RuntimeOptions.check
+
+    def counted(self: RuntimeOptions) -> None:
+        checks.append(self.bundle)
+        check(self)
+
+    monkeypatch.setattr(RuntimeOptions, "check", counted)
+    cfg = RunConfig.of(str(pendulum_bundle), backend="onnxruntime", duration=0.2, rate_hz=50.0, warm_cache=False)
+    summary = run_command(cfg, lambda _: None)
+    assert summary.schedule.stopped_by == "duration" and checks == [str(pendulum_bundle)]

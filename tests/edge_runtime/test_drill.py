@@ -13,7 +13,7 @@ from docs_tables import documented
 
 from sac_edge.edge_runtime.cli import main
 from sac_edge.edge_runtime.drill import FAULTS
-from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+from sac_edge.edge_runtime.runtime import BackendSection, Runtime, RuntimeOptions
 
 
 def test_drill_runs_every_fault_both_ways(enveloped_bundle: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -53,10 +53,11 @@ def test_bad_drill_flags_are_one_line(
 
 def test_the_runtime_ramps_in_with_the_shield_and_not_in_guards_mode(enveloped_bundle: Path) -> None:
     obs = np.array([1.0, 0.0, 0.5], np.float32)
-    with Runtime(RunConfig.of(str(enveloped_bundle), backend="onnxruntime", shield="guards")) as plain:
+    guards = RuntimeOptions(str(enveloped_bundle), backend=BackendSection(kind="onnxruntime"), shield=None)
+    with Runtime(guards) as plain:
         policy = plain.act(obs).copy()
         assert plain.shield is None and plain.summary().shield == {"mode": "guards"}
-    options = RunConfig.of(str(enveloped_bundle), backend="onnxruntime", ramp_steps=4, slew=(0,))
+    options = RuntimeOptions.of(str(enveloped_bundle), backend="onnxruntime", ramp_steps=4, slew=(0,))
     with Runtime(options) as runtime:
         first = runtime.act(obs).copy()
         np.testing.assert_allclose(first, policy / 4, rtol=1e-5, atol=1e-6)  # a quarter of the way from 0

@@ -17,8 +17,15 @@ import pytest
 
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.lockfile import pid_lock
+from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.promotion import LastGoodStore
-from sac_edge.edge_runtime.runtime import RunConfig, Runtime, RuntimeState, RuntimeSummary
+from sac_edge.edge_runtime.runtime import (
+    Runtime,
+    RuntimeOptions,
+    RuntimeState,
+    RuntimeSummary,
+    StoppedServing,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,8 +62,8 @@ def test_the_readme_loop_fine_tunes_promotes_and_keeps_the_last_good_weights(
     json.dumps(summary.to_dict(), default=str)  # a plain record, as telemetry writes it
 
 
-def _runtime(bundle: Path, **options: Any) -> Runtime:
-    options = RunConfig.of(str(bundle), backend="onnxruntime", **options)
+def _runtime(bundle: Path, **flags: Any) -> Runtime:
+    options = RuntimeOptions.of(str(bundle), backend="onnxruntime", **flags)
     return Runtime(options, obs_low=[-1, -1, -8], obs_high=[1, 1, 8])
 
 
@@ -114,9 +121,15 @@ def test_misuse_is_refused_with_one_line(pendulum_bundle: Path) -> None:
     with pytest.raises(SacEdgeError, match=r"after close\(\)"):
         runtime.tick()
     with pytest.raises(SacEdgeError, match="obs_low must be 3 numbers"):
-        Runtime(RunConfig(bundle=str(pendulum_bundle)), obs_low=[0, 0]).open()
-    with pytest.raises(SacEdgeError, match="--promotion-window"):  # the options are checked at construction
-        Runtime(RunConfig.of(str(pendulum_bundle), finetune=True, promotion_window=0))
+        Runtime(RuntimeOptions(bundle=str(pendulum_bundle)), obs_low=[0, 0]).open()
+    with pytest.raises(SacEdgeError, match="--promotion-window"):  # the options are checked when made
+        RuntimeOptions.of(str(pendulum_bundle), finetune=True, promotion_window=0)
+    with pytest.raises(SacEdgeError, match="--promotion-window"):  # sac-edge run's config: its runtime options
+        RunConfig.of(str(pendulum_bundle), finetune=True, promotion_window=0).runtime_options()
+    with pytest.raises(SacEdgeError, match=r"^Runtime takes RuntimeOptions, got RunConfig; pass RuntimeOptions"):
+        Runtime(RunConfig.of(str(pendulum_bundle)))  # type: ignore[arg-type]
+    with pytest.raises(SacEdgeError, match=r"^Runtime takes RuntimeOptions, got dict; pass RuntimeOptions"):
+        Runtime({"bundle": str(pendulum_bundle)})  # type: ignore[arg-type]
 
 
 def test_backend_errors_stop_serving_at_the_limit(
@@ -143,8 +156,8 @@ def test_backend_errors_stop_serving_at_the_limit(
 def test_no_torch_without_fine_tuning(pendulum_bundle: Path) -> None:
     code = (
         "import sys, numpy as np\n"
-        "from sac_edge.edge_runtime.runtime import RunConfig, Runtime\n"
-        f"with Runtime(RunConfig.of({str(pendulum_bundle)!r}, backend='auto', auto_calls=5)) as rt:\n"
+        "from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions\n"
+        f"with Runtime(RuntimeOptions.of({str(pendulum_bundle)!r}, backend='auto', auto_calls=5)) as rt:\n"
         "    rt.act(np.zeros(3, np.float32)); rt.tick()\n"
         "print(rt.summary().torch_imported, 'torch' in sys.modules)\n"
     )
@@ -171,7 +184,7 @@ def test_the_lifecycle_states(pendulum_bundle: Path) -> None:
 
 def test_warming_up_before_each_step_changes_nothing_act_keeps(enveloped_bundle: Path) -> None:
     """``warm_up`` runs the real step on scratch state: a runtime warmed three times before every step sends
-    the same actions and reports the same counts and shield figures as one never warmed, through faults,
+    the same actions and reports the same counts (the shield's included) as one never warmed, through faults,
     fallbacks, ramps and episode restarts."""
     rng = np.random.default_rng(8)
     # at 1 Hz the inference budget is half a second: no step overruns on a busy machine, which would make
@@ -191,8 +204,121 @@ def test_warming_up_before_each_step_changes_nothing_act_keeps(enveloped_bundle:
             if rng.random() < 0.02:
                 for runtime in runtimes:
                     runtime.observe(obs, np.zeros(1, np.float32), 0.0, obs, True, False)
-        figures = [r.summary() for r in runtimes]
+        summaries = [r.summary() for r in runtimes]
     keep = ("steps", "obs_nonfinite", "obs_out_of_range", "obs_held", "action_clipped", "shield", "episodes")
-    assert figures[0].inference_overruns == figures[1].inference_overruns == 0
-    assert [getattr(figures[0], k) for k in keep] == [getattr(figures[1], k) for k in keep]
-    assert figures[0].shield["fallbacks"] > 5 and figures[0].shield["ramps"] > 0
+    assert summaries[0].inference_overruns == summaries[1].inference_overruns == 0
+    assert [getattr(summaries[0], k) for k in keep] == [getattr(summaries[1], k) for k in keep]
+    assert summaries[0].shield["fallbacks"] > 5 and summaries[0].shield["ramps"] > 0
+
+
+@pytest.mark.parametrize("shield", ["on", "guards"])
+def test_hold_steps_without_inferring_through_the_fallback_and_counts_it(pendulum_bundle: Path, shield: str) -> None:
+    """``hold`` is the step of a loop whose input is stale: the last action held (the shield's ``hold``
+    fallback, or the action guard's last safe action without a shield), counted as a step and as held, and
+    with a shield one fallback that ramps back to the policy once ``act`` steps again."""
+    obs = np.array([1.0, 0.0, 0.5], np.float32)
+    flags = dict(shield=shield, ramp_steps=3, shield_window=2, stuck_steps=0, rate_hz=1.0)
+    with _runtime(pendulum_bundle, **flags) as runtime:
+        sent = [runtime.act(obs).tolist() for _ in range(5)]
+        assert (sent[0] != sent[-1]) is (shield == "on")  # the shield's ramp from the safe action at the start
+        errors: list[BaseException] = []
+        worker = threading.Thread(target=lambda: errors.extend(_raised(runtime.hold, obs)), name="ros-timer")
+        worker.start()
+        worker.join()
+        assert len(errors) == 1 and "'ros-timer'" in str(errors[0])  # the control thread's call, like act
+        held = [runtime.hold(obs).tolist() for _ in range(4)] + [runtime.hold(None).tolist()]
+        assert held == [sent[-1]] * 5, (sent, held)
+        after = [runtime.act(obs).tolist() for _ in range(6)]
+        now = runtime.summary()
+    assert (now.steps, now.obs_held, now.obs_nonfinite, now.obs_malformed) == (16, 5, 0, 0)
+    assert now.inference_overruns == 0 and now.backend_errors == 0
+    assert after == [sent[-1]] * 6  # the fallback held the policy's action; back to it (a ramp from there)
+    s = now.shield
+    if shield == "guards":
+        assert s["mode"] == "guards"
+        return
+    assert (s["fallbacks"], s["fallback_causes"]["not_inferred"], s["fallback_steps"]) == (1, 1, 6), s
+    assert s["ramps"] == 1, s  # back to the policy through the ramp once the window of clear steps passed
+
+
+def _raised(call: Any, *args: Any) -> list[BaseException]:
+    try:
+        call(*args)
+    except SacEdgeError as err:
+        return [err]
+    return []
+
+
+def test_hold_before_open_is_refused_in_one_line(pendulum_bundle: Path) -> None:
+    with pytest.raises(SacEdgeError, match=r"^Runtime.hold\(\) before open\(\)"):
+        _runtime(pendulum_bundle).hold(np.zeros(3, np.float32))
+
+
+def test_warming_up_leaves_a_weight_swaps_ramp_to_act(enveloped_bundle: Path) -> None:
+    """After a weight swap (``Shield.weights_swapped``, which the fine-tuner calls on each swap) the shield
+    blends the new policy in over ``ramp_steps`` steps. ``warm_up`` before each step runs the step on the
+    scratch shield: it neither starts nor advances that ramp, nor counts anything ``act`` counts, so the
+    warmed runtime ramps exactly as one never warmed."""
+    flags = dict(ramp_steps=4, rate_hz=1.0)  # at 1 Hz no step overruns on a busy machine
+    runtimes = [_runtime(enveloped_bundle, **flags) for _ in range(2)]
+    states = iter(np.array([0.1, 0.0, 0.05 + 0.001 * t], np.float32) for t in range(100))  # inside the envelope,
+    # never repeated: neither a fallback nor a stuck sensor stops the ramp
+
+    def step(warm_ups: int) -> None:
+        obs = next(states)
+        for _ in range(warm_ups):
+            assert warmed.warm_up(obs)
+        assert warmed.act(obs).tolist() == plain.act(obs).tolist()
+
+    with runtimes[0] as plain, runtimes[1] as warmed:
+        for _ in range(6):  # past the start's ramp
+            step(3)
+        shields = [r.shield for r in runtimes]
+        assert all(s is not None and s.ramp.left == 0 and not s.falling_back for s in shields), shields
+        keep = ("steps", "obs_nonfinite", "obs_out_of_range", "obs_held", "action_clipped", "inference_overruns")
+        before = warmed.summary()
+        obs = next(states)
+        for _ in range(20):
+            assert warmed.warm_up(obs)
+        after = warmed.summary()  # nothing act keeps was counted
+        assert [getattr(after, k) for k in keep] == [getattr(before, k) for k in keep] and after.shield == before.shield
+        for runtime in runtimes:
+            runtime.shield.weights_swapped()  # type: ignore[union-attr]
+        for _ in range(20):  # before the next step, as the scheduler warms up: the swap is still act's
+            assert warmed.warm_up(obs)
+        swapped = warmed.summary()
+        assert swapped.steps == before.steps and swapped.shield["swap_ramps"] == 0
+        assert [s.ramp.left for s in shields] == [0, 0]  # type: ignore[union-attr]
+        for n in range(6):
+            step(3)
+            assert [s.ramp.left for s in shields] == [max(4 - n - 1, 0)] * 2, n  # type: ignore[union-attr]
+        summaries = [r.summary() for r in runtimes]
+    assert summaries[0].shield == summaries[1].shield and summaries[0].shield["swap_ramps"] == 1
+    assert summaries[0].steps == summaries[1].steps == 12 and summaries[1].inference_overruns == 0
+
+
+def test_a_hung_inference_goes_to_the_hang_policy_on_the_watchdogs_thread(
+    pendulum_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call past ``inference_timeout``: the runtime stops serving, then tells its ``HangPolicy`` once, on the
+    inference watchdog's thread, while the control thread is still inside the call; when the call returns,
+    ``act`` raises."""
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "security"))
+    from hostile_graphs import long_chain, plant
+
+    bundle = Path(shutil.copytree(pendulum_bundle, tmp_path / "bundle"))
+    plant(bundle, long_chain(depth=200))  # about a second a call on one core: long past 50 ms
+    told: list[tuple[str, str, RuntimeState]] = []
+
+    class Recorded:
+        def hung(self, reason: str) -> None:
+            told.append((reason, threading.current_thread().name, runtime.state))
+
+    options = RuntimeOptions.of(str(bundle), backend="onnxruntime", inference_timeout=0.05, rate_hz=1.0)
+    runtime = Runtime(options, hang=Recorded())
+    with runtime:
+        with pytest.raises(StoppedServing, match="inference watchdog: a onnxruntime call ran") as raised:
+            runtime.act(np.zeros(3, np.float32))
+        assert raised.value.hung and runtime.state is RuntimeState.STOPPED
+    assert told == [(runtime.stopped_by, "sac-edge-inference-watchdog", RuntimeState.STOPPED)]
+    assert runtime.summary().inference_hang["limit_s"] == 0.05  # type: ignore[index]

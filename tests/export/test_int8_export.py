@@ -26,6 +26,7 @@ def test_int8_bundle_with_gate(pendulum_run: Path, tmp_path: Path, capsys: pytes
     assert summary["int8_verdict"] == gate["verdict"] in ("accepted", "rejected")
     assert summary["int8"]["mean_action_error_frac"] == gate["mean_action_error_frac"]
     assert manifest["calibration"]["method"] == "percentile"
+    assert manifest["calibration"]["states"]["calibration"] == 256  # --calib-samples reached the calibration
     if gate["verdict"] == "accepted":
         assert {"policy.int8.onnx", "calib.cache"} <= set(manifest["files"])
         model = onnx.load(str(out / "policy.int8.onnx"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,11 @@ import pytest
 from harness import Procs, ros_env, why_not
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edge_runtime"))  # bundles.py, shared with those tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))  # hostile_graphs.py: plant()
+
+import numpy as np
+from hostile_graphs import plant
+from onnx import TensorProto, helper, numpy_helper
 
 from bundles import make_bundle
 from sac_edge.common.bundle_format import LAYOUT
@@ -42,6 +48,50 @@ def pendulum_layout_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+def fails_past_speed(limit: float) -> bytes:
+    """A Pendulum policy graph (allowed ops only) that acts ``0.5 * cos(theta)`` and fails inside the graph once
+    the joint's speed (the observation's third value) is past ``limit``: a backend that breaks mid-run. The
+    action is reshaped to ``[1, 1 + (|speed| > limit)]``, which one value cannot fill."""
+    f32 = np.float32
+    consts = {
+        "act_w": np.array([[0.5], [0.0], [0.0]], f32), "speed_w": np.array([[0.0], [0.0], [1.0]], f32),
+        "minus": np.array(-1.0, f32), "limit": np.array(limit, f32), "big": np.array(1e6, f32),
+        "zero": np.array(0.0, f32), "one": np.array(1.0, f32), "flat": np.array([1], np.int64),
+        "base": np.array([1.0, 1.0], f32), "unit": np.array([0.0, 1.0], f32),
+    }  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["obs", "act_w"], ["a"]),
+        helper.make_node("MatMul", ["obs", "speed_w"], ["v"]),
+        helper.make_node("Mul", ["v", "minus"], ["neg_v"]),
+        helper.make_node("Max", ["v", "neg_v"], ["speed"]),
+        helper.make_node("Sub", ["speed", "limit"], ["over"]),
+        helper.make_node("Mul", ["over", "big"], ["steep"]),
+        helper.make_node("Clip", ["steep", "zero", "one"], ["past"]),  # 1 past the limit, else 0
+        helper.make_node("Reshape", ["past", "flat"], ["past1"]),
+        helper.make_node("Mul", ["past1", "unit"], ["extra"]),
+        helper.make_node("Add", ["base", "extra"], ["shape_f"]),
+        helper.make_node("Cast", ["shape_f"], ["shape"], to=TensorProto.INT64),
+        helper.make_node("Reshape", ["a", "shape"], ["action"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "policy",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 1])],
+        [numpy_helper.from_array(v, k) for k, v in consts.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+@pytest.fixture(scope="session")
+def failing_bundle(pendulum_layout_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Pendulum layout bundle whose backend fails once the pendulum swings faster than 3 rad/s."""
+    bundle = Path(shutil.copytree(pendulum_layout_bundle, tmp_path_factory.mktemp("ros2") / "failing"))
+    plant(bundle, fails_past_speed(3.0), ["Add", "Cast", "Clip", "MatMul", "Max", "Mul", "Reshape", "Sub"])
+    return bundle
+
+
 #: HalfCheetah-v5's 17 inputs and 6 actions as a 6-joint robot's layout (an unused gripper joint ignored).
 MULTI_LAYOUT = {
     "observation": [
@@ -57,6 +107,19 @@ MULTI_LAYOUT = {
 @pytest.fixture(scope="session")
 def multi_layout_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return bundle_with_layout(tmp_path_factory.mktemp("ros2") / "multi", "HalfCheetah-v5", MULTI_LAYOUT)
+
+
+#: The same robot commanded by joint position, the action joints in another order than the state's, with a
+#: scale and an offset (command = 0.05 + 0.5 * action).
+POSITION_LAYOUT = {
+    **MULTI_LAYOUT,
+    "action": {"interface": "position", "joints": ["j5", "j4", "j3", "j2", "j1", "j0"], "scale": 0.5, "offset": 0.05},
+}
+
+
+@pytest.fixture(scope="session")
+def position_layout_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return bundle_with_layout(tmp_path_factory.mktemp("ros2") / "position", "HalfCheetah-v5", POSITION_LAYOUT)
 
 
 @pytest.fixture

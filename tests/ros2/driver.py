@@ -1,6 +1,8 @@
 """Steps a lifecycle node through its transitions over ``~/change_state`` (no ``ros2`` CLI), in its own
 process (the ROS venv). ``driver.py NODE configure activate sleep:2 deactivate cleanup`` prints one JSON line
-per step ({"step", "ok", "state"}); ``diagnostics:N`` waits for N /diagnostics messages and prints the last."""
+per step ({"step", "ok", "state"}); ``state`` prints the state; ``diagnostics:N`` waits for N /diagnostics
+messages and prints the last; ``parameters`` prints every parameter's descriptor (``ros2 param describe``'s
+fields); ``set:NAME=VALUE`` sets one (VALUE as YAML, as ``ros2 param set`` takes it) and prints the outcome."""
 
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ import sys
 import time
 
 import rclpy
+import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
+from rcl_interfaces.srv import DescribeParameters, ListParameters, SetParameters
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 
 IDS = {
     "configure": Transition.TRANSITION_CONFIGURE,
@@ -27,6 +32,21 @@ def call(node: Node, client, request, timeout: float = 60.0):  # type: ignore[no
     future = client.call_async(request)
     rclpy.spin_until_future_complete(node, future, timeout_sec=timeout)
     return future.result()
+
+
+def describe(node: Node, target: str) -> dict:
+    """Every parameter of ``target``: its type, description, read-only flag and range."""
+    listing = node.create_client(ListParameters, f"{target}/list_parameters")
+    describing = node.create_client(DescribeParameters, f"{target}/describe_parameters")
+    listing.wait_for_service(timeout_sec=30.0)
+    names = list(call(node, listing, ListParameters.Request()).result.names)
+    descriptors = call(node, describing, DescribeParameters.Request(names=names)).descriptors
+    out = {}
+    for d in descriptors:
+        ranges = [(r.from_value, r.to_value) for r in (*d.integer_range, *d.floating_point_range)]
+        out[d.name] = {"type": d.type, "description": d.description, "read_only": d.read_only,
+                       "dynamic": d.dynamic_typing, "range": ranges[0] if ranges else None}  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -46,6 +66,23 @@ def main() -> None:
             end = t + float(step.split(":")[1])
             while time.monotonic() < end:
                 rclpy.spin_once(node, timeout_sec=0.05)
+            continue
+        if step == "state":
+            state = call(node, get, GetState.Request())
+            label = state.current_state.label if state else None
+            print(json.dumps({"step": step, "ok": state is not None, "state": label}), flush=True)
+            continue
+        if step == "parameters":
+            print(json.dumps({"step": step, "ok": True, "parameters": describe(node, target)}), flush=True)
+            continue
+        if step.startswith("set:"):
+            name, _, text = step[4:].partition("=")
+            client = node.create_client(SetParameters, f"{target}/set_parameters")
+            client.wait_for_service(timeout_sec=30.0)
+            value = yaml.safe_load(text)
+            request = SetParameters.Request(parameters=[Parameter(name, value=value).to_parameter_msg()])
+            result = call(node, client, request).results[0]
+            print(json.dumps({"step": step, "ok": result.successful, "reason": result.reason}), flush=True)
             continue
         if step.startswith("diagnostics:"):
             seen: list = []

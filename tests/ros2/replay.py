@@ -13,8 +13,9 @@ from mcap_ros2.reader import read_ros2_messages
 from sac_edge.common.bundle import open_bundle
 from sac_edge.common.config import parse_value
 from sac_edge.common.io_layout import bundle_layout
-from sac_edge.edge_runtime.ros2_node import run_options
-from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+from sac_edge.edge_runtime.config import RunConfig
+from sac_edge.edge_runtime.ros2_node import run_config
+from sac_edge.edge_runtime.runtime import Runtime
 
 
 def main() -> None:
@@ -24,7 +25,7 @@ def main() -> None:
     assert layout is not None
     obs = np.empty(layout.obs_dim, np.float32)
     pending, compared, equal, stale_events, first_mismatch = None, 0, 0, [], None
-    with Runtime(run_options(bundle_dir, flags)) as runtime:
+    with Runtime(run_config(bundle_dir, flags).check()) as runtime:
         for item in read_ros2_messages(recording):
             topic, msg = item.channel.topic, item.ros_msg
             if topic.endswith("joint_states"):

@@ -4,6 +4,7 @@ lifecycle driver, each in its own process on the loopback (harness.py)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from pathlib import Path
 
 import pytest
 from harness import PYTHON, Procs, cpu_seconds, ros_children, shm, sockets, wait_for
+
+from sac_edge.common.config import options
+from sac_edge.edge_runtime.config import RunConfig
 
 pytestmark = [pytest.mark.ros2, pytest.mark.timeout(240)]
 PARAMS_FILE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "sac_edge.params.yaml"
@@ -124,8 +128,12 @@ def test_stale_input_falls_back_within_the_age_limit_and_ramps_back(
     wait_for(recovered, 60, "the sim's pause and its end")
     time.sleep(0.3)
     assert procs.stop("node", signal.SIGINT) == 0
-    node = _summary(procs)["node"]
+    summary = _summary(procs)
+    node = summary["node"]
     assert node["stale_steps"] > 0 and node["stale_by"].get("state", 0) == node["stale_steps"], node
+    # every stale step was Runtime.hold's: in the runtime's counts, each step once
+    assert summary["runtime"]["obs_held"] == node["held_steps"] == node["stale_steps"], (summary["runtime"], node)
+    assert summary["runtime"]["steps"] == node["steps"], (summary["runtime"]["steps"], node["steps"])
     assert node["shield_fallbacks"] >= 1 and node["shield_ramps"] >= 1, node  # back through the ramp
     replay = subprocess.run(
         [str(PYTHON), "tests/ros2/replay.py", str(pendulum_layout_bundle), str(record), "backend=onnxruntime"],
@@ -143,6 +151,100 @@ def test_stale_input_falls_back_within_the_age_limit_and_ramps_back(
     assert "input state is stale" in err and "the shield's fallback" in err
 
 
+def test_activation_ramps_in_from_the_robots_current_joint_positions(
+    procs: Procs, position_layout_bundle: Path, tmp_path: Path
+) -> None:
+    """Position commands: the first commands after activate are the robot's own pose (joints j0..j5 at 0.1 * i,
+    the sim's start), each joint under its own name, and leave it through the ramp, not from the safe action."""
+    sim_out, ramp = tmp_path / "sim.json", 40
+    procs.start("sim", "tests/ros2/sim.py", "--kind", "multi", "--rate-hz", "50", "--out", str(sim_out))
+    procs.node(position_layout_bundle, "rate_hz:=50.0", "max_input_age_ms:=1000.0", f"ramp_steps:={ramp}",
+               "backend:=onnxruntime")  # fmt: skip
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure", "sleep:1", "activate", "sleep:1")
+    assert [s["ok"] for s in steps] == [True] * 3, steps
+    assert "ramp from the robot's pose" in procs.text("node", "err")
+    assert procs.stop("node", signal.SIGINT) == 0
+    commands = _sim_record(sim_out, procs)["commands"]
+    assert len(commands) > 5, commands
+    pose = [0.1 * i for i in (5, 4, 3, 2, 1, 0)]  # the layout's action order
+    # command = 0.05 + 0.5 * action, actions in [-1, 1]: a ramp step moves a command by at most 0.5 * 2 / ramp
+    for k, command in enumerate(commands[:3], start=1):
+        assert max(abs(c - p) for c, p in zip(command, pose)) <= k * 1.0 / ramp + 1e-9, (k, command, pose)
+
+
+def test_a_backend_failing_mid_run_takes_the_node_to_the_error_state_with_a_safe_command_and_a_summary(
+    procs: Procs, failing_bundle: Path, tmp_path: Path
+) -> None:
+    """The policy's backend fails once the pendulum swings past 3 rad/s (a few steps in): the runtime stops
+    serving, the node publishes the last safe action, goes through the error state (``on_error``) to
+    unconfigured, writes its summary, publishes nothing more, and still ends cleanly on SIGINT."""
+    sim_out, summary_file = tmp_path / "sim.json", tmp_path / "summary.json"
+    procs.start("sim", "tests/ros2/sim.py", "--lockstep", "--out", str(sim_out))
+    procs.node(failing_bundle, "mode:=message", "max_input_age_ms:=5000.0", "max_backend_errors:=1",
+               "ramp_steps:=0", f"summary:={summary_file}", *EXACT)  # fmt: skip
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure", "activate")
+    assert [s["ok"] for s in steps] == [True] * 3, steps
+    wait_for(summary_file.is_file, 60, "the summary the error state writes")
+    time.sleep(0.6)  # the sim re-sends its state every 0.2 s without a command: the node must stay silent
+    state = procs.run("driver-state", "tests/ros2/driver.py", "/sac_edge", "state")
+    assert state[-1]["state"] == "unconfigured", state  # ErrorProcessing's on_error succeeded
+    summary = json.loads(summary_file.read_text())
+    runtime, node = summary["runtime"], summary["node"]
+    assert runtime["closed"] and runtime["backend_errors"] == 1, runtime
+    assert runtime["stopped_by"].startswith("backend error x1: "), runtime["stopped_by"]
+    assert node["state"] == "error" and node["stopped_by"] == runtime["stopped_by"], node
+    assert runtime["steps"] >= 4, runtime  # mid-run: the policy served first
+    err = procs.text("node", "err")
+    errors = [line for line in err.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 2, errors  # one line as it stops, one from on_error
+    assert "the runtime stopped serving: backend error x1: RuntimeError" in errors[0], errors
+    assert errors[0].endswith("going to the error state") and "safe command published" in errors[1], errors
+    assert procs.stop("node", signal.SIGINT) == 0
+    assert _summary(procs)["runtime"]["stopped_by"] == runtime["stopped_by"]
+    commands = _sim_record(sim_out, procs)["commands"]
+    # the failed step's held action, then the safe command at deactivate and at on_error: the last action the
+    # policy served (hold), and nothing after it
+    assert len(commands) == runtime["steps"] + 2, (len(commands), runtime["steps"])
+    assert commands[-4:] == [commands[-4]] * 4 and commands[-5] != commands[-4], commands[-6:]
+
+
+#: ``sac-edge run`` options that are the robot's or the node's own schedule's business: no node parameter.
+NOT_PARAMETERS = {"env", "seed", "shift", "json", "duration", "spin_us", "warm_cache"}
+
+
+def test_every_run_option_is_a_parameter_and_the_realtime_ones_apply_at_configure(
+    procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
+) -> None:
+    """Every ``sac-edge run`` option (but the robot's and the schedule's) is a node parameter under its flag's
+    name, described, with its flag's range; fixed once configured; ``cpus`` pins the thread every step runs on
+    (and with root, ``idle_latency_us`` holds the PM QoS cap while active), as ``sac-edge run`` applies them."""
+    cpu = max(os.sched_getaffinity(0))
+    root = os.access("/dev/cpu_dma_latency", os.W_OK)  # the PM QoS request needs root
+    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", "50", "--out", str(tmp_path / "sim.json"))
+    procs.node(pendulum_layout_bundle, "backend:=onnxruntime", "rate_hz:=50.0", f"cpus:={cpu}",
+               *(["idle_latency_us:=1000"] if root else []))  # fmt: skip
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "parameters", "configure", "activate",
+                      "set:cpus='0'", "set:max_input_age_ms=100.0", "sleep:0.5")  # fmt: skip
+    assert [s["ok"] for s in steps] == [True, True, True, True, False, True], steps
+    assert "cpus is fixed once configured" in steps[4]["reason"], steps[4]
+    declared = steps[1]["parameters"]
+    expected = {o.dest for o in options(RunConfig)} - NOT_PARAMETERS
+    assert expected - set(declared) == set(), sorted(expected - set(declared))
+    assert all(declared[name]["description"] for name in expected)
+    assert declared["realtime_priority"]["range"] == [0, 99], declared["realtime_priority"]
+    idle = declared["idle_latency_us"]
+    assert idle["range"] == [-1, 2**31 - 1] and "-1: not set" in idle["description"], idle
+    assert declared["lock_memory"]["type"] == 1 and declared["cpus"]["dynamic"]  # bool; A,B, a number or a list
+    err = procs.text("node", "err")
+    assert f"realtime: pinned to CPUs [{cpu}]" in err, err
+    assert ("CPU idle states limited to 1000 us" in err) is root, err
+    threads = [  # the node's main thread (the executor's): the wheels' bootstrapper re-executes Python as a child
+        Path(f"/proc/{pid}/task/{pid}/status").read_text() for pid in ros_children(procs.procs["node"][0])
+    ]
+    assert any(f"Cpus_allowed_list:\t{cpu}\n" in status for status in threads), threads
+    assert procs.stop("node", signal.SIGINT) == 0
+
+
 def test_a_wrong_joint_name_fails_configure_in_one_line(
     procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
 ) -> None:
@@ -155,6 +257,25 @@ def test_a_wrong_joint_name_fails_configure_in_one_line(
         len(errors) == 1
         and "joint 'pendulum' of the layout is missing (the robot publishes pendulum_joint)" in errors[0]
     )
+
+
+@pytest.mark.parametrize(
+    ("parameter", "line"),
+    [
+        ("shield:=sometimes", "--shield must be one of on, guards, got 'sometimes'"),
+        ("slew:=fast", "parameter slew: expected a comma-separated list, got 'fast'; set it as its flag takes it"),
+    ],
+)
+def test_a_bad_run_option_fails_configure_in_one_line_before_the_robot_is_waited_for(
+    procs: Procs, pendulum_layout_bundle: Path, parameter: str, line: str
+) -> None:
+    """No robot publishes, and configure would wait 100 s for its first state: a bad value is refused first."""
+    procs.node(pendulum_layout_bundle, "backend:=onnxruntime", "first_state_timeout_s:=100.0", parameter)
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure")
+    assert steps[-1] == {**steps[-1], "step": "configure", "ok": False, "state": "unconfigured"}, steps
+    assert steps[-1]["s"] < 30, steps  # not the wait for a JointState
+    errors = [line for line in procs.text("node", "err").splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and f"configure failed: {line}" in errors[0], errors
 
 
 def test_without_rclpy_the_command_says_so_in_one_line(pendulum_layout_bundle: Path) -> None:

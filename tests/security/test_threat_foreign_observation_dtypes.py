@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bundles import make_bundle
-from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 
 NUMERIC = (
     np.float16, np.float32, np.float64, np.longdouble,
@@ -28,7 +28,8 @@ def enveloped(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _runtime(bundle: Path, **flags: object) -> Runtime:
-    return Runtime(RunConfig.of(str(bundle), backend="onnxruntime", **flags), obs_low=[-1, -1, -8], obs_high=[1, 1, 8])
+    options = RuntimeOptions.of(str(bundle), backend="onnxruntime", **flags)
+    return Runtime(options, obs_low=[-1, -1, -8], obs_high=[1, 1, 8])
 
 
 def _fine(action: np.ndarray) -> bool:

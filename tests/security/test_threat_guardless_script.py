@@ -19,12 +19,12 @@ SCRIPT = textwrap.dedent(
 
     import numpy as np
 
-    from sac_edge.edge_runtime.runtime import BackendSection, FinetuneSection, RunConfig, Runtime
+    from sac_edge.edge_runtime.runtime import BackendSection, FinetuneSection, Runtime, RuntimeOptions
 
     bundle, counter, ft_dir = sys.argv[1:4]
     with open(counter, "a") as f:  # "connect to the robot and home it": once per run of the top level
         f.write("ran\\n")
-    options = RunConfig(
+    options = RuntimeOptions(
         bundle=bundle,
         backend=BackendSection(kind="onnxruntime"),
         finetune=FinetuneSection(enabled=True, finetune_dir=ft_dir, finetune_buffer=2000, finetune_batch=32),

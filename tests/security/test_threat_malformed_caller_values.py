@@ -14,14 +14,14 @@ import pytest
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.edge_runtime import compose
-from sac_edge.edge_runtime.config import RunConfig
+from sac_edge.edge_runtime.config import RuntimeOptions
 from sac_edge.edge_runtime.runtime import Runtime
 
 OBS = np.array([1.0, 0.0, 0.5], np.float32)
 
 
 def _runtime(bundle: Path, **bounds: Any) -> Runtime:
-    return Runtime(RunConfig.of(str(bundle), backend="onnxruntime"), **bounds)
+    return Runtime(RuntimeOptions.of(str(bundle), backend="onnxruntime"), **bounds)
 
 
 @pytest.mark.parametrize(

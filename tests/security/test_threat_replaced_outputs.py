@@ -1,5 +1,5 @@
 """Threat: an output flag that names a file already there (a typo naming ``finetune/last_good.safetensors``,
-a figure of last week's run). ``sac-edge drill --out``/``--save`` and ``sac-edge bench --out``/``--plot``
+a measurement of last week's run). ``sac-edge drill --out``/``--save`` and ``sac-edge bench --out``/``--plot``
 refuse an existing file in one line, exit 2, before the bundle is opened, unless told ``--overwrite`` (as
 ``sac-edge run --telemetry`` needs ``--overwrite-telemetry``); the write claims the path, so a file that
 appears meanwhile is not replaced either (``test_threat_concurrent_writers``)."""

@@ -16,7 +16,7 @@ import pytest
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.edge_runtime import bench, compose
 from sac_edge.edge_runtime import cli as edge_cli
-from sac_edge.edge_runtime.config import RunConfig
+from sac_edge.edge_runtime.config import RuntimeOptions
 from sac_edge.edge_runtime.runtime import Runtime
 
 USABLE_SET = os.sched_getaffinity(0)
@@ -43,7 +43,7 @@ def test_threads_past_the_usable_cpus_are_one_line_before_any_session(
 
 def test_the_library_refuses_them_at_construction(bundle: Path) -> None:
     with pytest.raises(SacEdgeError, match="--threads must be from 1 to"):
-        Runtime(RunConfig.of(str(bundle), threads=USABLE + 1))
+        Runtime(RuntimeOptions.of(str(bundle), threads=USABLE + 1))
 
 
 def test_the_bound_is_the_affinity_mask_not_the_machine(bundle: Path) -> None:

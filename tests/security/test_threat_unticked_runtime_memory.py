@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+from sac_edge.edge_runtime.runtime import BackendSection, Runtime, RuntimeOptions
 
 CALLS = 1_000_000
 WARM = 200_000
@@ -21,7 +21,7 @@ def _rss_bytes() -> int:
 
 
 def test_a_million_steps_without_tick_keep_memory_flat(clean_bundle: Path) -> None:
-    options = RunConfig.of(str(clean_bundle), backend="onnxruntime", shield="guards")
+    options = RuntimeOptions(str(clean_bundle), backend=BackendSection(kind="onnxruntime"), shield=None)
     obs = np.array([0.1, 0.2, 0.3], np.float32)
     with Runtime(options) as runtime:
         act = runtime.act
@@ -35,4 +35,4 @@ def test_a_million_steps_without_tick_keep_memory_flat(clean_bundle: Path) -> No
     assert summary.steps == CALLS
     # the lists of d879073 grew ~47 bytes a step: 37 MB over these 800k steps
     assert grown < 4 * 2**20, f"memory grew {grown / 2**20:.1f} MiB over {CALLS - WARM} act calls without tick"
-    assert summary.latency_us["p50"] > 0  # the steps are in the run's figures without a tick
+    assert summary.latency_us["p50"] > 0  # the steps are in the run's latency without a tick

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.sweep.cli import main
+from sac_edge.sweep.cli import main, parse_args
 from sac_edge.sweep.grid import parse_grid, plan
 
 
@@ -36,6 +36,7 @@ def test_no_grid_is_one_default_point_and_seeds_start_at_seed(tmp_path: Path) ->
         ("amp=off,int4", "--grid amp: expected one of auto, off, bf16, fp16, got 'int4'"),
         ("hidden=64,x", "--grid hidden: expected a comma-separated list, got '64,x'"),
         ("seed=1,2", "--grid seed: the sweep sets it; use --seeds"),
+        ("profile=0,50", "--grid profile: the sweep sets it; use sac-train --profile on one run"),
         ("actor_lr", "expected KEY=V1,V2,..."),
         ("gamma=0.9,,0.99", "empty or repeated value"),
     ],
@@ -72,6 +73,29 @@ def test_sweep_checks_before_ray(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "nothing to resume" in _one_error_line(capsys)
     assert main(["--out", str(tmp_path), "--seeds", "0"]) == 2
     assert "--seeds must be at least 1" in _one_error_line(capsys)
+    assert main(["--out", str(tmp_path / "c"), "--price-per-hour", "-1"]) == 2  # bca952e: every trial failed
+    assert "--price-per-hour must be a price of 0 or more" in _one_error_line(capsys)
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("profile", [["--profile"], ["--profile", "5"]])
+def test_profile_is_refused_before_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str], profile: list[str]) -> None:
+    """Every trial would stop once profiled: on bca952e the sweep started Ray and ranked runs cut short."""
+    out = tmp_path / "sweep"
+    assert main(["--out", str(out), *profile]) == 2
+    assert "--profile stops a run once profiled, so no sweep takes it" in _one_error_line(capsys)
+    assert not out.exists()
+
+
+def test_negative_numbers_are_values_of_the_sweep_s_and_sac_train_s_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--target-return -1e9`` was "expected one argument" on bca952e (only ``=-1e9`` worked)."""
+    sweep, _ = parse_args(["--target-return", "-1e9", "--out", "s"])
+    assert sweep.target_return == -1e9
+    assert main(["--target-return", "-inf", "--out", "s"]) == 2
+    assert "--target-return must be a finite number, got -inf" in _one_error_line(capsys)
+    assert main(["--init-alpha", "-5e-2", "--out", "s"]) == 2  # a value of sac-train's, refused as a value
+    assert "--init-alpha must be a positive number, got -0.05" in _one_error_line(capsys)
+    assert not Path("s").exists()
 
 
 def test_without_the_extra_the_message_says_how_to_install(

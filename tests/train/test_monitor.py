@@ -1,5 +1,5 @@
 """``--log-every``: interval rates (a resumed run's own), time per update, memory and CPU in metrics.csv; the
-cost figures of the summary (train/monitor.py, train/cost.py)."""
+cost numbers of the summary (train/monitor.py, train/cost.py)."""
 
 import csv
 import json

@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from sac_edge.common.config import parse_config
 from sac_edge.train import threads
 from sac_edge.train.cli import main
+from sac_edge.train.config import TrainConfig
 from sac_edge.train.threads import ThreadWatch, UsableCpus
+from sac_edge.train.trainer import Trainer
 
 
 @pytest.fixture(autouse=True)
@@ -126,6 +129,15 @@ def test_the_watch_goes_back_up_when_the_neighbour_leaves():
     assert line is not None and "2 threads run 210 updates/s again" in line and watch.threads == 2
 
 
+def test_the_watch_reads_its_window_and_retry_when_built(monkeypatch: pytest.MonkeyPatch):
+    """Bound as defaults when the module loaded, a test could not shorten them for one run."""
+    monkeypatch.setattr(threads, "WINDOW_S", 0.01)
+    monkeypatch.setattr(threads, "RETRY_S", 0.05)
+    watch = ThreadWatch(2, ceiling=2)
+    assert (watch.window_s, watch.retry_s) == (0.01, 0.05)
+    assert ThreadWatch(2, ceiling=2, window_s=1.0).window_s == 1.0
+
+
 def test_torch_threads_restores_the_count():
     torch.set_num_threads(2)
     with threads.torch_threads(1):
@@ -156,3 +168,35 @@ def test_forced_threads_are_saved_without_a_probe(tmp_path: Path, capsys):
     record = json.loads((run / "config.json").read_text())["choices"]["threads"]
     assert record == {"threads": 1, "mode": "forced", "usable_cpus": threads.usable_cpus().n}
     assert torch.get_num_threads() == 1
+
+
+def test_a_kept_step_down_is_written_to_config_json(tmp_path: Path):
+    """The watch of a real run fed windows whose times the test sets (a fake clock: a busy neighbour's effect
+    on a shared 2-core machine is no fixture). On bca952e only the start's choice was saved."""
+    run = tmp_path / "run"
+    trainer = Trainer(parse_config(TrainConfig, [*ARGS, "--out", str(run)], "sac-train", ""))
+    trainer.envs.close()
+    start = json.loads((run / "config.json").read_text())["choices"]["threads"]
+    assert start["current"] == start["threads"] and start["changes"] == []
+    assert trainer.thread_watch is not None
+    # From 2 threads, whatever the probe chose on this machine (1 here when busy: nothing to step down from).
+    trainer.thread_watch = watch = ThreadWatch(2, ceiling=2, window_s=1.0, retry_s=1e9)
+    for rate in (200, 40, 120):  # steady, collapsed, then one window at 1 thread: faster, kept
+        trainer._watch_threads(rate, 1.0)
+    assert watch.threads == 1
+    record = json.loads((run / "config.json").read_text())["choices"]["threads"]
+    (change,) = record["changes"]
+    assert {k: change[k] for k in ("from", "to", "before", "after", "step")} == {
+        "from": 2, "to": 1, "before": 40.0, "after": 120.0, "step": 0
+    }  # fmt: skip
+    assert change["reason"].startswith("updates/s fell to 40 with 2 threads") and change["wall_s"] >= 0
+    assert record["current"] == 1 and record["mode"] == "auto" and record["threads"] == start["threads"]
+
+
+def test_a_resumed_run_keeps_the_thread_record_before_it(tmp_path: Path, capsys):
+    run = tmp_path / "run"
+    assert main([*ARGS, "--out", str(run)]) == 0
+    first = json.loads((run / "config.json").read_text())["choices"]["threads"]
+    assert main(["--resume", "--total-steps", "200", "--out", str(run), "--no-progress", "--threads", "1"]) == 0
+    record = json.loads((run / "config.json").read_text())["choices"]["threads"]
+    assert record == {"threads": 1, "mode": "forced", "usable_cpus": threads.usable_cpus().n, "earlier": first}

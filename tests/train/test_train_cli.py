@@ -49,6 +49,17 @@ def test_unknown_env_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(("flag", "text", "message"), [
+    ("--price-per-hour", "-2.5e-1", "--price-per-hour must be a price of 0 or more, got -0.25"),
+    ("--init-alpha", "-inf", "--init-alpha must be a finite number, got -inf"),
+])  # fmt: skip
+def test_a_negative_number_is_read_as_the_flag_s_value(tmp_path, capsys, flag, text, message):
+    """On bca952e ``--price-per-hour -2.5e-1`` was "expected one argument" (only ``=-2.5e-1`` worked)."""
+    assert main([flag, text, "--out", str(tmp_path / "r")]) == 2
+    assert message in _one_error_line(capsys)
+    assert not (tmp_path / "r").exists()
+
+
 def test_discrete_action_space_is_refused(tmp_path, capsys):
     assert main(["--env", "CartPole-v1", "--out", str(tmp_path / "r")]) == 2
     assert "continuous Box action space" in _one_error_line(capsys)

@@ -29,8 +29,9 @@ def _onnx_precisions(bundle: Bundle) -> tuple[str, ...]:
 
 
 def _cpu_precisions(bundle: Bundle) -> tuple[str, ...]:
-    """No fp16 on the CPU provider: it computes an fp16 graph no faster than fp32 here (bench: 10.5 vs
-    10.0 us at batch 1, 96 vs 95 us at 64), so the governor's cheaper-precision step would buy nothing."""
+    """No fp16 on the CPU provider: without fp16 arithmetic it is no faster than fp32, so the governor's
+    cheaper-precision step would buy nothing, and 1.16's arm64 build cannot load it (BENCHMARKS.md, "Edge:
+    aarch64 under emulation")."""
     return tuple(p for p in _onnx_precisions(bundle) if p != FP16)
 
 
@@ -70,9 +71,9 @@ def _open_cuda(bundle: Bundle, precision: str, options: BackendOptions) -> Backe
 # The TensorRT provider's engine covers batch 1..TRT_EP_MAX_BATCH (as the TensorRT backend's profiles do);
 # act_batch runs larger batches in chunks of it.
 TRT_EP_MAX_BATCH = 64
-# onnxruntime takes explicit TensorRT profiles (trt_profile_min/opt/max_shapes, microsoft/onnxruntime#15546) in
-# 1.16 at the latest; before, the provider
-# builds its engine for the shapes it has seen and rebuilds it when a batch size outside them arrives.
+# onnxruntime takes explicit TensorRT profiles (trt_profile_min/opt/max_shapes, microsoft/onnxruntime#15546)
+# from 1.16 at the latest; before, the provider builds its engine for the shapes it has seen and rebuilds it
+# when a batch size outside them arrives.
 TRT_EP_PROFILES_FROM = (1, 16)
 
 

@@ -31,7 +31,8 @@ file if it does not
 (with onnxruntime's ConstantSharing off while saving, which would merge small initializers under new
 names, the device pin and the newest onnxruntime both pass for the int8 graphs). Why fp32 refills in
 place and int8 rebuilds: prepacking off costs fp32 about nothing at batch 1 and the int8 graph about
-half its speed (``bench/weight_swap.py --sections prepack``, BENCHMARKS.md).
+half its speed (``bench/weight_swap.py --sections prepack``, BENCHMARKS.md "Edge: weight swaps out of
+the control process").
 
 A swapped session never uses the TensorRT execution provider's engine cache: onnxruntime keys that cache by
 the model file name, graph names and versions, not by weight values, so it would load the engine built
@@ -276,13 +277,14 @@ class OrtBackend(Backend):
         return bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        # (obs_dim,) or (1, obs_dim), stored into the bound input in place (BENCHMARKS.md, "Edge: the action
-        # in the control loop", hot path)
+        # (obs_dim,) or (1, obs_dim), stored into the bound input in place: the control loop's path, measured
+        # in BENCHMARKS.md, "Edge: the action in the control loop"
         self._obs[:] = obs
         self.entered += 1  # before reading the generation: a swap waits for this call to return
         runner = self._runner
         try:
-            runner.session.run_with_iobinding(runner.binding)  # no RunOptions: passing one adds a cost to every call
+            # No RunOptions: one per call cost more than the inference (docs/journal/benchmarks.md, "Stop 11")
+            runner.session.run_with_iobinding(runner.binding)
         finally:
             self.left += 1
         return self._action_row

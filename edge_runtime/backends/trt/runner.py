@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from sac_edge.common.manifest import sha256_bytes
 from ..base import Backend, BackendOptions, PendingSwap
 from .cuda import open_cuda
 from .plans import PlanKey, cached_plan_paths, find_plan, record_parity, write_sidecar
+
+if TYPE_CHECKING:
+    from sac_edge.common.trt.builder import CudaDevice
 
 INPUT, OUTPUT = "obs", "action"
 MAX_BATCH = 64
@@ -70,7 +73,7 @@ class TensorRTBackend(Backend):
     def __init__(self, bundle: Bundle, precision: str, options: BackendOptions) -> None:
         super().__init__(bundle.spec)
         from sac_edge.common.trt.api import create, import_tensorrt, make_logger, numpy_type
-        from sac_edge.common.trt.builder import PROFILES, cuda_device, cuda_problem, engine_inputs
+        from sac_edge.common.trt.builder import cuda_device, cuda_problem, engine_inputs
         from sac_edge.common.trt.generations import generation, refit_is_safe
 
         trt = import_tensorrt()
@@ -93,18 +96,7 @@ class TensorRTBackend(Backend):
                     f"{bundle.path}: {self.onnx.name} is missing; TensorRT {self.generation.name} builds {precision} "
                     "from it (re-export the bundle with this sac-export)"
                 )
-            # hashes of the verified bytes: the files are never reopened by path (build included)
-            calib_sha = sha256_bytes(bundle.read(self.calib)) if self.calib is not None else ""
-            key = PlanKey(
-                trt.__version__,
-                device.name,
-                device.compute_capability,
-                sha256_bytes(bundle.read(self.onnx)),
-                precision,
-                calib_sha,
-                options.refit and not self.rebuild_swaps,
-                PROFILES,
-            )
+            key = self._plan_key(device, options.refit and not self.rebuild_swaps)
             self.key, self.engine_dir = key, options.engine_dir or bundle.path / ENGINES_DIR
             plan, self.skipped = find_plan(bundle, key, self.engine_dir)
             self.device = f"{device.name} (sm {device.compute_capability})"
@@ -130,6 +122,18 @@ class TensorRTBackend(Backend):
             self._action = np.zeros(dims[1], np.float32)
             self._bind(self._runner)
             self.opened_as = "build" if self.built else "cached plan"  # the registry gates it before it serves
+
+    def _plan_key(self, device: CudaDevice, refit: bool) -> PlanKey:
+        """What a cached plan must have been built from and for: hashes of the verified bytes, so the files are
+        never reopened by path (the build included)."""
+        from sac_edge.common.trt.builder import PROFILES
+
+        calib_sha = sha256_bytes(self.bundle.read(self.calib)) if self.calib is not None else ""
+        onnx_sha = sha256_bytes(self.bundle.read(self.onnx))
+        version = self.trt.__version__
+        return PlanKey(
+            version, device.name, device.compute_capability, onnx_sha, self.precision, calib_sha, refit, PROFILES
+        )
 
     def parity_checked(self, passed: bool, result: Mapping[str, Any]) -> str:
         """The gate's result goes into a cached plan's sidecar; a failing cached plan is deleted (sidecar kept)."""

@@ -6,11 +6,11 @@ deltas between reads; core clocks from ``cpufreq/scaling_cur_freq`` (kHz) where 
 frequency factor is 1); the Jetson GPU load from the devfreq device's ``load`` file (per mille, jetson-stats
 jtop/core/gpu.py) and its clock from ``cur_freq``/``max_freq``.
 
-Xavier NX figures: idle 3.2 W is assumed; the core and GPU coefficients are then fitted to two public
+Xavier NX: idle 3.2 W is assumed; the core and GPU coefficients are then fitted to two public
 VDD_IN readings in mode 15W_6CORE: 4.07 W at 6 x ~6 % CPU @ 1190 MHz with GR3D 62 % @ 306 MHz
 (DataDog jetson_test.go) and 14.70 W at 6 x 100 % CPU @ 1420 MHz with GR3D 99 % (ai-blox stress test).
 nvpmodel ids 0-2 are 15 W modes, 3-5 10 W, 6-8 20 W (JetPack >= 4.6); the estimate is capped at that
-budget. The generic host figures are an order of magnitude for a desktop x86 core, useful only to
+budget. The generic host coefficients are an order of magnitude for a desktop x86 core, useful only to
 compare backends within one run, and are never used on a Jetson: a Jetson without a fitted model (every one
 but Xavier NX so far) gets no estimate at all. Neither is a measurement.
 """
@@ -70,8 +70,8 @@ def _text(path: Path) -> str:
 
 
 def model_for(root: Path) -> PowerModel | None:
-    """Xavier NX figures for its nvpmodel mode (default 15 W) when the device tree says Xavier NX; None on any
-    other Jetson (the desktop figures would be 2x off: an Orin Nano idles near 5 W, not 10); generic elsewhere."""
+    """Xavier NX coefficients for its nvpmodel mode (default 15 W) when the device tree says Xavier NX; None on any
+    other Jetson (the desktop coefficients would be 2x off: an Orin Nano idles near 5 W, not 10); generic elsewhere."""
     if "Xavier NX" in board_model(root):
         mode = nvpmodel_mode(root)
         return XAVIER_NX_15W if mode is None else XAVIER_NX_MODELS.get(mode, XAVIER_NX_15W)
@@ -81,7 +81,7 @@ def model_for(root: Path) -> PowerModel | None:
 def read_cpu_times(root: Path) -> dict[int, tuple[int, int]]:
     """Per-core (busy, total) jiffies from ``/proc/stat``; idle and iowait count as not busy.
 
-    Empty when the file is absent (not Linux), which leaves the estimate at the idle figure.
+    Empty when the file is absent (not Linux), which leaves the estimate at the idle power.
     """
     times = {}
     text = _text(root / "proc/stat")

@@ -2,7 +2,7 @@
 
 ``nvmlDeviceGetPowerUsage`` gives the board's draw in mW; ``nvmlDeviceGetTotalEnergyConsumption`` an
 energy counter in mJ since the driver loaded (Volta and newer; NVML API reference, "Device Queries").
-This is the GPU board only, not the host CPU: pair it with RAPL for a whole-machine figure. Jetson
+This is the GPU board only, not the host CPU: pair it with RAPL for a whole-machine reading. Jetson
 boards have no NVML power (use the INA3221 readers).
 """
 

@@ -3,9 +3,9 @@
 Layout (kernel Documentation/power/powercap/powercap.rst and Documentation/ABI/testing/sysfs-class-powercap)::
 
     /sys/class/powercap/intel-rapl:0/       name "package-0", energy_uj, max_energy_range_uj
-    /sys/class/powercap/intel-rapl:0:0/     name "core"   (inside the package figure)
-    /sys/class/powercap/intel-rapl:0:1/     name "uncore" (inside the package figure)
-    /sys/class/powercap/intel-rapl:0:2/     name "dram"   (NOT inside the package figure)
+    /sys/class/powercap/intel-rapl:0:0/     name "core"   (inside the package reading)
+    /sys/class/powercap/intel-rapl:0:1/     name "uncore" (inside the package reading)
+    /sys/class/powercap/intel-rapl:0:2/     name "dram"   (NOT inside the package reading)
     /sys/class/powercap/intel-rapl:1/       name "psys"   (whole platform, where present)
 
 ``energy_uj`` is a free-running counter that wraps to 0 after ``max_energy_range_uj``; the sensor

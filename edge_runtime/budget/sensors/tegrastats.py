@@ -9,11 +9,11 @@ jetson_test.go holds real lines from TX1, TX2, Nano, AGX Xavier, Xavier NX and O
     SWAP 139/3886MB (cached 2MB)
     CPU [9%@1190,off,...]                per-core load % @ MHz, "off" for a parked core;
     cpu [17%,13%]@408 EMC 1%@408 GR3D 3%@76   the old (L4T 28) forms: one frequency for all cores, no _FREQ
-    EMC_FREQ 10%@1600  GR3D_FREQ 62%@306 GR3D_FREQ 0%@[305,305] on Orin (one figure per GPC)
+    EMC_FREQ 10%@1600  GR3D_FREQ 62%@306 GR3D_FREQ 0%@[305,305] on Orin (one value per GPC)
     AO@41.5C CV0@-256C                   temperatures (-256C: sensor off)
     VDD_IN 4067/4067                     rail current/average mW (L4T 32)
     VDD_IN 5299mW/5299mW                 the same with units (L4T 34+); AGX Xavier rails are "GPU 0/0"
-    VDD_IN 9761mW/9761mW/9761mW          three figures (newer releases; the first two are cur/avg)
+    VDD_IN 9761mW/9761mW/9761mW          three values (newer releases; the first two are cur/avg)
     VDD_SOC -12mW/-8mW                   a rail may read below zero: kept as it is, not dropped
 """
 
@@ -47,7 +47,7 @@ _TEMP = re.compile(r"\b(\w+)@(-?\d+(?:\.\d+)?)C\b")
 # "NAME cur/avg" with optional mW units, followed by a space or the end (so "RAM 1/2MB" is not a rail);
 # the same pattern as DataDog's powerMetricsSender.go.
 # A rail can read negative (a current sense offset on a lightly loaded rail) and newer releases print a third
-# figure (``VDD_IN 9761mW/9761mW/9761mW``); each figure may carry "mW".
+# value (``VDD_IN 9761mW/9761mW/9761mW``); each value may carry "mW".
 _MW = r"(-?\d+)(?:mW)?"
 _RAIL = re.compile(rf"\b([A-Za-z][A-Za-z0-9_]*) {_MW}/{_MW}(?:/{_MW})?(?=\s|$)")
 
@@ -97,7 +97,7 @@ class TegrastatsSample:
         return sum(loads) / len(loads) if loads else None
 
     def power_reading(self, timestamp: float, source: str = "tegrastats") -> PowerReading:
-        """The rails as a :class:`PowerReading` (instantaneous figures; VDD_IN/POM_5V_IN is the total)."""
+        """The rails as a :class:`PowerReading` (instantaneous values; VDD_IN/POM_5V_IN is the total)."""
         if not self.rails:
             raise SensorError("this tegrastats line has no power rails (run tegrastats as root on some boards)")
         rails_w = {name: rail.cur_mw / 1000.0 for name, rail in self.rails.items()}

@@ -105,7 +105,7 @@ def test_int8_is_judged_against_the_qdq_graph_it_implements(pendulum_bundle: Pat
     assert parity.passed and parity.rule == "mean action error / range against the Q/DQ graph"
     assert parity.value == 0.0 and parity.limit == INT8_KERNEL_FRAC
     assert parity.max_abs > 0  # against fp32 int8 really differs...
-    assert parity.fp32_value == parity.reference_fp32_value  # ...by exactly the Q/DQ graph's own figure
+    assert parity.fp32_value == parity.reference_fp32_value  # ...by exactly the Q/DQ graph's own error
     assert parity.fp32_limit == pytest.approx(parity.fp32_value + INT8_KERNEL_FRAC)
     assert "against fp32" in parity.line()
 
@@ -240,7 +240,7 @@ def test_a_swap_a_gated_kind_does_not_take_is_never_published(
     with pytest.raises(ParityError, match=r"new-device/fp32 \(swap\).*; the swap was not applied") as err:
         backend.swap_weights(weights)
     assert not err.value.parity.passed and backend.swaps == 0
-    assert backend.parity is not None and backend.parity["when"] == "session"  # the serving engine's figures
+    assert backend.parity is not None and backend.parity["when"] == "session"  # the serving engine's verdict
     np.testing.assert_array_equal(backend.act_batch(states), before)  # still the weights that passed
     np.testing.assert_array_equal(np.stack([backend.act(s).copy() for s in states[:8]]), before[:8])
     ungated = _kind("new-device", renamed, ())  # the same swap on a kind declared ungated is published
@@ -254,11 +254,11 @@ def test_auto_falls_back_past_a_backend_that_fails_the_gate(
     bundle, wrong = _perturbed(pendulum_bundle, tmp_path, "wrong.onnx")
     monkeypatch.setitem(KINDS, "onnxruntime-tensorrt", _kind("onnxruntime-tensorrt", wrong, ("fp32",)))
     lines: list[str] = []
-    chosen, figures = autoselect(
+    chosen, measured = autoselect(
         bundle, BackendOptions(), ["fp32"], ["onnxruntime-tensorrt", "onnxruntime"], 20, 5, lines.append
     )
     assert (chosen.name, chosen.precision) == ("onnxruntime", "fp32")
-    refused = [m for m in figures if m.backend == "onnxruntime-tensorrt"]
+    refused = [m for m in measured if m.backend == "onnxruntime-tensorrt"]
     assert refused and "parity gate FAILED" in str(refused[0].refusal) and "not served" in str(refused[0].refusal)
     assert any("onnxruntime-tensorrt/fp32: skipped (parity gate FAILED" in line for line in lines)
     chosen.close()
@@ -274,7 +274,7 @@ def test_every_device_kind_is_gated_at_every_precision_and_the_cpu_references_ar
     }
 
 
-def test_failed_plan_is_deleted_and_its_figures_stay_for_doctor(tmp_path: Path, pendulum_bundle: Path) -> None:
+def test_failed_plan_is_deleted_and_its_record_stays_for_doctor(tmp_path: Path, pendulum_bundle: Path) -> None:
     bundle, model = _perturbed(pendulum_bundle, tmp_path, "w.onnx")
     parity = check_backend(_engine(bundle, model), bundle, "cached plan")
     plan = tmp_path / "engines" / "policy.fp32.trt10.3.0-orin-sm87.plan"

@@ -81,7 +81,7 @@ def test_rails_volts_amps_and_total_agree_with_jetson_stats(name: str, tmp_path:
 
 
 def test_the_tree_totals() -> None:
-    """The figures the trees were written with (README): an Orin Nano at 4.74 W, AGX Orin summed."""
+    """The readings the trees were written with (README): an Orin Nano at 4.74 W, AGX Orin summed."""
     nano = detect_power_sensor(FIXTURES / "orin_nano_jp6").read()
     assert nano.total_w == pytest.approx(5064 * 936 / 1e6)
     agx = detect_power_sensor(FIXTURES / "agx_orin_jp6").read()  # no input rail: the sum, NC channels left out

@@ -33,7 +33,7 @@ def test_process_rss_and_peak_from_status(tmp_path: Path) -> None:
     status = root / f"proc/{PID}/status"
     status.write_text(status.read_text().replace("VmRSS:\t  174080 kB", "VmRSS:\t  215040 kB"))
     assert read_process_memory(PID, root).rss_mb == 210.0
-    assert read_process_memory(PID, root).peak_rss_mb == 210.0  # never below the current figure
+    assert read_process_memory(PID, root).peak_rss_mb == 210.0  # never below the current reading
     with pytest.raises(SensorError, match="cannot read"):
         read_process_memory(1, root)
 

@@ -53,7 +53,7 @@ def test_estimate_is_capped_at_the_power_mode_budget(tmp_path: Path) -> None:
 
 
 def test_model_reproduces_the_public_xavier_nx_lines() -> None:
-    """The coefficients were fitted to these two lines; a changed figure must still match them."""
+    """The coefficients were fitted to these two lines; a changed coefficient must still match them."""
     for name, gpu_clock, measured in (
         ("xavier_nx_root_datadog.log", 306 / 1109.25, 4.067),
         ("xavier_nx_jp46_nonroot.log", 1.0, 14.703),
@@ -68,6 +68,6 @@ def test_model_reproduces_the_public_xavier_nx_lines() -> None:
 
 def test_other_machines_get_the_generic_model(tmp_path: Path) -> None:
     assert model_for(tmp_path) is GENERIC_HOST
-    sensor = EstimatedSensor(tmp_path)  # no /proc/stat at all: idle figure, still labelled
+    sensor = EstimatedSensor(tmp_path)  # no /proc/stat at all: idle power, still labelled
     reading = sensor.read()
     assert reading.total_w == GENERIC_HOST.idle_w and not reading.measured

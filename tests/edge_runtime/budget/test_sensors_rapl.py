@@ -38,7 +38,7 @@ def test_power_is_package_plus_dram_energy_over_time(tmp_path: Path) -> None:
     sensor = RaplSensor(root, clock)
     clock.t += 2.0
     bump(root, "intel-rapl:0", 30_000_000)  # 30 J in 2 s -> 15 W
-    bump(root, "intel-rapl:0:0", 20_000_000)  # core: inside the package figure
+    bump(root, "intel-rapl:0:0", 20_000_000)  # core: inside the package reading
     bump(root, "intel-rapl:0:2", 4_000_000)  # dram: 2 W, added
     reading = sensor.read()
     assert reading.total_w == pytest.approx(17.0)

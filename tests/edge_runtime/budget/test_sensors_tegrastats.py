@@ -146,7 +146,7 @@ def test_log_sensor_reads_the_last_line_as_the_log_grows(tmp_path: Path) -> None
 
 def test_negative_rails_and_the_three_figure_form_are_kept() -> None:
     """A rail below zero (a sense offset on an idle rail) is a reading, not noise to drop; newer releases print
-    three figures per rail, whose first two are the instantaneous and the average power."""
+    three values per rail, whose first two are the instantaneous and the average power."""
     line = (
         "12-04-2026 10:00:00 RAM 3100/62841MB (lfb 5x4MB) SWAP 0/31421MB (cached 0MB) CPU [1%@1344,off] "
         "GR3D_FREQ 0% cpu@45.1C VDD_GPU 9761mW/9761mW/9761mW VDD_CPU_SOC_MSS 3120mW/3000mW/3410mW "

@@ -215,11 +215,11 @@ def _run_loop(
 ) -> dict[str, Any]:
     """``ControlLoop`` on a ``Runtime``, as ``sac-edge run`` composes them; the schedule's summary as a dict."""
     from sac_edge.edge_runtime.control.loop import ControlLoop, LoopSettings
-    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+    from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 
     space = env.observation_space
     # the whole period for an inference: an overrun would hold an action and change the trajectory
-    options = RunConfig.of(
+    options = RuntimeOptions.of(
         str(bundle),
         backend="onnxruntime",
         rate_hz=rate_hz,
@@ -243,7 +243,7 @@ class _ActionLog(gym.Wrapper):
 
 
 @pytest.mark.parametrize("warm", [True, False])
-def test_warm_cache_rehearses_each_step_and_serves_the_same_actions(
+def test_warm_cache_warms_up_before_each_step_and_serves_the_same_actions(
     pendulum_bundle: Path, warm: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from sac_edge.edge_runtime.backends.onnxrt.runner import OrtBackend
@@ -274,7 +274,7 @@ def test_warm_cache_rehearses_each_step_and_serves_the_same_actions(
         return summary["steps"], calls[0], env.actions[: min(late) - 1] if late else env.actions
 
     steps, inferences, actions = run(warm)
-    # a slot woken too late for a rehearsal goes without; the others rehearse at least once
+    # a slot woken too late for a warm-up goes without; the others warm up at least once
     assert inferences > steps if warm else inferences == steps
     _, _, reference = run(not warm)
     n = min(len(actions), len(reference))
@@ -306,13 +306,13 @@ class _Transcript(gym.Wrapper):
 def test_the_loop_sends_what_the_library_returns(pendulum_bundle: Path) -> None:
     """``sac-edge run``'s loop is a client of ``Runtime``: a fresh runtime given the loop's observations and
     transitions returns the very actions the loop sent (guards, shield and its restarts included)."""
-    from sac_edge.edge_runtime.runtime import RunConfig, Runtime
+    from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 
     env = _Transcript(gym.make("Pendulum-v1", max_episode_steps=30))  # episodes end: the shield restarts
     summary = _run_loop(pendulum_bundle, env, 50.0, 1.5)
     assert summary["steps"] == len(env.steps) > 60
     space = env.observation_space
-    options = RunConfig.of(str(pendulum_bundle), backend="onnxruntime", rate_hz=50.0, inference_budget=1.0)
+    options = RuntimeOptions.of(str(pendulum_bundle), backend="onnxruntime", rate_hz=50.0, inference_budget=1.0)
     with Runtime(options, obs_low=space.low, obs_high=space.high) as runtime:  # type: ignore[attr-defined]
         assert runtime.shield is not None  # the default: the shield shapes every action
         for obs, sent, next_obs, terminated, truncated in env.steps:

@@ -8,7 +8,7 @@ import pytest
 
 from sac_edge.common.envelope import Envelope
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
-from sac_edge.edge_runtime.control.shield import BlendRamp, Shield, ShieldSettings, SlewLimiter, StuckSensorDetector
+from sac_edge.edge_runtime.control.shield import BlendRamp, Shield, ShieldOptions, SlewLimiter, StuckSensorDetector
 
 LOW, HIGH = [-2.0, -1.0], [2.0, 1.0]
 
@@ -30,7 +30,7 @@ def unit_envelope(dim: int = 3, slew: list[float] | None = None) -> Envelope:
 
 def shield(**settings: object) -> Shield:
     events: list[dict[str, object]] = []
-    made = Shield(ShieldSettings(**settings), LOW, HIGH, unit_envelope(), events.append)  # type: ignore[arg-type]
+    made = Shield(ShieldOptions(**settings), LOW, HIGH, unit_envelope(), events.append)  # type: ignore[arg-type]
     made.events = events  # type: ignore[attr-defined]
     return made
 
@@ -49,9 +49,23 @@ def test_ramp_blends_in_from_the_safe_action() -> None:
     assert s.counts.fallbacks == 0
 
 
+def test_a_restart_ramps_from_the_plants_own_action_clipped_and_finite() -> None:
+    """``restart(origin)``: the ramp (and the slew limit, and a ``hold`` fallback) start where the plant is,
+    not at the safe action; a value outside the bounds is clipped, a non-finite one is the safe action's."""
+    s = shield(ramp_steps=4, slew=(0.6, 0.3))
+    policy = np.array([-2.0, 1.0], np.float32)
+    s.restart([1.6, float("nan")])
+    first = s.step(good(0), policy, True).copy()
+    # a quarter of the way from the origin (0.7, 0.25), the first slew-limited to 0.6 from the origin too
+    np.testing.assert_allclose(first, [1.0, 0.25])
+    s.restart([9.0, -0.2])
+    np.testing.assert_allclose(s.step(good(1), policy, False), [2.0, -0.2])  # not inferred: the origin, held
+    assert s.counts.fallbacks == 1 and s.counts.slew_limited == 1
+
+
 @pytest.mark.parametrize("window", [1, 3])
 def test_nan_burst_falls_back_after_the_window_and_comes_back_through_the_ramp(window: int) -> None:
-    s = shield(window=window, ramp_steps=2)
+    s = shield(shield_window=window, ramp_steps=2)
     policy = np.array([1.0, 0.5], np.float32)
     for t in range(5):
         s.step(good(t), policy, True)
@@ -76,7 +90,7 @@ def test_nan_burst_falls_back_after_the_window_and_comes_back_through_the_ramp(w
 
 
 def test_a_stuck_sensor_falls_back_at_the_kth_identical_observation() -> None:
-    s = shield(stuck_steps=4, window=3, fallback="fixed", safe_action=(0.5, 0.0))
+    s = shield(stuck_steps=4, shield_window=3, fallback="fixed", safe_action=(0.5, 0.0))
     policy = np.array([1.0, 1.0], np.float32)
     frozen = good(1)
     for k in range(1, 5):
@@ -95,7 +109,7 @@ def test_an_action_not_inferred_falls_back_on_that_step() -> None:
 
 
 def test_slew_limit_and_swap_ramp() -> None:
-    s = Shield(ShieldSettings(ramp_steps=2, slew=(0.5,)), LOW, HIGH, unit_envelope())
+    s = Shield(ShieldOptions(ramp_steps=2, slew=(0.5,)), LOW, HIGH, unit_envelope())
     a, b = np.array([2.0, 1.0], np.float32), np.array([-2.0, -1.0], np.float32)
     sent = [s.step(good(t), a, True).copy() for t in range(8)]
     assert np.abs(np.diff(np.array([[0.0, 0.0], *sent]), axis=0)).max() <= 0.5 + 1e-6
@@ -136,7 +150,7 @@ def test_the_per_step_check_agrees_with_the_envelope_on_every_kind_of_state() ->
         safe_action=np.zeros(2),
         facts={},
     )
-    s = Shield(ShieldSettings(), LOW, HIGH, envelope)
+    s = Shield(ShieldOptions(), LOW, HIGH, envelope)
     states = [low + (high - low) * rng.uniform(-0.1, 1.1, size=dim) for _ in range(3000)]
     for i in range(dim):
         for edge in (low[i], high[i]):
@@ -156,7 +170,7 @@ def test_the_per_step_check_agrees_with_the_envelope_on_every_kind_of_state() ->
 
 def test_random_faults_never_give_a_non_finite_or_out_of_bounds_action() -> None:
     rng = np.random.default_rng(0)
-    s = Shield(ShieldSettings(window=2, stuck_steps=3, ramp_steps=5, slew=(0.3, 0.1)), LOW, HIGH, unit_envelope())
+    s = Shield(ShieldOptions(shield_window=2, stuck_steps=3, ramp_steps=5, slew=(0.3, 0.1)), LOW, HIGH, unit_envelope())
     for _ in range(2000):
         obs = rng.standard_normal(3).astype(np.float32) * rng.choice([0.1, 10.0])
         if rng.random() < 0.1:
@@ -168,13 +182,13 @@ def test_random_faults_never_give_a_non_finite_or_out_of_bounds_action() -> None
             s.restart()
 
 
-def test_settings_problems_name_the_flag() -> None:
-    assert ShieldSettings().problem(2) is None
-    assert "--shield " in str(ShieldSettings(mode="x").problem())
-    assert "--stuck-steps" in str(ShieldSettings(stuck_steps=1).problem())
-    assert "--slew" in str(ShieldSettings(slew=(0.1, 0.2, 0.3)).problem(2))
-    assert "--safe-action" in str(ShieldSettings(safe_action=(0.0,)).problem(2))
-    assert "--ramp-steps" in str(ShieldSettings(ramp_steps=-1).problem())
+def test_option_problems_name_the_flag() -> None:
+    assert ShieldOptions().problem(2) is None
+    assert "--shield-window" in str(ShieldOptions(shield_window=-1).problem())
+    assert "--stuck-steps" in str(ShieldOptions(stuck_steps=1).problem())
+    assert "--slew" in str(ShieldOptions(slew=(0.1, 0.2, 0.3)).problem(2))
+    assert "--safe-action" in str(ShieldOptions(safe_action=(0.0,)).problem(2))
+    assert "--ramp-steps" in str(ShieldOptions(ramp_steps=-1).problem())
 
 
 @pytest.mark.parametrize("policy", ["clip", "hold"])
@@ -186,7 +200,7 @@ def test_the_runtime_path_on_the_guards_floats_matches_the_step_on_arrays(policy
     dimension (the guard's second pass) and lie outside it on the others."""
     rng = np.random.default_rng(5)
     declared = (np.array([-5.0, -5.0, -5.0]), np.array([0.95, 5.0, 5.0]))
-    settings = ShieldSettings(window=2, stuck_steps=3, ramp_steps=4, slew=(0.3, 0.2))
+    settings = ShieldOptions(shield_window=2, stuck_steps=3, ramp_steps=4, slew=(0.3, 0.2))
     events: tuple[list[dict[str, object]], list[dict[str, object]]] = ([], [])
     arrays, floats = (Shield(settings, LOW, HIGH, unit_envelope(), e.append) for e in events)
     obs_guards = (ObservationGuard(*declared, policy), ObservationGuard(*declared, policy, floats.obs_bounds))

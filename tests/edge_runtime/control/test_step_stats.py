@@ -1,4 +1,4 @@
-"""The loop's per-step records: exact per-second figures, whole-run histograms, lists reused in place."""
+"""The loop's per-step records: exact per-second percentiles, whole-run histograms, lists reused in place."""
 
 from __future__ import annotations
 
@@ -27,6 +27,6 @@ def test_fold_gives_the_window_exactly_and_keeps_the_run() -> None:
         all_latency.append(window)
     breakdown = stats.breakdown()
     assert breakdown["loop_work_us"]["p50"] == 7.0 and breakdown["env_step_us"]["max"] == 20.0
-    assert stats.figures("latency")["max"] == latency_us(np.concatenate(all_latency))["max"]
+    assert stats.run_percentiles_us("latency")["max"] == latency_us(np.concatenate(all_latency))["max"]
     hist = breakdown["histogram_us"]
     assert hist["edges"] == list(HISTOGRAM_EDGES_US) and sum(hist["step"]) == sum(hist["late_wakeup"]) == 3000

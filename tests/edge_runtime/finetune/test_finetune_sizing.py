@@ -26,6 +26,7 @@ def test_large_budget_keeps_the_requested_sizes() -> None:
     assert (sizing.buffer_rows, sizing.batch_size, sizing.grad_checkpoint) == (1_000_000, 256, False)
     assert sizing.estimate_mb["total"] < 4000 * 0.9 - 300
     assert _size(None).reasons == ("no --mem-budget-mb: requested sizes",)
+    assert sizing.reasons[1:] == ("requested sizes fit",) and sizing.reasons[0].startswith("room 3300.0 MiB")
 
 
 def test_small_budget_shrinks_the_replay_first_then_checkpoints_then_the_batch() -> None:
@@ -36,6 +37,11 @@ def test_small_budget_shrinks_the_replay_first_then_checkpoints_then_the_batch()
     tight = _size((300.0 + full - 0.5) / 0.9)  # a little less than the smallest replay at batch 256 needs
     # Two hidden critic layers: checkpointing would keep more than it frees, so the batch shrinks instead.
     assert tight.buffer_rows >= 1000 and tight.batch_size < 256 and not tight.grad_checkpoint
+    assert fewer.reasons[1:] == (f"replay 1000000 -> {fewer.buffer_rows} rows to fit",)
+    assert tight.reasons[1:] == (
+        f"replay 1000000 -> {tight.buffer_rows} rows to fit",
+        f"batch 256 -> {tight.batch_size} to fit",
+    )
 
 
 def test_deep_critics_checkpoint_before_the_batch_shrinks() -> None:
@@ -55,9 +61,10 @@ def test_deep_critics_checkpoint_before_the_batch_shrinks() -> None:
     assert checkpointed.batch_size == 256 and checkpointed.grad_checkpoint
     smaller_batch = size((300.0 + estimate(deep, 1000, 8192, 64, True)["total"] + 0.2) / 0.9)
     assert smaller_batch.batch_size < 256 and smaller_batch.grad_checkpoint
+    assert checkpointed.reasons[1:] == ("gradient checkpointing in the critics to fit",)
 
 
-def test_budget_below_the_smallest_learner_is_refused_with_figures() -> None:
+def test_budget_below_the_smallest_learner_is_refused_with_the_numbers() -> None:
     with pytest.raises(SacEdgeError, match=r"cannot hold fine-tuning: 300\.0 MiB resident"):
         _size(320.0)
 

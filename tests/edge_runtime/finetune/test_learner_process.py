@@ -19,7 +19,7 @@ from finetune_bundles import make_tuner
 from sac_edge.common.bundle import open_bundle
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.compose import finetune_settings
-from sac_edge.edge_runtime.config import RunConfig
+from sac_edge.edge_runtime.config import RuntimeOptions
 from sac_edge.edge_runtime.finetune.experience import StagingRing, ring_layout
 from sac_edge.edge_runtime.finetune.finetuner import FineTuner, read_learner_tensors
 from sac_edge.edge_runtime.finetune.learner_process import (
@@ -27,6 +27,7 @@ from sac_edge.edge_runtime.finetune.learner_process import (
     INT8,
     N_STATES,
     WINDOW_OK,
+    Channels,
     LearnerLoop,
     _send,
     weights_layout,
@@ -50,7 +51,7 @@ def built_loop(bundle_dir: Path, **settings: Any) -> Iterator[tuple[LearnerLoop,
     tensors = read_learner_tensors(bundle)
     where = {"bundle": str(bundle_dir), "manifest": bundle.manifest}
     int8_on = settings.pop("int8", False)
-    section = finetune_settings(RunConfig.of(str(bundle_dir), finetune=True, **{**SETTINGS, **settings}))
+    section = finetune_settings(RuntimeOptions.of(str(bundle_dir), finetune=True, **{**SETTINGS, **settings}))
     cfg = {"main_baseline_mb": 0.0, "int8": int8_on, **where, "tensor_names": list(tensors)}
     int8 = {}
     if cfg["int8"]:
@@ -67,7 +68,7 @@ def built_loop(bundle_dir: Path, **settings: Any) -> Iterator[tuple[LearnerLoop,
         control["knobs"][:] = (1.0, 32, 0)
         ring = StagingRing(ring_block.arrays, np.array(spec.action_low), np.array(spec.action_high))
         main_end, child_end = mp.Pipe()
-        built = LearnerLoop.build(spec, ring, weights, control, child_end, cfg, section)
+        built = LearnerLoop.build(spec, Channels(ring, weights, control, child_end), cfg, section)
         rng = np.random.default_rng(0)
         for _ in range(200):
             obs = rng.normal(0, 1, spec.obs_dim).astype(np.float32)
@@ -234,3 +235,18 @@ def test_a_killed_child_is_reported(finetune_bundle: Path, tmp_path: Path) -> No
         tuner.stop()
     assert tuner.error == "SacEdgeError: the learner process exited with signal 9"
     assert not any(p.exists() for p in segments)
+
+
+def test_non_finite_losses_reset_the_whole_learner(loop: tuple[LearnerLoop, Any, SharedArrays]) -> None:
+    import torch
+
+    learner_loop, conn, _ = loop
+    good = learner_loop.good_actor()
+    learner_loop.learner.load_actor({k: 3.0 * v for k, v in good.items()})
+    learner_loop._metrics = learner_loop.learner.update(32)._replace(finite=torch.tensor(False))
+    learner_loop.propose()
+    message = _receive(conn)
+    assert message["kind"] == "event" and message["counter"] == "nonfinite"
+    assert message["reason"].startswith("non-finite losses") and message["updates"] == 0
+    np.testing.assert_allclose(learner_loop.learner.actor_weights()["actor.mu.weight"], good["actor.mu.weight"])
+    assert learner_loop.pending is None and not learner_loop.awaiting
