@@ -54,6 +54,9 @@ MAX_EPISODES = 1000
 thousand Pendulum episodes is already hours of drill."""
 MAX_STEPS = 1_000_000
 """``--max-steps`` and the fault's step counts at most (an env without a time limit ends at ``--max-steps``)."""
+MAX_FAULT_SCALE = 1e4
+"""``--spike-sigma`` and ``--ood-scale`` at most: a larger fault says nothing a smaller one does not, and 1e308
+overflowed the env's state (a drill returning -inf)."""
 START_STEPS = 20
 """The largest action change in the first this many steps of an episode is reported as the start jump."""
 SWAP_NOISE = 0.5
@@ -151,8 +154,8 @@ def check_drill(cfg: DrillConfig) -> tuple[str, ...]:
             "start; lower --fault-start or raise --max-steps"
         )
     for flag, number in (("--spike-sigma", cfg.spike_sigma), ("--ood-scale", cfg.ood_scale)):
-        if not 0 < number < math.inf:
-            raise SacEdgeError(f"{flag} must be a positive number, got {number}")
+        if not 0 < number <= MAX_FAULT_SCALE:
+            raise SacEdgeError(f"{flag} must be a positive number of at most {MAX_FAULT_SCALE:g}, got {number}")
     if not 0 < cfg.drop_rate <= 1:
         raise SacEdgeError(f"--drop-rate is a probability in (0, 1], got {cfg.drop_rate}")
     cfg.shield.check()

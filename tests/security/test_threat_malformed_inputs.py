@@ -288,13 +288,16 @@ def test_a_gate_of_the_wrong_type_is_one_line(
 
 
 #: Drill sizes that never end. On bca952e each ran (the env made, the episodes started): 10^9 episodes per fault
-#: and mode, or a fault that never starts within --max-steps (a drill that measures nothing, exit 0).
+#: and mode, or a fault that never starts within --max-steps (a drill that measures nothing, exit 0); a
+#: spike or push of 1e308 standard deviations exited 0 with a return of -inf.
 DRILL_CASES = [
     (["--episodes", "1000000000"], "--episodes must be at most 1000, got 1000000000"),
     (["--max-steps", "100000000000"], "--max-steps must be at most 1000000, got 100000000000"),
     (["--fault-steps", "100000000000"], "--fault-steps must be at most 1000000"),
     (["--delay-steps", "100000000000"], "--delay-steps must be at most 1000000"),
     (["--max-steps", "5", "--fault-start", "50"], "--fault-start 50 is not below --max-steps 5"),
+    (["--spike-sigma", "1e308"], "--spike-sigma must be a positive number of at most 10000, got 1e+308"),
+    (["--ood-scale", "1e308"], "--ood-scale must be a positive number of at most 10000, got 1e+308"),
 ]
 
 
