@@ -1,6 +1,6 @@
 """sac-sweep end to end on an embedded local Ray: a 2 x 2 sweep whose run dirs export, its resume, and a
 crashing trial that does not stop the others. Each sweep starts and stops its own Ray (about 10 s), so the
-trials are short (one evaluation each) and the crashing trial shares the storage test's second sweep."""
+crashing trial shares the storage test's second sweep."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from sac_edge.sweep.cli import main
 
 HERE = Path(__file__).resolve().parent
 TINY = [
-    "--total-steps", "500", "--learning-starts", "400", "--eval-every", "500", "--eval-episodes", "1",
+    "--total-steps", "1000", "--learning-starts", "400", "--eval-every", "500", "--eval-episodes", "1",
     "--hidden", "16,16", "--batch-size", "32", "--cpus", "2", "--json",
 ]  # fmt: skip
 
@@ -67,7 +67,7 @@ def test_storage_holds_one_checkpoint_per_trial_force_clears_it_and_a_crash_spar
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(HERE))  # the Ray workers import the env from here
     out, store = tmp_path / "sweep", tmp_path / "store"
-    tiny = [*TINY, "--storage", str(store)]
+    tiny = [*TINY[TINY.index("--learning-starts") :], "--total-steps", "500", "--storage", str(store)]
     assert main(["--out", str(out), "--grid", "actor_lr=1e-3", "--seeds", "1", *tiny]) == 0
     assert [p.parent.name.partition("@")[0] for p in store.glob("tune/*/checkpoint_*")] == ["actor_lr=1e-3-seed0"]
     capsys.readouterr()
