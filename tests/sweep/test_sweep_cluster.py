@@ -134,7 +134,9 @@ def test_a_refused_token_is_named(cluster: Cluster, tmp_path: Path) -> None:
     wrong = tmp_path / "token"
     wrong.write_text("0" * 64)
     argv = ["--address", cluster.address, "--out", str(cluster.private / "token"), *TINY]
-    rc, stdout, err = _finish(_start(cluster, argv, {"RAY_AUTH_TOKEN_PATH": str(wrong)}))
+    # Ray's driver retries a refused join once a second, 20 times by default: 3 tries give the same refusals
+    retries = {"RAY_NUM_REDIS_GET_RETRIES": "3"}
+    rc, stdout, err = _finish(_start(cluster, argv, {"RAY_AUTH_TOKEN_PATH": str(wrong), **retries}))
     assert rc == 2 and not stdout, err
     assert err.strip().splitlines() == [
         f"sac-sweep: error: the Ray cluster at {cluster.address} refused this machine's token; set RAY_AUTH_MODE=token "

@@ -1,5 +1,6 @@
 """sac-sweep end to end on an embedded local Ray: a 2 x 2 sweep whose run dirs export, its resume, and a
-crashing trial that does not stop the others. Each sweep starts and stops its own Ray (about 10 s)."""
+crashing trial that does not stop the others. Each sweep starts and stops its own Ray (about 10 s), so the
+crashing trial shares the storage test's second sweep."""
 
 from __future__ import annotations
 
@@ -61,12 +62,22 @@ def test_tiny_sweep_run_dirs_export_and_resume_reruns_nothing(
     assert {r.name: (r / "metrics.csv").stat().st_mtime_ns for r in runs} == before
 
 
-def test_a_crashing_trial_is_reported_and_the_others_finish(
+def test_storage_holds_one_checkpoint_per_trial_force_clears_it_and_a_crash_spares_the_others(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(HERE))  # the Ray workers import the env from here
-    out = tmp_path / "sweep"
-    assert main(["--out", str(out), "--env", "sweep_toy_envs:CrashOnOddSeed", "--seeds", "2", *TINY]) == 0
+    out, store = tmp_path / "sweep", tmp_path / "store"
+    tiny = [*TINY[TINY.index("--learning-starts") :], "--total-steps", "500", "--storage", str(store)]
+    assert main(["--out", str(out), "--grid", "actor_lr=1e-3", "--seeds", "1", *tiny]) == 0
+    assert [p.parent.name.partition("@")[0] for p in store.glob("tune/*/checkpoint_*")] == ["actor_lr=1e-3-seed0"]
+    capsys.readouterr()
+    assert main(["--out", str(tmp_path / "other"), "--seeds", "1", *tiny]) == 2  # another sweep's checkpoints
+    assert "already holds another sweep's checkpoints; pass --force" in capsys.readouterr().err
+
+    # --force clears the storage for a sweep whose odd seed's simulator crashes (at step 301, before its
+    # first checkpoint): the crash is reported and the other trial finishes
+    crashing = ["--env", "sweep_toy_envs:CrashOnOddSeed", "--seeds", "2"]
+    assert main(["--out", str(out), "--force", *crashing, *tiny]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out.strip().splitlines()[-1])
     assert (result["trials"], result["completed"], result["errors"]) == (2, 1, 1)
@@ -74,20 +85,6 @@ def test_a_crashing_trial_is_reported_and_the_others_finish(
     failed = [r for r in json.loads((out / "summary.json").read_text())["trial_results"] if r["status"] == "error"]
     assert [Path(r["run"]).name for r in failed] == ["default-seed1"]
     assert result["best"]["run"].endswith("default-seed0") and result["configs"][0]["per_seed"]["1"] is None
-
-
-def test_storage_holds_one_checkpoint_per_trial_and_force_clears_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out, store = tmp_path / "sweep", tmp_path / "store"
-    tiny = [*TINY[TINY.index("--eval-episodes") :], "--total-steps", "500", "--learning-starts", "400", "--eval-every",
-            "500", "--seeds", "1", "--storage", str(store)]  # fmt: skip
-    assert main(["--out", str(out), "--grid", "actor_lr=1e-3", *tiny]) == 0
-    assert [p.parent.name.partition("@")[0] for p in store.glob("tune/*/checkpoint_*")] == ["actor_lr=1e-3-seed0"]
-    capsys.readouterr()
-    assert main(["--out", str(tmp_path / "other"), *tiny]) == 2  # another sweep's checkpoints: refused
-    assert "already holds another sweep's checkpoints; pass --force" in capsys.readouterr().err
-    assert main(["--out", str(out), "--force", *tiny]) == 0
     assert [p.parent.name.partition("@")[0] for p in store.glob("tune/*/checkpoint_*")] == ["default-seed0"]
     assert [p.name for p in (out / "trials").iterdir()] == ["default-seed0"]
 
