@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("ray.tune")
-from ray_cluster import Cluster, unshare_refusal
+from ray_cluster import Cluster, start_cluster, unshare_refusal
 
 from sac_edge.export.cli import main as export_main
 from sac_edge.sweep.cli import main as sweep_main
@@ -85,12 +85,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     private = tmp_path_factory.mktemp("head-disk")  # the workers see an empty disk of their own here
-    nodes = Cluster(private)
+    nodes = start_cluster(private, {"head": 0, "w1": 1, "w2": 1})
     try:
-        nodes.start("head", 0)
-        nodes.start("w1", 1)
-        nodes.start("w2", 1)
-        nodes.wait_alive(3)
         yield nodes
     finally:
         nodes.close()
