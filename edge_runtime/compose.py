@@ -77,8 +77,9 @@ def finetune_settings(options: RuntimeOptions) -> FinetuneSettings:
     )
 
 
-def verified_bundle(cfg: RuntimeOptions | RunConfig | BenchConfig) -> Bundle:
-    """``cfg.bundle`` opened with its checksums verified (and its signature, with ``--trusted-keys``)."""
+def verified_bundle(cfg: RuntimeOptions | BenchConfig) -> Bundle:
+    """``cfg.bundle`` opened with its checksums verified (and its signature, with ``--trusted-keys``), and its
+    flags checked against it (``preflight.checked_bundle``)."""
     return checked_bundle(open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade), cfg)
 
 

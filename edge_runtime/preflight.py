@@ -2,9 +2,9 @@
 the fine-tuning lock, the backends, the learner process): one function per check, each raising one line
 that names the problem and the fix (exit 2).
 
-``checked_bundle`` runs them where the bundle is verified (``compose.verified_bundle``; ``drill.py`` calls the
-ones that apply to it), so a flag that does not fit the bundle is refused in a second, not after an env
-was made or a learner process imported torch.
+``checked_bundle`` runs them where the bundle is verified (``compose.verified_bundle``) and on a bundle a
+``Runtime`` caller opened itself; ``drill.py`` calls the ones that apply to it. So a flag that does not fit
+the bundle is refused in a second, not after an env was made or a learner process imported torch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sac_edge.common.bundle_format import INT8, MANIFEST, PRECISIONS
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.edge_runtime.control.shield import ShieldOptions
 
-from .config import BenchConfig, RunConfig, RuntimeOptions
+from .config import BenchConfig, RuntimeOptions
 
 FINETUNE_FLOOR_MB = 350.0
 """The smallest ``--mem-budget-mb`` that fine-tuning can fit in: below the learner process's own resident
@@ -25,14 +25,13 @@ only refuses budgets the learner alone already exceeds. The sizing in ``finetune
 exact refusal once the learner is measured."""
 
 
-def checked_bundle(bundle: Bundle, cfg: RuntimeOptions | RunConfig | BenchConfig) -> Bundle:
+def checked_bundle(bundle: Bundle, cfg: RuntimeOptions | BenchConfig) -> Bundle:
     """``bundle`` after every check that applies to ``cfg`` passed (one line, exit 2, on the first that fails)."""
     check_gate(bundle)
     if isinstance(cfg, BenchConfig):
         return bundle
-    shield = cfg.shield if isinstance(cfg, RuntimeOptions) else cfg.shield.runtime_shield()
-    if shield is not None:
-        check_action_sizes(shield, bundle.spec.act_dim)
+    if cfg.shield is not None:
+        check_action_sizes(cfg.shield, bundle.spec.act_dim)
     check_finetune_memory(cfg.finetune.enabled, cfg.budget.mem_budget_mb)
     return bundle
 

@@ -90,6 +90,7 @@ from .config import (
     RealtimeSection,
     RuntimeOptions,
 )
+from .preflight import checked_bundle
 
 __all__ = [
     "BackendSection",
@@ -403,7 +404,7 @@ class Runtime:
         cfg = self.options
         resources = contextlib.ExitStack()
         try:
-            bundle = self._bundle or verified_bundle(cfg)
+            bundle = verified_bundle(cfg) if self._bundle is None else checked_bundle(self._bundle, cfg)
             low, high = (
                 _bound(b, bundle.spec.obs_dim, name, fill) for b, name, fill in zip(self._bounds, _NAMES, _FILLS)
             )

@@ -15,10 +15,13 @@ from typing import Any
 
 import pytest
 
+from sac_edge.common.bundle import open_bundle
 from sac_edge.common.config import config_dict
+from sac_edge.common.errors import SacEdgeError
 from sac_edge.edge_runtime import bench, compose, drill, preflight
 from sac_edge.edge_runtime import cli as edge_cli
 from sac_edge.edge_runtime import run as edge_run
+from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 from sac_edge.export import cli as export_cli
 from sac_edge.sweep import cli as sweep_cli
 from sac_edge.train import cli as train_cli
@@ -250,6 +253,17 @@ def test_a_memory_budget_below_the_learner_is_one_line_before_any_backend(
     err = refused(edge_cli.main, ["run", str(bundle), "--finetune", "--mem-budget-mb", budget])
     assert f"--mem-budget-mb {budget} cannot hold fine-tuning: its learner process alone needs about 350 MiB" in err
     assert "raise --mem-budget-mb to at least 350 or drop --finetune" in err
+
+
+def test_a_bundle_the_caller_opened_is_checked_as_the_runtime_would_open_it(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Runtime(options, bundle=...)`` (a loop that opened the bundle itself, as the ROS node does) gets the
+    same checks before the lock or a backend: on the first version of this round it skipped them."""
+    _no_slow_work(monkeypatch)
+    options = RuntimeOptions.of(str(bundle), finetune=True, mem_budget_mb=300)
+    with pytest.raises(SacEdgeError, match=r"^--mem-budget-mb 300 cannot hold fine-tuning"):
+        Runtime(options, bundle=open_bundle(str(bundle))).open()
 
 
 def test_the_memory_floor_refuses_only_budgets_below_it() -> None:
