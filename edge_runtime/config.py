@@ -177,6 +177,14 @@ class RealtimeSection:
     )
     cpus: tuple[int, ...] = field(default=(), metadata={"help": "pin the control loop to these CPUs, e.g. 3 or 2,3"})
 
+    @property
+    def idle_cap_us(self) -> int | None:
+        """The idle-latency cap the loop holds: ``--idle-latency-us``, else 0 with a priority (a real-time
+        loop's wake-ups are what the priority is for), else None (the kernel's choice)."""
+        if self.idle_latency_us is None and self.realtime_priority:
+            return 0
+        return self.idle_latency_us
+
     def check(self) -> None:
         """The priority and the idle-latency cap (``--cpus`` is the runtime's: ``RuntimeOptions.check``)."""
         check_fields(self)

@@ -344,9 +344,7 @@ class SacEdgeNode(LifecycleNode):
         that a refusal is one line at configure, and held while active. Returns the cap (None: none)."""
         for line in enter_realtime(rt.realtime_priority, rt.cpus, rt.lock_memory):
             self.get_logger().info(f"realtime: {line}")
-        idle_us = rt.idle_latency_us
-        if idle_us is None and rt.realtime_priority:
-            idle_us = 0
+        idle_us = rt.idle_cap_us
         if idle_us is not None:
             with hold_idle_latency(idle_us):
                 pass

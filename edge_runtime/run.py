@@ -174,12 +174,9 @@ def realtime_setup(rt: RealtimeSection, log: Log) -> Iterator[None]:
     ``--lock-memory``) and the CPUs' idle-state cap for the loop's duration (default 0 with a priority)."""
     for line in enter_realtime(rt.realtime_priority, rt.cpus, rt.lock_memory):
         log(f"sac-edge run: {line}")
-    idle_us = rt.idle_latency_us
-    if idle_us is None and rt.realtime_priority:
-        idle_us = 0
     with contextlib.ExitStack() as held:
-        if idle_us is not None:
-            log(f"sac-edge run: {held.enter_context(hold_idle_latency(idle_us))}")
+        if rt.idle_cap_us is not None:
+            log(f"sac-edge run: {held.enter_context(hold_idle_latency(rt.idle_cap_us))}")
         yield
 
 

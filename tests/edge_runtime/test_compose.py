@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sac_edge.common.config import options
-from sac_edge.edge_runtime.config import RunConfig
+from sac_edge.edge_runtime.config import RealtimeSection, RunConfig
 
 # Every flag of ``sac-edge run`` (every field of RunConfig and of its sections) -> its bad values, each the
 # arguments after ``run`` and what the one line says. ``{bundle}`` is a good bundle, ``{absent}`` a path that
@@ -280,3 +280,12 @@ def test_sac_edge_run_checks_its_options_once(pendulum_bundle: Path, monkeypatch
     cfg = RunConfig.of(str(pendulum_bundle), backend="onnxruntime", duration=0.2, rate_hz=50.0, warm_cache=False)
     summary = run_command(cfg, lambda _: None)
     assert summary.schedule.stopped_by == "duration" and checks == [str(pendulum_bundle)]
+
+
+@pytest.mark.parametrize(
+    ("priority", "given", "held"), [(0, None, None), (50, None, 0), (50, 20, 20), (0, 100, 100), (0, 0, 0)]
+)
+def test_the_idle_cap_is_the_flag_else_zero_with_a_priority(priority: int, given: int | None, held: int | None) -> None:
+    """What ``sac-edge run`` and the ROS node hold (``RealtimeSection.idle_cap_us``): a real-time loop keeps
+    the cores awake unless told otherwise; without a priority the kernel chooses."""
+    assert RealtimeSection(realtime_priority=priority, idle_latency_us=given).idle_cap_us == held
