@@ -143,7 +143,7 @@ class RuntimeSummary:
     ``sac-edge run --json``; docs/CONTRACTS.md)."""
 
     steps: int
-    """``act`` calls."""
+    """``act`` and ``hold`` calls."""
     transitions: int
     """``observe`` calls."""
     episodes: int

@@ -50,7 +50,7 @@ class StepCounters:
     """What the steps did, counted (the runtime's summary reads them)."""
 
     steps: int = 0
-    """``act`` calls."""
+    """``act`` and ``hold`` calls."""
     obs_held: int = 0
     """Steps not inferred because of the observation: the guard held it (``--obs-fault hold``), or the caller
     did (``hold``: a stale or missing input)."""
@@ -104,9 +104,7 @@ class StepPipeline:
             self.stats.bound()
         observed, safe, inside = self._check(obs)
         if safe is None:
-            counters.obs_held += 1
-            self._infers(0)
-            return self.last_safe(observed)
+            return self._held(observed)
         running = self.running  # this call's entry, taken back after it (watchdog.py)
         t0 = _timer()
         running[t0] = True
@@ -136,7 +134,12 @@ class StepPipeline:
         steps = counters.steps = counters.steps + 1
         if not steps % BOUND_EVERY:
             self.stats.bound()
-        counters.obs_held += 1
+        return self._held(observed)
+
+    def _held(self, observed: np.ndarray | None) -> np.ndarray:
+        """A step not inferred because of its observation (the guard's or the caller's hold): counted as held,
+        no inference time, the last safe action."""
+        self.counters.obs_held += 1
         self._infers(0)
         return self.last_safe(observed)
 
