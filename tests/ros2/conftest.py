@@ -14,9 +14,7 @@ from harness import Procs, ros_env, why_not
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "edge_runtime"))  # bundles.py, shared with those tests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))  # hostile_graphs.py: plant()
 
-import numpy as np
-from hostile_graphs import plant
-from onnx import TensorProto, helper, numpy_helper
+from hostile_graphs import fails_past_speed, plant
 
 from bundles import make_bundle
 from sac_edge.common.bundle_format import LAYOUT
@@ -46,42 +44,6 @@ def pendulum_layout_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return bundle_with_layout(
         tmp_path_factory.mktemp("ros2") / "pendulum", "Pendulum-v1", json.loads(PENDULUM_LAYOUT.read_text())
     )
-
-
-def fails_past_speed(limit: float) -> bytes:
-    """A Pendulum policy graph (allowed ops only) that acts ``0.5 * cos(theta)`` and fails inside the graph once
-    the joint's speed (the observation's third value) is past ``limit``: a backend that breaks mid-run. The
-    action is reshaped to ``[1, 1 + (|speed| > limit)]``, which one value cannot fill."""
-    f32 = np.float32
-    consts = {
-        "act_w": np.array([[0.5], [0.0], [0.0]], f32), "speed_w": np.array([[0.0], [0.0], [1.0]], f32),
-        "minus": np.array(-1.0, f32), "limit": np.array(limit, f32), "big": np.array(1e6, f32),
-        "zero": np.array(0.0, f32), "one": np.array(1.0, f32), "flat": np.array([1], np.int64),
-        "base": np.array([1.0, 1.0], f32), "unit": np.array([0.0, 1.0], f32),
-    }  # fmt: skip
-    nodes = [
-        helper.make_node("MatMul", ["obs", "act_w"], ["a"]),
-        helper.make_node("MatMul", ["obs", "speed_w"], ["v"]),
-        helper.make_node("Mul", ["v", "minus"], ["neg_v"]),
-        helper.make_node("Max", ["v", "neg_v"], ["speed"]),
-        helper.make_node("Sub", ["speed", "limit"], ["over"]),
-        helper.make_node("Mul", ["over", "big"], ["steep"]),
-        helper.make_node("Clip", ["steep", "zero", "one"], ["past"]),  # 1 past the limit, else 0
-        helper.make_node("Reshape", ["past", "flat"], ["past1"]),
-        helper.make_node("Mul", ["past1", "unit"], ["extra"]),
-        helper.make_node("Add", ["base", "extra"], ["shape_f"]),
-        helper.make_node("Cast", ["shape_f"], ["shape"], to=TensorProto.INT64),
-        helper.make_node("Reshape", ["a", "shape"], ["action"]),
-    ]
-    graph = helper.make_graph(
-        nodes, "policy",
-        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
-        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 1])],
-        [numpy_helper.from_array(v, k) for k, v in consts.items()],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
 
 
 @pytest.fixture(scope="session")

@@ -99,6 +99,34 @@ def failing_reshape() -> bytes:
     )
 
 
+def fails_past_speed(limit: float) -> bytes:
+    """A Pendulum policy graph (allowed ops only) that acts ``0.5 * cos(theta)`` and fails inside the graph once
+    the joint's speed (the observation's third value) is past ``limit``: a backend that breaks mid-run. The
+    action is reshaped to ``[1, 1 + (|speed| > limit)]``, which one value cannot fill."""
+    f32 = np.float32
+    consts = {
+        "act_w": np.array([[0.5], [0.0], [0.0]], f32), "speed_w": np.array([[0.0], [0.0], [1.0]], f32),
+        "minus": np.array(-1.0, f32), "limit": np.array(limit, f32), "big": np.array(1e6, f32),
+        "zero": np.array(0.0, f32), "one": np.array(1.0, f32), "flat": np.array([1], np.int64),
+        "base": np.array([1.0, 1.0], f32), "unit": np.array([0.0, 1.0], f32),
+    }  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", ["obs", "act_w"], ["a"]),
+        helper.make_node("MatMul", ["obs", "speed_w"], ["v"]),
+        helper.make_node("Mul", ["v", "minus"], ["neg_v"]),
+        helper.make_node("Max", ["v", "neg_v"], ["speed"]),
+        helper.make_node("Sub", ["speed", "limit"], ["over"]),
+        helper.make_node("Mul", ["over", "big"], ["steep"]),
+        helper.make_node("Clip", ["steep", "zero", "one"], ["past"]),  # 1 past the limit, else 0
+        helper.make_node("Reshape", ["past", "flat"], ["past1"]),
+        helper.make_node("Mul", ["past1", "unit"], ["extra"]),
+        helper.make_node("Add", ["base", "extra"], ["shape_f"]),
+        helper.make_node("Cast", ["shape_f"], ["shape"], to=TensorProto.INT64),
+        helper.make_node("Reshape", ["a", "shape"], ["action"]),
+    ]
+    return _model(nodes, [numpy_helper.from_array(v, k) for k, v in consts.items()])
+
+
 def long_chain(width: int = 512, depth: int = 4000) -> bytes:
     """Allowed ops only, and one inference takes minutes: ``depth`` products of ``width`` x ``width`` matrices
     (``width**3`` multiply-adds each, 5 x 10^11 in all: seconds even at 100 GFLOP/s on one core), the
