@@ -73,17 +73,22 @@ def _name(trial: Any) -> str:
     return str(trial.config[NAME])
 
 
-def local_run_dir(session: str, name: str) -> Path:
-    """A trial's working run dir on the node that runs it (fresh for each attempt)."""
-    return Path(tempfile.gettempdir()) / f"sac-sweep-{os.getuid()}" / session / name
+@contextmanager
+def private_run_dir(session: str, name: str) -> Iterator[Path]:
+    """A trial's working run dir on the node that runs it (fresh for each attempt), not yet created, inside a
+    folder made for this attempt alone: ``mkdtemp`` creates it (never finds it) under an unpredictable name
+    with mode 0700, so nothing another local user plants in the shared temp dir is followed, written or
+    deleted. The folder goes, with everything in it, when the attempt ends."""
+    private = Path(tempfile.mkdtemp(prefix=f"sac-sweep-{session}-"))
+    try:
+        yield private / name
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def _start(run: Path, name: str, storage: Storage, resume_from: dict[str, str]) -> bool:
-    """Fill the fresh ``run`` with the trial's newest checkpoint: this session's (a retry after a lost node)
-    or an earlier session's; False when the trial starts from step 0."""
-    if run.exists():
-        shutil.rmtree(run)
-    run.parent.mkdir(parents=True, exist_ok=True)
+    """Fill the fresh ``run`` (not yet created) with the trial's newest checkpoint: this session's (a retry
+    after a lost node) or an earlier session's; False when the trial starts from step 0."""
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         checkpoint.to_directory(str(run))
@@ -104,14 +109,18 @@ def _run_trial(
     storage: Storage,
     resume_from: dict[str, str],
 ) -> None:
-    """One Tune trial: ``config`` names the trial (grid point and seed); ``base`` holds every other option.
-
-    The trainer's own errors end the trial with a final result naming the error (and its traceback, which
-    the head writes to the trial's log): only a lost actor or node is an error to Tune, and so retried.
-    """
+    """One Tune trial: ``config`` names the trial (grid point and seed); ``base`` holds every other option."""
     name = config[NAME]
-    trial = trials[name]
-    run = local_run_dir(session, name)
+    with private_run_dir(session, name) as run:
+        _train_trial(run, name, base, trials[name], storage, resume_from)
+
+
+def _train_trial(
+    run: Path, name: str, base: TrainConfig, trial: Trial, storage: Storage, resume_from: dict[str, str]
+) -> None:
+    """Train ``trial`` in ``run``. The trainer's own errors end the trial with a final result naming the error
+    (and its traceback, which the head writes to the trial's log): only a lost actor or node is an error to
+    Tune, and so retried."""
     trainer: _ReportingTrainer | None = None
     try:
         resume = _start(run, name, storage, resume_from)
@@ -140,10 +149,6 @@ def _run_trial(
                 TRACEBACK: traceback.format_exc()[-MAX_TRACEBACK:],
             }
         )
-    finally:
-        shutil.rmtree(run, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            run.parent.rmdir()  # the session's folder on this node, once its last trial here is gone
 
 
 def trial_resources(base: TrainConfig) -> dict[str, float]:
