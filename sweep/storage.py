@@ -12,17 +12,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow.fs as pafs
 
 from sac_edge.common.atomic import atomic_dir, atomic_write_json
-from sac_edge.common.bounded import MAX_JSON_BYTES
+from sac_edge.common.bounded import MAX_JSON_BYTES, open_regular
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.train import checkpoint as ckpt
 
 from .grid import TRIALS, Trial
+from .state import LOGS
 
 TUNE_DIR = "tune"
 SESSION_SEP = "@"
@@ -72,9 +74,24 @@ def trial_dirname(name: str, session: str) -> str:
     return f"{name}{SESSION_SEP}{session}"
 
 
+def _not_a_link(storage: Storage, path: str) -> None:
+    """Refuse (one line) a symlink where a sweep keeps its own folders and files in a local storage: pyarrow's
+    local filesystem follows links, and a checkpoint reached through one would be another folder's files."""
+    if storage.local and os.path.islink(path):
+        raise SacEdgeError(
+            f"{path} is a symlink in the storage, which a sweep never follows; delete it (or move the folder it "
+            "points to in its place)"
+        )
+
+
 def _dirs(storage: Storage, path: str) -> list[Any]:
+    """The directories in ``path`` (itself not a link), each refused when it is a link."""
+    _not_a_link(storage, path)
     selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
-    return [i for i in storage.fs.get_file_info(selector) if i.type == pafs.FileType.Directory]
+    found = [i for i in storage.fs.get_file_info(selector) if i.type == pafs.FileType.Directory]
+    for info in found:
+        _not_a_link(storage, info.path)
+    return found
 
 
 def write_manifest(run: Path) -> None:
@@ -85,9 +102,15 @@ def write_manifest(run: Path) -> None:
 
 
 def _read_json(storage: Storage, path: str) -> dict[str, Any] | None:
+    """The JSON object at ``path``, or None (missing, oversized, malformed). In a local storage only a regular
+    file is read, never through a link: a FIFO planted there would block the read past Ctrl-C."""
     try:
-        with storage.fs.open_input_stream(path) as fh:
-            raw = fh.read(MAX_JSON_BYTES + 1)
+        if storage.local:
+            with os.fdopen(open_regular(Path(path), "a checkpoint's file", "delete it", follow=False), "rb") as fh:
+                raw = fh.read(MAX_JSON_BYTES + 1)
+        else:
+            with storage.fs.open_input_stream(path) as fh:
+                raw = fh.read(MAX_JSON_BYTES + 1)
         data = json.loads(raw) if len(raw) <= MAX_JSON_BYTES else None
     except (OSError, ValueError, RecursionError):
         return None
@@ -135,25 +158,93 @@ def newest_any(storage: Storage) -> bool:
 
 
 def checked_trials_dir(sweep_dir: Path) -> Path:
-    """``DIR/trials``, refused when it (or a trial dir in it) is a symlink: a sweep writes and deletes only
-    inside its own directory (``--out`` itself may be a link the user made)."""
-    trials = sweep_dir / TRIALS
-    for path in (trials, *(trials.iterdir() if trials.is_dir() and not trials.is_symlink() else ())):
-        if path.is_symlink():
-            raise SacEdgeError(
-                f"{path} is a symlink; a sweep dir holds its own trials only: replace the link with the directory "
-                "it points to or choose another --out"
-            )
-    return trials
+    """``DIR/trials``, refused when it or ``DIR/logs`` (or an entry in either) is a symlink: a sweep writes and
+    deletes only inside its own directory (``--out`` itself may be a link the user made)."""
+    for folder in (sweep_dir / TRIALS, sweep_dir / LOGS):
+        inside = folder.iterdir() if folder.is_dir() and not folder.is_symlink() else ()
+        for path in (folder, *inside):
+            if path.is_symlink():
+                raise SacEdgeError(
+                    f"{path} is a symlink; a sweep dir holds its own trials and logs only: replace the link with "
+                    "the directory or file it points to, or choose another --out"
+                )
+    return sweep_dir / TRIALS
+
+
+#: The files of a checkpoint other than its safetensors, in all (JSON, metrics.csv, calibration states and
+#: TensorBoard events: a few MiB even for a long run).
+MAX_SIDE_BYTES = 1 << 30
+
+
+def _files(storage: Storage, src: str) -> dict[str, int]:
+    """The size of every file of the checkpoint dir ``src`` by its path in it; a link, a FIFO or a device
+    there is refused in one line (a link would be copied as what it points to, a FIFO would block)."""
+    _not_a_link(storage, src)
+    if storage.local:
+        entries = []
+        for base, dirs, files in os.walk(src):
+            entries += [os.path.join(base, e) for e in (*dirs, *files)]
+        kinds = {path: os.lstat(path) for path in entries}
+        odd = [p for p, st in kinds.items() if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode))]
+        sizes = {os.path.relpath(p, src): st.st_size for p, st in kinds.items() if stat.S_ISREG(st.st_mode)}
+    else:
+        infos = storage.fs.get_file_info(pafs.FileSelector(src, recursive=True))
+        odd = [i.path for i in infos if i.type not in (pafs.FileType.File, pafs.FileType.Directory)]
+        sizes = {i.path[len(src) :].lstrip("/"): i.size for i in infos if i.type == pafs.FileType.File}
+    if odd:
+        what = "a symlink" if os.path.islink(odd[0]) else "not a regular file"
+        raise SacEdgeError(f"{odd[0]}: {what} in a checkpoint, which a sweep never copies; delete it")
+    return sizes
+
+
+def _declared_size(storage: Storage, path: str) -> int | None:
+    """The size a safetensors file's header implies (8 bytes, the header, the data it places), or None."""
+    try:
+        if storage.local:
+            fh: Any = os.fdopen(open_regular(Path(path), "a checkpoint", "delete it", follow=False), "rb")
+        else:
+            fh = storage.fs.open_input_stream(path)
+        with fh:
+            head = fh.read(8)
+            size = int.from_bytes(head, "little") if len(head) == 8 else 0
+            header = json.loads(fh.read(size)) if 0 < size <= MAX_JSON_BYTES else None
+        if not isinstance(header, dict):
+            return None
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        return None
+    return 8 + size + max(ends, default=0)
+
+
+def _check_copy(storage: Storage, src: str, dest: Path) -> None:
+    """Refuse, before a byte is copied, a checkpoint that is not what sac-train writes or would fill the
+    disk: a safetensors file longer or shorter than its header says (a sparse file of a few KiB on disk can
+    claim terabytes), side files past MAX_SIDE_BYTES, or more bytes in all than ``dest``'s disk has free."""
+    sizes = _files(storage, src)
+    weights = sizes.get(ckpt.CHECKPOINT)
+    if weights is not None and weights != _declared_size(storage, f"{src}/{ckpt.CHECKPOINT}"):
+        raise SacEdgeError(
+            f"{src}/{ckpt.CHECKPOINT}: its size ({weights} bytes) is not what its header describes, so sac-train "
+            f"did not write it (a sparse or padded file); delete {src}"
+        )
+    side = sum(sizes.values()) - (weights or 0)
+    if side > MAX_SIDE_BYTES:
+        raise SacEdgeError(
+            f"{src}: {side >> 20} MiB besides the weights, more than the {MAX_SIDE_BYTES >> 20} MiB a sac-train run "
+            f"dir holds; delete {src}"
+        )
+    free = shutil.disk_usage(dest).free
+    if sum(sizes.values()) > free:
+        raise SacEdgeError(
+            f"{src} holds {sum(sizes.values()) >> 20} MiB, more than the {free >> 20} MiB free at {dest}; free "
+            "some space and run again"
+        )
 
 
 def _download(storage: Storage, src: str, dest: Path) -> None:
-    """Copy one checkpoint dir into ``dest`` (an empty local dir); in local storage, never through a link."""
+    """Copy one checkpoint dir into ``dest`` (an empty local dir), checked first (``_check_copy``)."""
+    _check_copy(storage, src, dest)
     if storage.local:
-        for base, dirs, files in os.walk(src):
-            for entry in (*dirs, *files):
-                if os.path.islink(os.path.join(base, entry)):
-                    raise SacEdgeError(f"{os.path.join(base, entry)}: a symlink in a checkpoint; delete it")
         shutil.copytree(src, dest, dirs_exist_ok=True, symlinks=True)
         return
     pafs.copy_files(src, str(dest), source_filesystem=storage.fs, destination_filesystem=pafs.LocalFileSystem())

@@ -30,6 +30,7 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
+from sac_edge.common.bounded import open_regular
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.train.config import TrainConfig
 from sac_edge.train.threads import usable_cpus
@@ -38,7 +39,7 @@ from sac_edge.train.trainer import Trainer
 from . import state
 from .grid import Trial
 from .state import LOGS
-from .storage import TUNE_DIR, Storage, download, trial_dirname, write_manifest
+from .storage import TUNE_DIR, Storage, checked_trials_dir, download, trial_dirname, write_manifest
 
 EVAL = "eval_return"
 STEP = "step"
@@ -365,11 +366,16 @@ class _Progress(tune.Callback):
         self.sweep_dir, self.ended = sweep_dir, ended
         self.lost: dict[str, str] = {}
 
-    def _log(self, name: str, text: str) -> Path:
+    def _log(self, name: str, text: str) -> str:
+        """Append ``text`` to the trial's log (never through a link, never to a FIFO); its path, or why not."""
         path = self.sweep_dir / LOGS / f"{name}.log"
-        with open(path, "a") as fh:
-            fh.write(text.rstrip() + "\n")
-        return path
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        try:
+            with os.fdopen(open_regular(path, "a trial's log", "delete it", follow=False, flags=flags), "a") as fh:
+                fh.write(text.rstrip() + "\n")
+        except (SacEdgeError, OSError) as err:
+            return f"not kept: {err}"
+        return str(path)
 
     def _line(self, trial: Any, what: str, error: str | None = None) -> None:
         self.done += 1
@@ -462,6 +468,7 @@ def run_trials(
         trial_resources(base),
     )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables on stdout
+    checked_trials_dir(sweep_dir)  # and DIR/logs: no link to follow
     (sweep_dir / LOGS).mkdir(exist_ok=True)
     progress = _Progress(len(ended) + len(trials), base.total_steps, sweep_dir, ended)
     tuner = tune.Tuner(

@@ -5,39 +5,28 @@ nothing there."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray.tune")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sweep"))  # sweep_dirs
 
-from sac_edge.common.atomic import atomic_write_json
-from sac_edge.common.config import config_dict
-from sac_edge.sweep.cli import SAVED, parse_args
+from sweep_dirs import TINY, new_sweep
+
 from sac_edge.sweep.cli import main as sweep_main
 from sac_edge.train.cli import main as train_main
 
-TINY = [
-    "--learning-starts", "100", "--eval-every", "300", "--eval-episodes", "1", "--hidden", "8,8",
-    "--batch-size", "16", "--threads", "1",
-]  # fmt: skip
 PRECIOUS = "someone's file, not sac-sweep's\n"
-
-
-def _sweep(tmp_path: Path) -> Path:
-    """A one-trial sweep of 600 steps with nothing run yet (so --resume has a trial to continue)."""
-    out = tmp_path / "sweep"
-    sweep, train = parse_args(["--out", str(out), "--seeds", "1", "--total-steps", "600", *TINY])
-    atomic_write_json(out / SAVED, {"sweep": config_dict(sweep), "train": config_dict(train)})
-    return out
 
 
 def test_a_linked_trial_dir_is_neither_trained_in_nor_read(tmp_path: Path, refused: Callable[..., str]) -> None:
     outside = tmp_path / "someone-elses-run"
     assert train_main([*TINY, "--total-steps", "300", "--out", str(outside), "--checkpoint-every", "300"]) == 0
     before = (outside / "checkpoint.safetensors").read_bytes()
-    out = _sweep(tmp_path)
+    out = new_sweep(tmp_path)
     (out / "trials").mkdir()
     (out / "trials" / "default-seed0").symlink_to(outside)
     line = refused(sweep_main, ["--out", str(out), "--resume", "--cpus", "1"], prog="sac-sweep")
@@ -49,7 +38,7 @@ def test_a_linked_trials_folder_loses_nothing(tmp_path: Path, refused: Callable[
     outside = tmp_path / "elsewhere"
     (outside / "default-seed0").mkdir(parents=True)
     (outside / "default-seed0" / "notes.txt").write_text(PRECIOUS)
-    out = _sweep(tmp_path)
+    out = new_sweep(tmp_path)
     (out / "trials").symlink_to(outside, target_is_directory=True)
     line = refused(sweep_main, ["--out", str(out), "--resume", "--cpus", "1"], prog="sac-sweep")
     assert "trials is a symlink" in line, line

@@ -9,30 +9,19 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("pyarrow.fs")
+from sweep_dirs import stored_checkpoint
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.sweep.grid import GridPoint, Trial
-from sac_edge.sweep.storage import collect, newest, open_storage, write_manifest
+from sac_edge.sweep.storage import collect, newest, open_storage
 from sac_edge.train import checkpoint as ckpt
-
-
-def _checkpoint(store: Path, trial: str, session: str, index: int, step: int) -> Path:
-    """A checkpoint dir as a trial uploads it: sac-train's files (stand-ins) and their manifest."""
-    path = store / "tune" / f"{trial}@{session}" / f"checkpoint_{index:06d}"
-    path.mkdir(parents=True)
-    (path / ckpt.CHECKPOINT).write_bytes(b"w" * (100 + step))
-    (path / ckpt.TRAINER_STATE).write_text(json.dumps({"step": step}))
-    (path / ckpt.CONFIG).write_text("{}")
-    (path / ckpt.METRICS).write_text("step,eval_return\n")
-    write_manifest(path)
-    return path
 
 
 def test_the_newest_complete_checkpoint_is_chosen_and_copied_back(tmp_path: Path) -> None:
     store = open_storage(str(tmp_path / "store"))
-    _checkpoint(tmp_path / "store", "a-seed0", "s1", 0, 500)
-    whole = _checkpoint(tmp_path / "store", "a-seed0", "s2", 1, 1000)
-    cut = _checkpoint(tmp_path / "store", "a-seed0", "s3", 2, 1500)
+    stored_checkpoint(tmp_path / "store" / "tune", "a-seed0", "s1", 0, 500)
+    whole = stored_checkpoint(tmp_path / "store" / "tune", "a-seed0", "s2", 1, 1000)
+    cut = stored_checkpoint(tmp_path / "store" / "tune", "a-seed0", "s3", 2, 1500)
     (cut / ckpt.CHECKPOINT).write_bytes(b"w" * 10)  # the upload was cut short
     assert newest(store, {"a-seed0"}) == {"a-seed0": (1000, str(whole))}
 
