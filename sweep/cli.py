@@ -195,14 +195,23 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _ready_storage(sweep: SweepConfig, storage: Storage, trials: list[Trial]) -> None:
     """On --resume the trials' newest checkpoints copied back into DIR/trials (a driver killed outright copied
-    nothing back); a new sweep with --storage starts on an empty prefix."""
+    nothing back); a new sweep with --storage starts on an empty prefix. A remote storage must answer first,
+    within a bound (``remote``); a failure of its client is one line naming what to check."""
+    from .remote import check_reachable, first_line, hint
     from .storage import checked_trials_dir, collect
 
-    if sweep.resume:
-        checked_trials_dir(Path(sweep.out))
-        collect(storage, trials, Path(sweep.out))
-    elif sweep.storage:
-        _fresh_storage(storage, sweep.force)
+    if not storage.local:
+        check_reachable(storage.fs, storage.root, storage.uri)
+    try:
+        if sweep.resume:
+            checked_trials_dir(Path(sweep.out))
+            collect(storage, trials, Path(sweep.out))
+        elif sweep.storage:
+            _fresh_storage(storage, sweep.force)
+    except OSError as err:
+        if storage.local:
+            raise
+        raise SacEdgeError(f"--storage {storage.uri}: {first_line(err)}; check {hint(storage.fs)}") from None
 
 
 def _run_pending(

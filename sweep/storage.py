@@ -23,6 +23,7 @@ from sac_edge.common.bounded import MAX_JSON_BYTES, open_regular
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.train import checkpoint as ckpt
 
+from . import remote
 from .grid import TRIALS, Trial
 from .state import LOGS
 
@@ -58,15 +59,15 @@ class Newest(NamedTuple):
 
 
 def open_storage(uri: str) -> Storage:
-    """The filesystem ``uri`` names (a local path when it has no scheme); a bad URI is one line."""
+    """The filesystem ``uri`` names (a local path when it has no scheme; a remote one's waits bounded, see
+    ``remote``); a bad URI is one line."""
     if "://" not in uri:
         return Storage(uri, pafs.LocalFileSystem(), str(Path(uri).resolve()))
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (ValueError, OSError, TypeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SacEdgeError(f"--storage {uri}: not a usable filesystem URI ({first})") from None
-    return Storage(uri, fs, path.rstrip("/"))
+        raise SacEdgeError(f"--storage {uri}: not a usable filesystem URI ({remote.first_line(err)})") from None
+    return Storage(uri, remote.bounded(fs, uri), path.rstrip("/"))
 
 
 def trial_dirname(name: str, session: str) -> str:
