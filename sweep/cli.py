@@ -18,7 +18,7 @@ from sac_edge.common.jsonfile import read_json
 from sac_edge.common.summary import emit_json
 from sac_edge.train.config import TrainConfig, check_values
 
-from .config import SweepConfig, check_sizes
+from .config import TUNE_DIR, SweepConfig, check_sizes, sweep_name
 from .grid import Trial, TrialOutcome, parse_grid, plan
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ def _saved(sweep_dir: Path, sweep: SweepConfig, train: TrainConfig) -> tuple[Swe
     if not all(isinstance(saved.get(part), dict) for part in ("sweep", "train")):  # was a KeyError, exit 1
         raise SacEdgeError(f"{source}: holds no 'sweep' and 'train' settings; nothing to resume; run without --resume")
     flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
+    saved["sweep"].setdefault("name", TUNE_DIR)  # saved before sweeps shared a storage: its one folder
     sweep_given, train_given = _given(sweep, RESUME_IF_GIVEN["sweep"]), _given(train, RESUME_IF_GIVEN["train"])
     sweep_cfg = config_from_dict(SweepConfig, {**saved["sweep"], **flags, **sweep_given}, source)
     train_cfg = config_from_dict(TrainConfig, {**saved["train"], **train_given}, source)
@@ -129,6 +130,8 @@ def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, Train
         raise SacEdgeError(f"--out {sweep_dir} is a file; pass a directory path")
     if sweep.resume:
         return _saved(sweep_dir, sweep, train)
+    if sweep.storage:  # saved, so a resume finds the same folder whatever DIR is called then
+        sweep = dataclasses.replace(sweep, name=sweep_name(sweep))
     if train.eval_every <= 0 or train.eval_every > train.total_steps:
         raise SacEdgeError("a sweep ranks trials by their evaluations; give 0 < --eval-every <= --total-steps")
     if (sweep_dir / SAVED).exists():
@@ -146,15 +149,16 @@ def _prepare(sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, Train
 
 
 def _fresh_storage(storage: Storage, force: bool) -> None:
-    """A new sweep starts on an empty storage prefix: --force clears it, otherwise old checkpoints refuse."""
+    """A new sweep starts on an empty folder of its own in the storage: --force clears that folder (no other
+    sweep's), otherwise an earlier sweep's checkpoints there refuse."""
     from .storage import clear, newest_any
 
     if force:
         clear(storage)
     elif newest_any(storage):
         raise SacEdgeError(
-            f"--storage {storage.uri} already holds another sweep's checkpoints; pass --force to clear them or "
-            "give another prefix"
+            f"--storage {storage.uri} already holds a sweep named {storage.experiment} (its checkpoints are in "
+            f"{storage.experiment_dir}); pass --force to clear them, or --name to give this sweep another folder"
         )
 
 
@@ -181,7 +185,8 @@ def _main(argv: Sequence[str] | None) -> int:
     from .storage import open_storage
 
     sweep_dir = Path(sweep.out)
-    storage = open_storage(sweep.storage or str(sweep_dir))
+    # Sweeps share a --storage, each in its own folder; the sweep dir, the default storage, holds one: tune/.
+    storage = open_storage(sweep.storage, sweep_name(sweep)) if sweep.storage else open_storage(str(sweep_dir))
     _ready_storage(sweep, storage, trials)
     ended = state.ended(sweep_dir) if sweep.resume else {}
     pending = state.to_run(trials, train.total_steps, ended)

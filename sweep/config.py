@@ -3,11 +3,16 @@ are saved as ``DIR/sweep_config.json``, which ``--resume`` reads back."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sac_edge.common.cpus import usable_cpus
 from sac_edge.common.errors import SacEdgeError
 
+#: The sweep's folder in the default storage, the sweep dir (and in the --storage of a sweep saved before
+#: sweeps shared one).
+TUNE_DIR = "tune"
 MAX_TRIALS = 10_000
 """Grid points x seeds at most: past it a sweep would not end (``--seeds 100000000000`` started Ray and ran on)."""
 
@@ -51,6 +56,13 @@ class SweepConfig:
             "(s3://bucket/prefix?endpoint_override=HOST:PORT, gs://...); default: --out (enough on one machine)"
         },
     )
+    name: str | None = field(
+        default=None,
+        metadata={
+            "help": "the sweep's own folder under --storage, which sweeps share as Ray Tune's storage_path "
+            "(default: --out's name); --force clears only this folder"
+        },
+    )
     cpus: int = field(
         default=0,
         metadata={"help": "CPUs of the local Ray (0: the CPUs this process may use, a cgroup quota included)"},
@@ -80,3 +92,19 @@ def check_sizes(cfg: SweepConfig) -> None:
     most = usable_cpus()
     if cfg.address is None and not 0 <= cfg.cpus <= most:
         raise SacEdgeError(f"--cpus must be from 0 (all) to {most} (the CPUs this process may use), got {cfg.cpus}")
+
+
+#: A sweep's folder name under --storage: one plain path component.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,127}")
+
+
+def sweep_name(cfg: SweepConfig) -> str:
+    """The sweep's folder under ``--storage``: ``--name``, else ``--out``'s name, one plain path component."""
+    name = cfg.name if cfg.name is not None else Path(cfg.out).resolve().name
+    if not NAME.fullmatch(name):
+        given = "--name" if cfg.name is not None else f"the name of --out {cfg.out}:"
+        raise SacEdgeError(
+            f"{given} {name!r} cannot name the sweep's folder in --storage (letters, digits and . _ = , + -, at "
+            "most 128, first a letter or digit); pass --name NAME"
+        )
+    return name

@@ -1,9 +1,11 @@
 """Where trials persist their checkpoints: ``--storage`` (a path every node sees, or a pyarrow filesystem URI
 such as ``s3://bucket/prefix?endpoint_override=host:port``) or, by default, the sweep dir itself.
 
-Tune writes each trial's newest checkpoint (a whole run dir) under ``<storage>/tune/<name>@<session>/``.
-This module finds the newest checkpoint of each trial by reading its ``trainer_state.json`` (JSON, never a
-pickle), copies it back into ``DIR/trials/<name>``, prunes older ones and clears the prefix for ``--force``.
+As with Ray Tune's ``storage_path``, sweeps share a storage, each in its own folder (``--name``, by default
+``--out``'s name; ``tune`` in the sweep dir): Tune writes each trial's newest checkpoint (a whole run dir)
+under ``<storage>/<sweep>/<name>@<session>/``. This module finds the newest checkpoint of each trial by reading
+its ``trainer_state.json`` (JSON, never a pickle), copies it back into ``DIR/trials/<name>``, prunes older
+ones and clears the sweep's folder for ``--force``.
 pyarrow comes with Ray; it is imported only here, once a sweep runs.
 """
 
@@ -24,10 +26,10 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.train import checkpoint as ckpt
 
 from . import remote
+from .config import TUNE_DIR
 from .grid import TRIALS, Trial
 from .state import LOGS
 
-TUNE_DIR = "tune"
 SESSION_SEP = "@"
 CHECKPOINT_PREFIX = "checkpoint_"
 MANIFEST = "checkpoint_files.json"
@@ -36,15 +38,17 @@ CHECKED = (ckpt.CHECKPOINT, ckpt.TRAINER_STATE, ckpt.CONFIG, ckpt.METRICS)
 
 
 class Storage(NamedTuple):
-    """A storage location: the URI as given (for messages), its filesystem and the path inside it."""
+    """A storage location: the URI as given (for messages), its filesystem, the path inside it (the root that
+    sweeps share, as Ray Tune's ``storage_path``) and the folder under it that is this sweep's alone."""
 
     uri: str
     fs: Any  # pyarrow.fs.FileSystem
     root: str
+    experiment: str = TUNE_DIR
 
     @property
-    def tune_dir(self) -> str:
-        return f"{self.root.rstrip('/')}/{TUNE_DIR}"
+    def experiment_dir(self) -> str:
+        return f"{self.root.rstrip('/')}/{self.experiment}"
 
     @property
     def local(self) -> bool:
@@ -58,20 +62,21 @@ class Newest(NamedTuple):
     path: str
 
 
-def open_storage(uri: str) -> Storage:
+def open_storage(uri: str, experiment: str = TUNE_DIR) -> Storage:
     """The filesystem ``uri`` names (a local path when it has no scheme; a remote one's waits bounded, see
-    ``remote``); a bad URI is one line."""
+    ``remote``), the sweep's own folder under it named ``experiment``; a bad URI is one line."""
     if "://" not in uri:
-        return Storage(uri, pafs.LocalFileSystem(), str(Path(uri).resolve()))
+        return Storage(uri, pafs.LocalFileSystem(), str(Path(uri).resolve()), experiment)
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (ValueError, OSError, TypeError) as err:
         raise SacEdgeError(f"--storage {uri}: not a usable filesystem URI ({remote.first_line(err)})") from None
-    return Storage(uri, remote.bounded(fs, uri), path.rstrip("/"))
+    return Storage(uri, remote.bounded(fs, uri), path.rstrip("/"), experiment)
 
 
 def trial_dirname(name: str, session: str) -> str:
-    """A trial's directory under ``<storage>/tune``: one per session, so sessions never share a checkpoint."""
+    """A trial's directory in the sweep's folder of the storage: one per session, so sessions never share a
+    checkpoint."""
     return f"{name}{SESSION_SEP}{session}"
 
 
@@ -140,7 +145,7 @@ def _step(storage: Storage, checkpoint: str) -> int | None:
 def newest(storage: Storage, names: set[str]) -> dict[str, Newest]:
     """The newest complete checkpoint of each trial in ``names`` found in storage (all sessions)."""
     found: dict[str, Newest] = {}
-    for trial_dir in _dirs(storage, storage.tune_dir):
+    for trial_dir in _dirs(storage, storage.experiment_dir):
         name = trial_dir.base_name.rpartition(SESSION_SEP)[0]
         if name not in names:
             continue
@@ -154,8 +159,8 @@ def newest(storage: Storage, names: set[str]) -> dict[str, Newest]:
 
 
 def newest_any(storage: Storage) -> bool:
-    """Whether storage holds any trial's directory (another sweep's checkpoints)."""
-    return any(not d.base_name.startswith(".") for d in _dirs(storage, storage.tune_dir))
+    """Whether the sweep's folder in storage holds any trial's directory (an earlier sweep of that name)."""
+    return any(not d.base_name.startswith(".") for d in _dirs(storage, storage.experiment_dir))
 
 
 def checked_trials_dir(sweep_dir: Path) -> Path:
@@ -281,14 +286,14 @@ def collect(storage: Storage, trials: list[Trial], sweep_dir: Path) -> dict[str,
 def prune(storage: Storage, keep: dict[str, Newest]) -> None:
     """Delete every trial dir in storage that does not hold the newest checkpoint of its trial."""
     kept = {n.path.rsplit("/", 1)[0] for n in keep.values()}
-    for trial_dir in _dirs(storage, storage.tune_dir):
+    for trial_dir in _dirs(storage, storage.experiment_dir):
         name = trial_dir.base_name.rpartition(SESSION_SEP)[0]
         if name in keep and trial_dir.path not in kept:
             storage.fs.delete_dir(trial_dir.path)
 
 
 def clear(storage: Storage) -> None:
-    """``--force``: delete everything a sweep wrote under ``<storage>/tune``."""
-    info = storage.fs.get_file_info(storage.tune_dir)
+    """``--force``: delete everything a sweep wrote in its folder of the storage (other sweeps' stay)."""
+    info = storage.fs.get_file_info(storage.experiment_dir)
     if info.type == pafs.FileType.Directory:
-        storage.fs.delete_dir(storage.tune_dir)
+        storage.fs.delete_dir(storage.experiment_dir)

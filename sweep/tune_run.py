@@ -39,7 +39,7 @@ from sac_edge.train.trainer import Trainer
 from . import state
 from .grid import Trial
 from .state import LOGS
-from .storage import TUNE_DIR, Storage, checked_trials_dir, download, trial_dirname, write_manifest
+from .storage import Storage, checked_trials_dir, download, trial_dirname, write_manifest
 
 EVAL = "eval_return"
 STEP = "step"
@@ -321,7 +321,7 @@ def probe_storage(storage: Storage, given: bool) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     token = uuid.uuid4().hex
-    probe_dir = f"{storage.tune_dir}/{PROBE}"
+    probe_dir = f"{storage.experiment_dir}/{PROBE}"
     token_path = f"{probe_dir}/{token}"
     try:
         storage.fs.create_dir(probe_dir, recursive=True)
@@ -456,7 +456,7 @@ def run_trials(
     Returns the trials lost to the cluster (retries exhausted), which ``--resume`` reruns.
 
     A trial that raises is recorded with its error; the others go on. Ctrl-C stops Tune cleanly and returns.
-    Tune's experiment state (``<storage>/tune``) is written for Tune's own use only: nothing of it but the
+    Tune's experiment state (``<storage>/<sweep>``) is written for Tune's own use only: nothing of it but the
     trials' checkpoints (safetensors and JSON) is ever read back.
     """
     by_name = {t.run.name: t for t in trials}
@@ -484,7 +484,7 @@ def run_trials(
             trial_dirname_creator=lambda trial: trial_dirname(_name(trial), session),
         ),
         run_config=tune.RunConfig(
-            name=TUNE_DIR,
+            name=storage.experiment,
             storage_path=storage.root,
             storage_filesystem=storage.fs,
             verbose=0,

@@ -147,7 +147,7 @@ def test_shared_path_driver_interrupted_then_resumed(
     shared.mkdir()
     argv = ["--address", cluster.address, "--storage", str(shared), "--out", str(out)]
     driver = _start(cluster, [*argv, *TINY])
-    _wait_for(lambda: any((shared / "tune").glob("*/checkpoint_*/trainer_state.json")), "checkpoint", driver)
+    _wait_for(lambda: any((shared / out.name).glob("*/checkpoint_*/trainer_state.json")), "checkpoint", driver)
     listening = cluster.listeners()  # trials running: every node, agent and worker is up
     driver.send_signal(signal.SIGINT)
     rc, _, err = _finish(driver)
@@ -162,7 +162,7 @@ def test_shared_path_driver_interrupted_then_resumed(
     assert json.loads(stdout.splitlines()[-1])["completed"] == 2
     best = _summary(out)["best"]["run"]
     assert export_main([best, "--out", str(tmp_path / "bundle")]) == 0  # on the head, unchanged
-    assert len(list((shared / "tune").glob("*/checkpoint_*"))) == 2  # one checkpoint kept per trial
+    assert len(list((shared / out.name).glob("*/checkpoint_*"))) == 2  # one checkpoint kept per trial
 
 
 @pytest.fixture
@@ -194,7 +194,7 @@ def _s3_checkpoint_exists(cluster: Cluster) -> subprocess.Popen[bytes]:
     code = (
         "import pyarrow.fs as f,time\n"
         f"fs,p=f.FileSystem.from_uri('{S3_URI}')\n"
-        "while not any(i.base_name=='trainer_state.json' for i in fs.get_file_info(f.FileSelector(p+'/tune',"
+        "while not any(i.base_name=='trainer_state.json' for i in fs.get_file_info(f.FileSelector(p+'/s3-run',"
         "allow_not_found=True,recursive=True))): time.sleep(0.2)"
     )
     return subprocess.Popen(cluster.netns([sys.executable, "-c", code]), env={**cluster.env, **S3_ENV})

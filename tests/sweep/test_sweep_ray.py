@@ -69,10 +69,10 @@ def test_storage_holds_one_checkpoint_per_trial_force_clears_it_and_a_crash_spar
     out, store = tmp_path / "sweep", tmp_path / "store"
     tiny = [*TINY[TINY.index("--learning-starts") :], "--total-steps", "500", "--storage", str(store)]
     assert main(["--out", str(out), "--grid", "actor_lr=1e-3", "--seeds", "1", *tiny]) == 0
-    assert [p.parent.name.partition("@")[0] for p in store.glob("tune/*/checkpoint_*")] == ["actor_lr=1e-3-seed0"]
+    assert [p.parent.name.partition("@")[0] for p in store.glob("sweep/*/checkpoint_*")] == ["actor_lr=1e-3-seed0"]
     capsys.readouterr()
-    assert main(["--out", str(tmp_path / "other"), "--seeds", "1", *tiny]) == 2  # another sweep's checkpoints
-    assert "already holds another sweep's checkpoints; pass --force" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path / "other"), "--name", "sweep", "--seeds", "1", *tiny]) == 2  # its name's
+    assert "already holds a sweep named sweep" in capsys.readouterr().err
 
     # --force clears the storage for a sweep whose odd seed's simulator crashes (at step 301, before its
     # first checkpoint): the crash is reported and the other trial finishes
@@ -85,7 +85,7 @@ def test_storage_holds_one_checkpoint_per_trial_force_clears_it_and_a_crash_spar
     failed = [r for r in json.loads((out / "summary.json").read_text())["trial_results"] if r["status"] == "error"]
     assert [Path(r["run"]).name for r in failed] == ["default-seed1"]
     assert result["best"]["run"].endswith("default-seed0") and result["configs"][0]["per_seed"]["1"] is None
-    assert [p.parent.name.partition("@")[0] for p in store.glob("tune/*/checkpoint_*")] == ["default-seed0"]
+    assert [p.parent.name.partition("@")[0] for p in store.glob("sweep/*/checkpoint_*")] == ["default-seed0"]
     assert [p.name for p in (out / "trials").iterdir()] == ["default-seed0"]
 
 
