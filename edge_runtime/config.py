@@ -46,6 +46,11 @@ MAX_DURATION_S = 1e9
 MAX_SPIN_US, MAX_INFERENCE_TIMEOUT_S = 1e6, 3600.0
 
 
+#: Timed calls per candidate of ``--backend auto`` at most: its timings are kept, and the loop waits for them
+#: (1e12 was a MemoryError, 1e8 an hour's probing before the first step).
+MAX_AUTO_CALLS = 100_000
+
+
 @dataclass(frozen=True)
 class BackendSection:
     """Which inference backend serves, at which precision."""
@@ -66,14 +71,19 @@ class BackendSection:
         },
     )
     threads: int = field(default=1, metadata={"help": "intra-op threads for the inference backend"})
-    auto_calls: int = field(default=200, metadata={"help": "timed calls per candidate for --backend auto"})
+    auto_calls: int = field(
+        default=200, metadata={"help": f"timed calls per candidate for --backend auto (1 to {MAX_AUTO_CALLS})"}
+    )
 
     def check(self) -> None:
         """``--backend``, ``--precision``, ``--threads``, ``--auto-calls``."""
         check_fields(self)
         check_threads(self.threads)
-        if self.auto_calls < 1:
-            raise SacEdgeError(f"--auto-calls must be at least 1, got {self.auto_calls}")
+        if not 1 <= self.auto_calls <= MAX_AUTO_CALLS:
+            raise SacEdgeError(
+                f"--auto-calls must be from 1 to {MAX_AUTO_CALLS} (timed calls per candidate before the loop "
+                f"starts; `sac-edge bench --calls` measures longer), got {self.auto_calls}"
+            )
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,18 @@ PROG = "sac-train"
 def _main(argv: Sequence[str] | None) -> int:
     cfg = parse_config(TrainConfig, argv, PROG, __doc__ or "")
     check_values(cfg)  # before torch loads
+    from .stopping import Stopped
     from .trainer import Trainer  # torch and gymnasium load after the flags parse (fast --help)
 
-    summary = Trainer(cfg).train()
+    try:
+        summary = Trainer(cfg).train()
+    except Stopped as stop:  # SIGINT or SIGTERM, at a step boundary, after saving
+        print(
+            f"{PROG}: {stop}; its checkpoint is saved in {stop.run}; continue with: {PROG} --out {stop.run} "
+            f"--resume --total-steps {stop.total}",
+            file=sys.stderr,
+        )
+        return stop.exit_code
     ret = "n/a" if summary.final_eval_return is None else f"{summary.final_eval_return:.1f}"
     print(
         f"{PROG}: {summary.steps} steps, {summary.updates} updates ({summary.updates_per_s:.0f} updates/s), "

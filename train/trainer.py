@@ -42,6 +42,7 @@ from .policies import InferencePolicy
 from .profiling import WARMUP_UPDATES, ProfileSession, check_fits, enable_ranges, phase
 from .profiling import report as profile_report
 from .sac import SAC
+from .stopping import Stopped, stop_on_signals
 from .threads import ThreadWatch, choose_threads, torch_threads, watched_record, with_change
 from .update_types import UpdateMetrics
 
@@ -81,6 +82,11 @@ def _versions() -> dict[str, str]:
     }
 
 
+#: Both ways back into a run dir stopped before its first checkpoint (config.json only) say the same.
+NO_CHECKPOINT = (
+    f"the run stopped before its first checkpoint ({ckpt.CHECKPOINT}), so there is nothing to resume; "
+    "pass --force to start it again"
+)
 #: The widest hidden layer accepted (a 65536 x 65536 fp32 layer is already 16 GiB).
 MAX_WIDTH = 1 << 16
 
@@ -111,7 +117,7 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
         if cfg.env is None:  # the env a file names is never imported: only a registered id is taken from it
             file_env(saved_cfg.get("env"), str(run / ckpt.CONFIG))
         if not (run / ckpt.CHECKPOINT).exists():
-            raise SacEdgeError(f"{run}: no {ckpt.CHECKPOINT} to resume from; train without --resume")
+            raise SacEdgeError(f"{run}: {NO_CHECKPOINT}")
         if isinstance(saved_cfg.get("compile"), bool):  # runs saved before --compile auto
             saved_cfg["compile"] = "on" if saved_cfg["compile"] else "off"
         keep = {"total_steps", "progress", "json", "resume", "out", "threads", "log_every", "profile", "price_per_hour"}
@@ -122,6 +128,8 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
         except SacEdgeError as err:
             raise SacEdgeError(f"{run / ckpt.CONFIG} holds a setting no run can use ({err}); restore it") from None
         return resumed, run
+    if has_run and not cfg.force and not (run / ckpt.CHECKPOINT).exists():  # --resume would refuse it
+        raise SacEdgeError(f"{run}: {NO_CHECKPOINT}")
     if has_run and not cfg.force:
         raise SacEdgeError(f"{run} already holds a run; pass --resume to continue it or --force to replace it")
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -293,12 +301,15 @@ class Trainer:
         self.monitor = IntervalMonitor(self.device, self.step)
         bar = self._progress_bar()
         try:
-            loop_s, uncounted = self._loop(bar)
+            with stop_on_signals() as self._stop:  # SIGINT/SIGTERM: stop at a step boundary, saved
+                loop_s, uncounted = self._loop(bar)
         finally:
             bar.close()
             self.metrics.close()
             self.monitor.close()
             self.envs.close()
+        if self._stop.signum is not None:
+            raise Stopped(self._stop.signum, self.step, self.cfg.total_steps, self.run)
         return self._summary(loop_s, uncounted)
 
     def _progress_bar(self) -> tqdm:
@@ -320,7 +331,7 @@ class Trainer:
         uncounted, updates_at_start = self.step, self.updates
         loop_s = 0.0
         metrics = None
-        while self.step < cfg.total_steps:
+        while self.step < cfg.total_steps and self._stop.signum is None:
             before = self.step
             t0 = time.perf_counter()
             metrics = self._advance()[2] or metrics

@@ -48,7 +48,7 @@ BAD: dict[str, list[tuple[str, str]]] = {
     "--backend": [("{bundle} --backend gpu", "argument --backend: invalid choice: 'gpu'")],
     "--precision": [("{bundle} --precision fp8", "argument --precision: invalid choice: 'fp8'")],
     "--threads": [("{bundle} --threads 0", "--threads must be from 1 to")],
-    "--auto-calls": [("{bundle} --auto-calls 0", "--auto-calls must be at least 1")],
+    "--auto-calls": [("{bundle} --auto-calls 0", "--auto-calls must be from 1 to 100000")],
     # loop
     "--rate-hz": [
         ("{bundle} --rate-hz 1e12", "--rate-hz must be from 0.001 to 100000"),

@@ -44,6 +44,8 @@ from sac_edge.train import cli as train_cli
         (["--cpus=-1"], "--cpus takes CPU numbers from 0"),
         (["--inference-timeout", "0"], "--inference-timeout must be more than 0"),
         (["--max-backend-errors", "0"], "--max-backend-errors must be at least 1"),
+        (["--auto-calls", "1000000000000"], "--auto-calls must be from 1 to 100000"),
+        (["--auto-calls", "100000001"], "--auto-calls must be from 1 to 100000"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag; remove them"),
         (["--backend"], "argument --backend: expected one argument; give the flag its value"),
         (["--shift", "g=nan"], "--shift entry 'g=nan' must be a finite number"),
