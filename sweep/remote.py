@@ -9,7 +9,6 @@ metadata server. A sweep asks once, before anything else, and names what to chec
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 from typing import Any
 
 from sac_edge.common.errors import SacEdgeError
@@ -18,9 +17,8 @@ from sac_edge.common.errors import SacEdgeError
 #: fails (three attempts in all, pyarrow's default; pyarrow's S3 URIs cannot set these).
 CONNECT_TIMEOUT_S = 10.0
 STALL_TIMEOUT_S = 10.0
-#: GCS: how long its client retries, unless the URI sets ``retry_limit_seconds``.
-GCS_RETRY_S = 30
-#: The bound on the first answer of a remote storage: past it the sweep stops with one line.
+#: The bound on the first answer of a remote storage: past it the sweep stops with one line. (GCS without
+#: credentials waits for a metadata server however its retries are limited: only this bounds it.)
 REACH_TIMEOUT_S = 60.0
 #: What to check, by pyarrow's name of the filesystem.
 HINTS = {
@@ -34,21 +32,17 @@ DEFAULT_HINT = "that it is up and reachable from here, and the credentials its c
 
 
 def bounded(fs: Any, uri: str) -> Any:
-    """``fs`` with the waits above (its own settings kept); pyarrow's in-memory ``mock://`` refused: no trial
-    in another process could reach it."""
+    """``fs`` with the S3 waits above (its other settings kept); pyarrow's in-memory ``mock://`` refused: no
+    trial in another process could reach it."""
     if fs.type_name == "mock":
         raise SacEdgeError(
             f"--storage {uri}: mock:// is a filesystem in one process's memory, which no trial reaches; give a path "
             "every node mounts or a storage URI such as s3://bucket/prefix"
         )
-    if fs.type_name not in ("s3", "gcs"):
+    if fs.type_name != "s3":
         return fs
-    kwargs = fs.__reduce__()[1][0]  # the settings it was made with, as pickling rebuilds it
-    if fs.type_name == "s3":
-        kwargs.update(connect_timeout=CONNECT_TIMEOUT_S, request_timeout=STALL_TIMEOUT_S)
-    elif kwargs.get("retry_time_limit") is None:
-        kwargs["retry_time_limit"] = timedelta(seconds=GCS_RETRY_S)
-    return type(fs)(**kwargs)
+    settings = fs.__reduce__()[1][0]  # what it was made with, as pickling rebuilds it
+    return type(fs)(**{**settings, "connect_timeout": CONNECT_TIMEOUT_S, "request_timeout": STALL_TIMEOUT_S})
 
 
 def hint(fs: Any) -> str:

@@ -1,8 +1,8 @@
 """Threat: a ``--storage`` no trial can use. ``mock://`` (pyarrow's in-memory filesystem) and an S3 endpoint
 that is down were exit 1 "internal error"; an endpoint that accepts connections and never answers held the
 sweep 100 s (GCS without credentials: 15 minutes and more). Each is one line naming what to check, exit 2,
-within ``remote.REACH_TIMEOUT_S``, before Ray starts. Every endpoint here is on the loopback, and the S3
-client is kept from looking for credentials anywhere else."""
+within ``remote.REACH_TIMEOUT_S``, before Ray starts. Every endpoint here is on the loopback (the GCS
+metadata server too), and the S3 client is kept from looking for credentials anywhere else."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from sac_edge.sweep import remote
 from sac_edge.sweep.cli import main as sweep_main
 
 TINY = ["--total-steps", "300", "--eval-every", "300", "--seeds", "1", "--cpus", "1"]
+PATIENCE_S = 60.0  # far longer than the shortened bound below, even on a busy machine
 
 
 @pytest.fixture(autouse=True)
@@ -33,9 +34,10 @@ def _s3(port: int) -> str:
     return f"s3://sweeps/lr?endpoint_override=127.0.0.1:{port}&scheme=http"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def silent_port() -> Iterator[int]:
-    """A loopback port that accepts connections and never answers."""
+    """A loopback port that accepts connections and never answers, open until the module ends: a client still
+    waiting on it after its test (GCS keeps waiting for a metadata server) never reaches a port reused since."""
     server = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
     stop = threading.Event()
@@ -55,6 +57,20 @@ def silent_port() -> Iterator[int]:
     thread.join()
     for conn in [*held, server]:
         conn.close()
+
+
+def _refused_within(argv: list[str], refused: Callable[..., str]) -> str:
+    """``refused`` for sac-sweep in a thread; still running after PATIENCE_S fails the test (the thread is
+    left waiting on the silent port)."""
+    result: dict[str, str] = {}
+    worker = threading.Thread(
+        target=lambda: result.update(line=refused(sweep_main, argv, prog="sac-sweep")), daemon=True
+    )
+    worker.start()
+    worker.join(PATIENCE_S)
+    if worker.is_alive():
+        pytest.fail(f"sac-sweep {' '.join(argv)} still waiting after {PATIENCE_S:.0f} s")
+    return result["line"]
 
 
 def _closed_port() -> int:
@@ -79,8 +95,23 @@ def test_an_endpoint_that_never_answers_is_named_within_the_bound(
 ) -> None:
     monkeypatch.setattr(remote, "REACH_TIMEOUT_S", 0.5)  # the bound, shortened; the client's own waits too,
     monkeypatch.setattr(remote, "STALL_TIMEOUT_S", 2.0)  # so the thread left waiting ends soon after the test
-    line = refused(sweep_main, ["--out", str(tmp_path / "s"), "--storage", _s3(silent_port), *TINY], prog="sac-sweep")
+    line = _refused_within(["--out", str(tmp_path / "s"), "--storage", _s3(silent_port), *TINY], refused)
     assert "no answer within 0.5 s" in line and "reachable from here" in line, line
+
+
+def test_gcs_without_credentials_is_named_within_the_bound(
+    tmp_path: Path, refused: Callable[..., str], silent_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without credentials the GCS client waits for a cloud metadata server: here the silent loopback port
+    (GCE_METADATA_ROOT names it), as a machine off the cloud never gets an answer."""
+    monkeypatch.setenv("GCE_METADATA_ROOT", f"127.0.0.1:{silent_port}")
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud credentials of this machine's user
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setattr(remote, "REACH_TIMEOUT_S", 1.0)
+    uri = f"gs://sweeps/lr?endpoint_override=127.0.0.1:{silent_port}&scheme=http"
+    line = _refused_within(["--out", str(tmp_path / "s"), "--storage", uri, *TINY], refused)
+    assert "no answer within 1 s" in line and "GOOGLE_APPLICATION_CREDENTIALS" in line, line
 
 
 def test_a_reachable_storage_is_rebuilt_with_its_settings_and_bounded_waits() -> None:
