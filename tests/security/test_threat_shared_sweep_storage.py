@@ -29,9 +29,13 @@ def test_force_clears_only_its_own_sweep_s_folder(
     tmp_path: Path, refused: Callable[..., str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = tmp_path / "store"
-    other = stored_checkpoint(store / "lr", TRIAL, "s0", 0, 300)  # another sweep's, as it left them
+    others = [  # other sweeps' checkpoints as they left them: one named lr, one saved before sweeps shared
+        stored_checkpoint(store / "lr", TRIAL, "s0", 0, 300),
+        stored_checkpoint(store / "tune", TRIAL, "s0", 0, 300),
+    ]
     assert sweep_main(["--out", str(tmp_path / "wd"), "--storage", str(store), "--force", *ONE]) == 0
-    assert json.loads((other / ckpt.TRAINER_STATE).read_text())["step"] == 300, "another sweep's checkpoint went"
+    for other in others:
+        assert json.loads((other / ckpt.TRAINER_STATE).read_text())["step"] == 300, f"{other} went"
     assert [p.parent.name.partition("@")[0] for p in store.glob("wd/*/checkpoint_*")] == [TRIAL]
     assert json.loads((tmp_path / "wd" / SAVED).read_text())["sweep"]["name"] == "wd"
     capsys.readouterr()
