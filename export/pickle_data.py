@@ -146,7 +146,7 @@ class _Machine:
                 if self.marks or len(self.stack) != 1:
                     raise PickleDataError("STOP with a malformed stack")
                 return self.stack[0]
-        raise PickleDataError(f"more than {MAX_OPCODES} opcodes (a state dict of 4,000 tensors has 120,000)")
+        raise PickleDataError(f"more than {MAX_OPCODES} opcodes, past any state dict or statistics file")
 
 
 _STOP = object()

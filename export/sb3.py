@@ -98,7 +98,9 @@ def read_sb3_zip(path: Path) -> Sb3Archive:
                 else "unknown"
             )
     except ZIP_ERRORS as err:
-        raise SacEdgeError(f"{path}: corrupt or truncated Stable-Baselines3 zip ({_first_line(err)})") from None
+        raise SacEdgeError(
+            f"{path}: corrupt or truncated Stable-Baselines3 zip ({_first_line(err)}); use the original file"
+        ) from None
     return Sb3Archive(data, state, variables, version)
 
 
@@ -159,7 +161,9 @@ def _read_json(raw: bytes, path: Path) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError, JSONDecodeError, a 5,000-digit integer
-        raise SacEdgeError(f"{path}: the archive's data entry is not JSON ({_first_line(err)})") from None
+        raise SacEdgeError(
+            f"{path}: the archive's data entry is not JSON ({_first_line(err)}); use the original file"
+        ) from None
     if not isinstance(data, dict):
         raise SacEdgeError(f"{path}: the archive's data entry is not a JSON object")
     return data
@@ -193,7 +197,9 @@ def _read_tensors(raw: bytes, path: Path, member: str) -> dict[str, torch.Tensor
     try:
         return load_state_dict(raw)
     except (PickleDataError, *ZIP_ERRORS) as err:
-        raise SacEdgeError(f"{path}: {member} is corrupt or not a plain tensor file ({_first_line(err)})") from None
+        raise SacEdgeError(
+            f"{path}: {member} is corrupt or not a plain tensor file ({_first_line(err)}); use the original file"
+        ) from None
 
 
 def _first_line(err: BaseException) -> str:
