@@ -293,10 +293,11 @@ def _check_values(state: dict[str, torch.Tensor], known: set[str], path: Path) -
         )
     for name, tensor in state.items():  # finite as the float32 the graph and the learner compute in
         if not tensor.is_floating_point() or not bool(torch.isfinite(tensor.float()).all()):
-            what = "not floating point" if not tensor.is_floating_point() else "NaN or values infinite in float32"
+            floating = tensor.is_floating_point()
+            what = "holds NaN or values infinite in float32" if floating else "is not floating point"
             raise SacEdgeError(
-                f"{path}: policy.pth's {name} holds {what}; the model diverged or the file is corrupt: export "
-                "an earlier checkpoint"
+                f"{path}: policy.pth's {name} {what}; the model diverged or the file is corrupt: export an earlier "
+                "checkpoint"
             )
 
 

@@ -145,7 +145,8 @@ def _variables(tensors: dict[str, torch.Tensor]) -> Maker:
     return lambda src, dst: rezip(src, dst, pytorch_variables_pth=saved(tensors))
 
 
-#: Each damaged zip and what its one line says; before, each ended in exit 1 "internal error".
+#: Each damaged zip and what its one line says; before, each ended in exit 1 "internal error" (but the integer
+#: tensor, exported as if it were float).
 DAMAGED: dict[str, tuple[Maker, str]] = {
     # zipfile's own exceptions besides BadZipFile, in the SB3 zip and in the torch.save zip inside it
     "a record 5 bytes shorter than its headers say (negative seek)": (
@@ -189,7 +190,7 @@ DAMAGED: dict[str, tuple[Maker, str]] = {
     ),
     "an integer tensor": (
         _state(lambda sd: sd.update({"actor.mu.bias": torch.zeros(1, dtype=torch.int64)})),
-        "actor.mu.bias holds not floating point",
+        "actor.mu.bias is not floating point",
     ),
     "log_ent_coef of two values": (_variables({"log_ent_coef": torch.zeros(2)}), "log_ent_coef is not one number"),
     # the recorded spaces: a low bound above the high one, a range past float32; JSON past int()'s limit
