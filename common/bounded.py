@@ -14,7 +14,9 @@ import errno
 import json
 import os
 import stat
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 from .errors import SacEdgeError
@@ -26,6 +28,22 @@ MAX_MEMBER_BYTES = 512 << 20
 #: The most bytes a verified bundle holds in memory in all (``open_bundle`` keeps every listed file): a
 #: bundle of a 1024x1024 policy with every precision and engine is ~150 MiB.
 MAX_BUNDLE_BYTES = 1 << 30
+#: What ``zipfile`` raises on a damaged archive besides ``BadZipFile``: a header offset before the start
+#: (ValueError: negative seek), a name that is not UTF-8 (UnicodeDecodeError), an unknown zip version or
+#: compression method (NotImplementedError), an encrypted member (RuntimeError), a bad CRC or stream.
+ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    zlib.error,
+    EOFError,
+    OSError,
+    KeyError,
+    ValueError,
+    OverflowError,
+    struct.error,
+    NotImplementedError,
+    RuntimeError,
+)
 
 
 def open_regular(

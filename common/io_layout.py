@@ -35,6 +35,9 @@ INTERFACES = ("position", "velocity", "effort")
 _PART_KEYS = {"source", "field", "joints", "topic", "size", "offset", "scale", "transform"}
 _TOP_KEYS = {"version", "observation", "action", "ignore_joints"}
 _ACTION_KEYS = {"interface", "joints", "scale", "offset"}
+#: The largest command a layout may make from an action within the policy's bounds: float32's largest value,
+#: so every command is finite as the double a ROS message carries and as a float a controller may keep.
+MAX_COMMAND = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -160,11 +163,28 @@ class IoLayout:
                 f"values; list {act_dim} joints under action.joints"
             )
 
+    def check_commands(self, action_low: Sequence[float], action_high: Sequence[float], source: str) -> None:
+        """One line when a command ``offset + scale * action`` for an action within the policy's bounds could
+        be larger than ``MAX_COMMAND`` (a scale of 1e308 makes ``+inf`` from an action of 2: sent to the robot);
+        ``check_dims`` first."""
+        a = self.action
+        low, high = np.asarray(action_low, np.float64), np.asarray(action_high, np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            reach = np.abs(a.offset) + np.abs(a.scale) * np.maximum(np.abs(low), np.abs(high))
+        bad = np.flatnonzero(~(reach <= MAX_COMMAND))
+        if bad.size:
+            i = int(bad[0])
+            raise SacEdgeError(
+                f"{source}: the command of joint {a.joints[i]!r}, offset {a.offset[i]:.3g} + scale {a.scale[i]:.3g} "
+                f"* an action in [{low[i]:.3g}, {high[i]:.3g}], reaches {reach[i]:.3g}, past {MAX_COMMAND:.3g} (a "
+                "command must be finite, as a float too); fix action.scale and action.offset"
+            )
+
     # -- the robot's values -> the observation --------------------------------------------------------
     def joint_map(self, names: Sequence[str], source: str = "JointState") -> JointMap:
         """The index of every layout joint in a ``JointState`` whose ``name`` is ``names``. A joint the layout
         uses that the message lacks, a joint the message has that the layout neither uses nor lists in
-        ``ignore_joints``, or a name given twice is one line naming it."""
+        ``ignore_joints``, or a name given twice is one line naming it. Linear in the number of joints."""
         given = list(names)
         where: dict[str, int] = {}
         for i, name in enumerate(given):
@@ -176,9 +196,10 @@ class IoLayout:
         if missing:
             raise SacEdgeError(
                 f"{source}: joint {missing[0]!r} of the layout is missing (the robot publishes "
-                f"{', '.join(given) or 'no joints'}); fix the joint's name in the layout"
+                f"{_few(given) or 'no joints'}); fix the joint's name in the layout"
             )
-        extra = [n for n in given if n not in set(used) and n not in self.ignore_joints]
+        known = {*used, *self.ignore_joints}
+        extra = [n for n in given if n not in known]
         if extra:
             raise SacEdgeError(
                 f"{source}: joint {extra[0]!r} is published by the robot but not in the layout; use it in the "
@@ -298,6 +319,7 @@ def bundle_layout(bundle: Any) -> IoLayout | None:
     path = bundle.path / names[0]
     layout = parse_layout(bundle.read(path), str(path))
     layout.check_dims(bundle.spec.obs_dim, bundle.spec.act_dim, str(path))
+    layout.check_commands(bundle.spec.action_low, bundle.spec.action_high, str(path))
     return layout
 
 
@@ -323,8 +345,8 @@ def parse_layout(data: bytes | str, source: str, *, yaml: bool = False) -> IoLay
         raise SacEdgeError(f"{source}: a layout is an object with 'observation' and 'action'")
     _no_unknown(raw, _TOP_KEYS, source)
     version = raw.get("version", LAYOUT_VERSION)
-    if version != LAYOUT_VERSION:
-        raise SacEdgeError(f"{source}: layout version {version!r} is not {LAYOUT_VERSION}; upgrade sac-edge")
+    if type(version) is not int or version != LAYOUT_VERSION:  # ``true`` == 1 in Python: not a version
+        raise SacEdgeError(f"{source}: layout version {_shown(version)} is not {LAYOUT_VERSION}; upgrade sac-edge")
     obs = raw.get("observation")
     if not isinstance(obs, list) or not obs:
         raise SacEdgeError(f"{source}: 'observation' must be a non-empty list of parts")
@@ -343,10 +365,22 @@ def _no_unknown(raw: Mapping[str, Any], known: set[str], source: str) -> None:
         raise SacEdgeError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
 
 
+def _shown(value: Any) -> str:
+    """A value from the file as a message shows it: its repr, cut short (a 4,000-digit number, a long text)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else f"a {len(str(value))}-digit number"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _few(names: Sequence[str], most: int = 8) -> str:
+    """The first ``most`` names, then how many more (a 16,000-joint list would otherwise be the message)."""
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
+
+
 def _choice(value: Any, choices: Sequence[str], what: str) -> str:
-    if value not in choices:
-        raise SacEdgeError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
-    return str(value)
+    if not isinstance(value, str) or value not in choices:
+        raise SacEdgeError(f"{what} must be one of {', '.join(choices)}, got {_shown(value)}")
+    return value
 
 
 def _names(value: Any, what: str, allow_empty: bool = False) -> tuple[str, ...]:
@@ -369,15 +403,19 @@ def _numbers(value: Any, size: int, default: float, what: str) -> np.ndarray:
     if value is None:
         return np.full(size, default)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        out = np.full(size, float(value))
+        values = [value] * size
     elif isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         if len(value) != size:
             raise SacEdgeError(f"{what} has {len(value)} values for {size} slots; give one number or {size}")
-        out = np.array(value, dtype=np.float64)
+        values = value
     else:
         raise SacEdgeError(f"{what} must be a number or a list of {size} numbers")
+    try:
+        out = np.array([float(v) for v in values], dtype=np.float64)
+    except OverflowError:  # an integer of 400 digits: past any float
+        out = np.full(size, np.inf)
     if not np.isfinite(out).all():
-        raise SacEdgeError(f"{what} must be finite")
+        raise SacEdgeError(f"{what} must be finite numbers (at most {np.finfo(np.float64).max:.3g})")
     return out
 
 

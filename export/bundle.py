@@ -113,6 +113,7 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
     layout = load_layout(cfg.layout) if cfg.layout is not None else None
     if layout is not None:  # before the slow work: a layout that does not fit the policy is refused at once
         layout.check_dims(source.spec.obs_dim, source.spec.act_dim, f"--layout {cfg.layout}")
+        layout.check_commands(source.spec.action_low, source.spec.action_high, f"--layout {cfg.layout}")
     with atomic_dir(out, replace=cfg.force) as stage:
         if layout is not None:
             atomic_write_json(stage / LAYOUT, layout.to_dict())

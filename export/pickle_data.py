@@ -42,6 +42,11 @@ DICT = "dict"
 PLAIN_DTYPES = {"b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8"}
 #: The largest integer a file may write (LONG1/LONG4 bytes); sizes fit in 8, a random seed state in 17.
 _MAX_LONG_BYTES = 64
+#: The most opcodes a stream may run (a state dict takes ~30 per tensor, a VecNormalize file ~500). Each makes
+#: at most one value (a list, a dict, a memo entry: ~100 bytes besides the file's own bytes), so this bounds
+#: what a stream of ``]`` opcodes (in an SB3 zip, deflated: 16 KiB for 16 MiB of them, 900 MiB of lists)
+#: can make the reader allocate to ~25 MiB, and its time to about a second.
+MAX_OPCODES = 1 << 18
 #: Dict keys must be of these types: hashing a file's nested tuple could recurse without bound.
 _KEY_TYPES = (str, bytes, int, float, bool, type(None))
 _MARK = object()
@@ -132,7 +137,7 @@ class _Machine:
     # -- the program -------------------------------------------------------------------------------------
     def run(self) -> Any:
         ops = _OPS
-        while True:
+        for _ in range(MAX_OPCODES):
             code = self.take(1)[0]
             op = ops.get(code)
             if op is None:
@@ -141,6 +146,7 @@ class _Machine:
                 if self.marks or len(self.stack) != 1:
                     raise PickleDataError("STOP with a malformed stack")
                 return self.stack[0]
+        raise PickleDataError(f"more than {MAX_OPCODES} opcodes, past any state dict or statistics file")
 
 
 _STOP = object()

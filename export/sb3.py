@@ -20,7 +20,6 @@ import io
 import json
 import math
 import zipfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,10 +27,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from sac_edge.common.bounded import MAX_JSON_BYTES, MAX_MEMBER_BYTES, read_zip_member
+from sac_edge.common.bounded import MAX_JSON_BYTES, MAX_MEMBER_BYTES, ZIP_ERRORS, read_zip_member
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.manifest import sha256_file
-from sac_edge.common.spec import PolicySpec
+from sac_edge.common.spec import MAX_DIM, PolicySpec
 from sac_edge.train.policies import ObsNormalizer
 
 from .pickle_data import PickleDataError
@@ -98,8 +97,10 @@ def read_sb3_zip(path: Path) -> Sb3Archive:
                 if ("_stable_baselines3_version" in names)
                 else "unknown"
             )
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, KeyError) as err:
-        raise SacEdgeError(f"{path}: corrupt or truncated Stable-Baselines3 zip ({err})") from None
+    except ZIP_ERRORS as err:
+        raise SacEdgeError(
+            f"{path}: corrupt or truncated Stable-Baselines3 zip ({_first_line(err)}); use the original file"
+        ) from None
     return Sb3Archive(data, state, variables, version)
 
 
@@ -144,11 +145,25 @@ def load_sb3_zip(
     return Sb3Model(path, spec, tensors, state, sha256_file(path), archive.version, obs_box, obs_norm)
 
 
+#: The most values the ``data`` entry may hold (each ``,``, ``[`` or ``{`` counted as one): SB3 writes a few
+#: hundred (arrays go into base64 ``:serialized:`` strings), while 16 MiB of ``[],`` (deflated: 20 KiB) would
+#: parse into 5 million lists, 400 MiB.
+MAX_DATA_VALUES = 1 << 16
+
+
 def _read_json(raw: bytes, path: Path) -> dict[str, Any]:
+    values = raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+    if values > MAX_DATA_VALUES:
+        raise SacEdgeError(
+            f"{path}: the archive's data entry holds about {values} JSON values, more than {MAX_DATA_VALUES} "
+            "(SB3 writes a few hundred); a corrupt or hostile file: use the original"
+        )
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise SacEdgeError(f"{path}: the archive's data entry is not JSON ({err})") from None
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError, JSONDecodeError, a 5,000-digit integer
+        raise SacEdgeError(
+            f"{path}: the archive's data entry is not JSON ({_first_line(err)}); use the original file"
+        ) from None
     if not isinstance(data, dict):
         raise SacEdgeError(f"{path}: the archive's data entry is not a JSON object")
     return data
@@ -162,7 +177,7 @@ def _check_records(raw: bytes, path: Path, member: str) -> None:
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as inner:
             records = inner.infolist()
-    except zipfile.BadZipFile:
+    except ZIP_ERRORS:
         raise SacEdgeError(
             f"{path}: {member} is not in torch's zip format (torch.save since 1.6); save the model with a current SB3"
         ) from None
@@ -181,23 +196,109 @@ def _read_tensors(raw: bytes, path: Path, member: str) -> dict[str, torch.Tensor
     _check_records(raw, path, member)
     try:
         return load_state_dict(raw)
-    except (PickleDataError, zipfile.BadZipFile, KeyError, RuntimeError) as err:
+    except (PickleDataError, *ZIP_ERRORS) as err:
         raise SacEdgeError(
-            f"{path}: {member} is corrupt or not a plain tensor file ({str(err).splitlines()[0][:160]})"
+            f"{path}: {member} is corrupt or not a plain tensor file ({_first_line(err)}); use the original file"
         ) from None
 
 
+def _first_line(err: BaseException) -> str:
+    """An exception's first line, short (a damaged file's own bytes may be in it)."""
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return text[:160]
+
+
 def _check_actor(state: dict[str, torch.Tensor], path: Path) -> tuple[int, ...]:
-    """The actor's hidden widths; refuse what the mapping cannot represent (gSDE, non-MLP extractors)."""
+    """The actor's hidden widths; refuse what the mapping cannot represent (gSDE, non-MLP extractors) and a
+    state dict that is not SB3's SAC MlpPolicy of consistent shapes (``_check_networks``)."""
     if "actor.log_std.weight" not in state or "actor.mu.weight" not in state:
         kind = "a gSDE policy (use_sde=True)" if "actor.log_std" in state else "not an SB3 SAC MlpPolicy"
         raise SacEdgeError(f"{path}: {kind}; only the default squashed-Gaussian SAC MlpPolicy can be exported")
-    hidden: list[int] = []
-    while f"actor.latent_pi.{2 * len(hidden)}.weight" in state:
-        hidden.append(int(state[f"actor.latent_pi.{2 * len(hidden)}.weight"].shape[0]))
-    if not hidden or any(k.startswith("actor.features_extractor.") for k in state):
+    if "actor.latent_pi.0.weight" not in state or any(k.startswith("actor.features_extractor.") for k in state):
         raise SacEdgeError(f"{path}: actor is not a plain MLP (no latent_pi layers or a learned feature extractor)")
+    return _check_networks(state, path)
+
+
+def _check_networks(state: dict[str, torch.Tensor], path: Path) -> tuple[int, ...]:
+    """The actor's hidden widths, after checking that ``state`` is exactly the tensors of SB3's SAC
+    MlpPolicy: Linear stacks whose shapes chain (actor ``latent_pi`` -> ``mu``/``log_std``; 1 to 16 critics
+    and their targets, of one shape, from observation + action to one Q-value), nothing else, floating point
+    and finite. A damaged file is one line here, not a shape error deep in torch or SB3."""
+    first = state["actor.latent_pi.0.weight"]
+    obs_dim = int(first.shape[1]) if first.ndim == 2 else 0
+    hidden = _mlp(state, "actor.latent_pi", obs_dim, path)
+    act_dim = int(state["actor.mu.weight"].shape[0]) if state["actor.mu.weight"].ndim == 2 else 0
+    for head in ("actor.mu", "actor.log_std"):
+        _linear(state, f"{head}.weight", f"{head}.bias", hidden[-1], act_dim, path)
+    known = {f"actor.{head}.{p}" for head in ("mu", "log_std") for p in ("weight", "bias")}
+    known |= {f"actor.latent_pi.{2 * i}.{p}" for i in range(len(hidden)) for p in ("weight", "bias")}
+    widths: dict[str, list[int]] = {}
+    for prefix in ("critic", "critic_target"):
+        for q in range(MAX_CRITICS):
+            if f"{prefix}.qf{q}.0.weight" not in state:
+                break
+            widths[f"{prefix}.qf{q}"] = _mlp(state, f"{prefix}.qf{q}", obs_dim + act_dim, path)
+            layers = len(widths[f"{prefix}.qf{q}"])
+            known |= {f"{prefix}.qf{q}.{2 * i}.{p}" for i in range(layers) for p in ("weight", "bias")}
+    shapes = {tuple(w) for w in widths.values()}
+    if "critic.qf0" not in widths or len(shapes) != 1 or next(iter(shapes))[-1] != 1:
+        raise SacEdgeError(
+            f"{path}: policy.pth's critics are missing or of different shapes (widths {str(widths)[:120]}); "
+            "an SB3 SAC policy has critics and target critics of one shape ending in one Q-value"
+        )
+    if len(widths) != 2 * sum(1 for name in widths if name.startswith("critic.")):
+        raise SacEdgeError(f"{path}: policy.pth's critic and critic_target hold different numbers of Q-networks")
+    _check_values(state, known, path)
     return tuple(hidden)
+
+
+#: The most Q-networks an SB3 critic may hold (SB3's default is 2).
+MAX_CRITICS = 16
+
+
+def _mlp(state: dict[str, torch.Tensor], prefix: str, n_in: int, path: Path) -> list[int]:
+    """The widths of the Linear stack ``prefix.0``, ``prefix.2``, ... (SB3's ``create_mlp``: a ReLU between),
+    each layer taking the previous one's width, the first ``n_in``."""
+    widths: list[int] = []
+    while f"{prefix}.{2 * len(widths)}.weight" in state:
+        at = f"{prefix}.{2 * len(widths)}"
+        weight = state[f"{at}.weight"]
+        out = int(weight.shape[0]) if weight.ndim == 2 else 0
+        _linear(state, f"{at}.weight", f"{at}.bias", n_in, out, path)
+        widths.append(out)
+        n_in = out
+    return widths
+
+
+def _linear(state: dict[str, torch.Tensor], weight: str, bias: str, n_in: int, n_out: int, path: Path) -> None:
+    """Refuse (one line) a Linear layer that is not ``weight [n_out, n_in]`` and ``bias [n_out]``, each size
+    from 1 to ``MAX_DIM`` (buffers downstream are sized from them)."""
+    w, b = state.get(weight), state.get(bias)
+    shown = (tuple(w.shape) if w is not None else None, tuple(b.shape) if b is not None else None)
+    if not (0 < n_in <= MAX_DIM and 0 < n_out <= MAX_DIM and shown == ((n_out, n_in), (n_out,))):
+        raise SacEdgeError(
+            f"{path}: policy.pth's {weight.rsplit('.', 1)[0]} has weight and bias of shapes {shown}, not a Linear "
+            f"layer from the previous width ({n_in}) of at most {MAX_DIM}; a corrupt file or not an SB3 SAC MlpPolicy"
+        )
+
+
+def _check_values(state: dict[str, torch.Tensor], known: set[str], path: Path) -> None:
+    """Only the tensors SB3's SAC MlpPolicy has, each floating point and finite (NaN weights export a graph
+    that acts, and critics that make on-device fine-tuning discard every update)."""
+    extra = sorted(set(state) - known)
+    if extra:
+        raise SacEdgeError(
+            f"{path}: policy.pth holds {extra[0][:80]!r}, which SB3's SAC MlpPolicy has not; a corrupt file or "
+            "another policy class"
+        )
+    for name, tensor in state.items():  # finite as the float32 the graph and the learner compute in
+        if not tensor.is_floating_point() or not bool(torch.isfinite(tensor.float()).all()):
+            floating = tensor.is_floating_point()
+            what = "holds NaN or values infinite in float32" if floating else "is not floating point"
+            raise SacEdgeError(
+                f"{path}: policy.pth's {name} {what}; the model diverged or the file is corrupt: export an earlier "
+                "checkpoint"
+            )
 
 
 def _parse_numpy_repr(text: Any, size: int, kind: type) -> np.ndarray | None:
@@ -235,13 +336,22 @@ def recorded_box(data: dict[str, Any], key: str, path: Path, dim: int, *, need_b
         if need_bounds:
             raise SacEdgeError(f"{path}: the zip's {key} bounds are missing or abridged in numpy's repr; pass --env ID")
         low, high = np.full(dim, -np.inf), np.full(dim, np.inf)
-    bounded = np.isfinite(low) & np.isfinite(high)
+    inverted = np.isnan(low) | np.isnan(high) | (low >= high if need_bounds else low > high)
+    if inverted.any():
+        raise SacEdgeError(
+            f"{path}: the recorded {key} has its low bound above its high bound (or NaN) in dimensions "
+            f"{np.flatnonzero(inverted).tolist()}; a corrupt file: pass --env ID"
+        )
+    with np.errstate(over="ignore"):  # the graph computes in float32: a bound or a range past it is inf there
+        low, high = low.astype(np.float32).astype(np.float64), high.astype(np.float32).astype(np.float64)
+        span = high.astype(np.float32) - low.astype(np.float32)
+    bounded = np.isfinite(low) & np.isfinite(high) & np.isfinite(span)
     if below is not None and above is not None:
         bounded &= below & above
     if need_bounds and not bounded.all():
         raise SacEdgeError(
-            f"{path}: the recorded {key} is unbounded in dimensions {np.flatnonzero(~bounded).tolist()}; "
-            "a SAC policy needs finite action bounds"
+            f"{path}: the recorded {key} is unbounded in dimensions {np.flatnonzero(~bounded).tolist()} (or its "
+            "range overflows float32); a SAC policy needs finite action bounds"
         )
     return Box((dim,), np.where(bounded, low, -np.inf), np.where(bounded, high, np.inf))
 
@@ -273,16 +383,16 @@ def _actor_tensors(state: dict[str, torch.Tensor], n_hidden: int) -> dict[str, t
 
 
 def _linear_layers(state: dict[str, torch.Tensor], prefix: str) -> list[int]:
-    """Indices of the Linear layers under ``prefix.`` (``prefix.<i>.weight``), in numeric order."""
-    cut = len(prefix) + 1
-    return sorted(int(k[cut:].split(".")[0]) for k in state if k.startswith(prefix + ".") and k.endswith(".weight"))
+    """Indices of the Linear layers under ``prefix.`` (``prefix.0``, ``prefix.2``, ...; ``_mlp`` checked them)."""
+    layers = 0
+    while f"{prefix}.{2 * layers}.weight" in state:
+        layers += 1
+    return [2 * i for i in range(layers)]
 
 
 def _critic_tensors(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """SB3's separate ``qf0``/``qf1``/... Linear stacks -> the fused ensemble's ``weights.j [n, in, out]``."""
-    n_critics = sum(1 for q in range(16) if f"{prefix}.qf{q}.0.weight" in state)
-    if n_critics == 0:
-        raise SacEdgeError(f"policy.pth has no {prefix} weights; not an SB3 SAC policy")
+    n_critics = sum(1 for q in range(MAX_CRITICS) if f"{prefix}.qf{q}.0.weight" in state)
     out: dict[str, torch.Tensor] = {}
     for j, layer in enumerate(_linear_layers(state, f"{prefix}.qf0")):
         ws = [state[f"{prefix}.qf{q}.{layer}.weight"].t() for q in range(n_critics)]
@@ -293,13 +403,28 @@ def _critic_tensors(state: dict[str, torch.Tensor], prefix: str) -> dict[str, to
 
 
 def _log_alpha(data: dict[str, Any], variables: dict[str, torch.Tensor], path: Path) -> torch.Tensor:
-    """``log_ent_coef`` when alpha was learned, else ``log(ent_coef)`` from the plain JSON field."""
+    """``log_ent_coef`` when alpha was learned, else ``log(ent_coef)`` from the plain JSON field; finite in
+    float32 either way (a NaN alpha exports cleanly, then on-device fine-tuning rejects every update)."""
     if "log_ent_coef" in variables:
-        return variables["log_ent_coef"].detach().reshape(1).float()
-    try:
-        return torch.tensor([math.log(float(data["ent_coef"]))], dtype=torch.float32)
-    except (KeyError, TypeError, ValueError):
-        raise SacEdgeError(f"{path}: no entropy coefficient (log_ent_coef or a numeric ent_coef)") from None
+        value = variables["log_ent_coef"]
+        if value.numel() != 1 or not value.is_floating_point():
+            raise SacEdgeError(f"{path}: pytorch_variables.pth's log_ent_coef is not one number; a corrupt file")
+        log_alpha, shown = value.detach().reshape(1).float(), f"log_ent_coef {float(value.reshape(-1)[0])}"
+    else:
+        raw = data.get("ent_coef")
+        try:
+            coef = float(raw) if isinstance(raw, (int, float, str)) and not isinstance(raw, bool) else math.nan
+        except (ValueError, OverflowError):
+            coef = math.nan
+        if not math.isfinite(coef) or coef <= 0:
+            raise SacEdgeError(
+                f"{path}: no entropy coefficient (log_ent_coef, or ent_coef as a positive finite number: the zip "
+                f"has {str(raw)[:40]!r})"
+            )
+        log_alpha, shown = torch.tensor([math.log(coef)], dtype=torch.float32), f"ent_coef {coef}"
+    if not bool(torch.isfinite(log_alpha).all()):
+        raise SacEdgeError(f"{path}: the entropy coefficient ({shown[:60]}) is not finite; a corrupt file")
+    return log_alpha
 
 
 def _identity_normalizer(obs_dim: int) -> ObsNormalizer:

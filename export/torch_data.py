@@ -7,6 +7,7 @@ but the few a state dict names (``OrderedDict``, ``_rebuild_tensor_v2``, the typ
 from __future__ import annotations
 
 import io
+import math
 import zipfile
 from typing import Any, NamedTuple
 
@@ -26,6 +27,7 @@ _STORAGES = {
     "ByteStorage": torch.uint8,
     "BoolStorage": torch.bool,
 }
+_ITEM_BYTES = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in _STORAGES.values()}
 _GLOBALS = {
     ("collections", "OrderedDict"): DICT,
     ("torch._utils", "_rebuild_tensor_v2"): "tensor",
@@ -57,21 +59,52 @@ def _ints(value: Any) -> tuple[int, ...]:
     return value
 
 
-def _tensor(value: Any, blobs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The tensor a ``_rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks)`` record
-    describes, copied out of its storage after its extent is checked against the storage's size."""
+class _View(NamedTuple):
+    """A tensor a ``_rebuild_tensor_v2`` record describes: a view of one storage, not yet built."""
+
+    storage: _Storage
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """What building it allocates (``as_strided(...).clone()`` copies every element, even of a stride-0
+        view)."""
+        return math.prod(self.size) * _ITEM_BYTES[self.storage.dtype]
+
+
+def _view(value: Any) -> _View:
+    """The view a ``_rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks)`` record
+    describes, its extent checked against the storage's declared size."""
     args = value.args if isinstance(value, Ref) and value.kind == "tensor" and not value.built else None
     if not (isinstance(args, tuple) and len(args) in (6, 7) and isinstance(args[0], _Storage)):
         raise PickleDataError("a value that is not a plain tensor")
     storage, offset, size, stride = args[0], args[1], _ints(args[2]), _ints(args[3])
     if type(offset) is not int or offset < 0 or len(size) != len(stride) or args[5] != {}:
         raise PickleDataError("a tensor with a bad offset, stride or hooks")
-    flat = blobs.get(storage.key)
-    if flat is None or flat.dtype != storage.dtype or flat.numel() != storage.numel:
-        raise PickleDataError(f"storage {storage.key[:12]} is missing or not of its declared size")
     if 0 not in size and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= storage.numel:
         raise PickleDataError("a tensor reaching past its storage")
-    return torch.as_strided(flat, size, stride, offset).clone()
+    return _View(storage, offset, size, stride)
+
+
+def _check_total(views: dict[str, _View], storages: dict[str, _Storage]) -> None:
+    """Refuse, before any is built, views that together take more memory than the storages the file holds:
+    a state dict's tensors never overlap, but a stride-0 view of one value or one tensor under thousands of
+    names would make a few KiB of file allocate gigabytes."""
+    held = sum(s.numel * _ITEM_BYTES[s.dtype] for s in storages.values())
+    total = sum(view.nbytes for view in views.values())
+    if total > held:
+        raise PickleDataError(
+            f"its {len(views)} tensors take {total} bytes, more than the {held} bytes of data it holds "
+            "(repeated or overlapping views, not a state dict)"
+        )
+
+
+def _build(view: _View, blobs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tensor of ``view``, copied out of its storage's bytes."""
+    flat = blobs[view.storage.key]
+    return torch.as_strided(flat, view.size, view.stride, view.offset).clone()
 
 
 def read_state_dict(archive: zipfile.ZipFile) -> dict[str, torch.Tensor]:
@@ -92,19 +125,21 @@ def read_state_dict(archive: zipfile.ZipFile) -> dict[str, torch.Tensor]:
         return found
 
     top = read_pickle(archive.read(pkl[0]), _GLOBALS, persistent)
+    if not isinstance(top, dict) or not all(isinstance(k, str) for k in top):
+        raise PickleDataError("not a dict of named tensors")
+    views = {name: _view(value) for name, value in top.items()}
+    _check_total(views, storages)
     blobs = {}
     for key, found in storages.items():
         member = f"{root}data/{key}"
         if member not in names:
             raise PickleDataError(f"storage {key[:12]} is missing")
         raw = archive.read(member)
-        size = found.numel * torch.empty((), dtype=found.dtype).element_size()
+        size = found.numel * _ITEM_BYTES[found.dtype]
         if len(raw) != size:
             raise PickleDataError(f"storage {key[:12]} holds {len(raw)} bytes for {size}")
         blobs[key] = torch.frombuffer(bytearray(raw), dtype=found.dtype) if size else torch.empty(0, dtype=found.dtype)
-    if not isinstance(top, dict) or not all(isinstance(k, str) for k in top):
-        raise PickleDataError("not a dict of named tensors")
-    return {name: _tensor(value, blobs) for name, value in top.items()}
+    return {name: _build(view, blobs) for name, view in views.items()}
 
 
 def load_state_dict(raw: bytes) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ sac-edge's ``ObsNormalizer``, so the statistics are baked into the exported grap
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -147,4 +148,27 @@ def load_vecnormalize(path: Path) -> VecNormStats:
     mean, var = mean.astype(np.float64), var.astype(np.float64)
     if not (np.isfinite(mean).all() and np.isfinite(var).all() and (var >= 0).all() and clip_obs > 0):
         raise SacEdgeError(f"{path}: VecNormalize statistics are not finite (or a variance is negative)")
+    _check_scale(path, var, epsilon)
     return VecNormStats(path, mean, var, epsilon, clip_obs)
+
+
+def _check_scale(path: Path, var: np.ndarray, epsilon: float) -> None:
+    """Refuse an ``epsilon`` that is not a finite number >= 0, and statistics whose scale
+    ``1 / sqrt(var + epsilon)`` is 0, subnormal or infinite in the graph's float32: an infinite epsilon (or
+    a variance past 1e76) maps every observation to 0, so the policy gives one action for every state and
+    the parity check, which uses the same statistics, cannot see it; a zero one divides by zero."""
+    if not (math.isfinite(epsilon) and epsilon >= 0):
+        raise SacEdgeError(
+            f"{path}: VecNormalize epsilon is {epsilon}, not a finite number >= 0 (SB3's default is 1e-8); "
+            "pass the .pkl that VecNormalize.save wrote"
+        )
+    with np.errstate(divide="ignore", over="ignore"):
+        scale = (1.0 / np.sqrt(var + epsilon)).astype(np.float32)
+    bad = np.flatnonzero(~(np.isfinite(scale) & (scale >= np.finfo(np.float32).tiny)))
+    if bad.size:
+        at = int(bad[0])
+        raise SacEdgeError(
+            f"{path}: VecNormalize's var + epsilon is {var[at] + epsilon:.3g} in observation dimension {at}, so "
+            f"1/sqrt(var + epsilon) is {float(scale[at]):.3g} in float32 (0 or subnormal: one action for every "
+            "state; inf: a division by zero); pass the .pkl that VecNormalize.save wrote"
+        )

@@ -62,3 +62,14 @@ def clean_finetune_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from finetune_bundles import make_finetune_bundle
 
     return make_finetune_bundle(tmp_path_factory.mktemp("security") / "finetune")
+
+
+@pytest.fixture(scope="session")
+def sb3_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained Stable-Baselines3 SAC zip for Pendulum-v1 (hidden [8]; alpha learned: ``log_ent_coef``),
+    never modified: the hostile zips are copies of it."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    model = sb3.SAC("MlpPolicy", "Pendulum-v1", policy_kwargs={"net_arch": [8]}, buffer_size=10, device="cpu")
+    path = tmp_path_factory.mktemp("sb3") / "sac.zip"
+    model.save(path)
+    return path

@@ -11,12 +11,12 @@ from __future__ import annotations
 import io
 import json
 import pickle
-import struct
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hostile_zips import SIZE, patch_central
 
 from sac_edge.common import bounded
 from sac_edge.common.errors import SacEdgeError
@@ -34,17 +34,7 @@ def _zip(path: Path, policy: bytes) -> Path:
 
 def _declare_size(path: Path, member: str, size: int) -> None:
     """Rewrite ``member``'s uncompressed size in the central directory (the size zipfile trusts)."""
-    data = bytearray(path.read_bytes())
-    name = member.encode()
-    at = data.find(b"PK\x01\x02")  # first central directory header
-    while at != -1:
-        name_len = struct.unpack_from("<H", data, at + 28)[0]
-        if data[at + 46 : at + 46 + name_len] == name:
-            struct.pack_into("<I", data, at + 24, size)
-            path.write_bytes(bytes(data))
-            return
-        at = data.find(b"PK\x01\x02", at + 4)
-    raise AssertionError(member)
+    path.write_bytes(patch_central(path.read_bytes(), member, SIZE, size))
 
 
 def test_zip_member_declared_to_inflate_to_gigabytes_is_refused_unread(

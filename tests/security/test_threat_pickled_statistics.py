@@ -100,15 +100,6 @@ def real_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return files
 
 
-@pytest.fixture(scope="module")
-def sb3_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An untrained SB3 SAC zip (the VecNormalize file is read before the zip's tensors)."""
-    model = sb3.SAC("MlpPolicy", "Pendulum-v1", policy_kwargs={"net_arch": [8]}, buffer_size=10, device="cpu")
-    path = tmp_path_factory.mktemp("sb3") / "sac.zip"
-    model.save(path)
-    return path
-
-
 def test_real_files_give_sb3s_own_statistics(real_files: list[Path]) -> None:
     import gymnasium as gym
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
