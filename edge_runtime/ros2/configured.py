@@ -49,6 +49,15 @@ def output_file(path: str, overwrite: bool, what: str) -> None:
         raise SacEdgeError(f"{what} {path}: its directory does not exist")
 
 
+def resolved(node: Any, parameter: str, name: str) -> str:
+    """``name`` as the node resolves it (namespace, remaps); one line when it is no valid topic name."""
+    try:
+        return str(node.resolve_topic_name(name))
+    except Exception as err:
+        why = str(err).split(", at ")[0].splitlines()[0]
+        raise SacEdgeError(f"{parameter} {escaped(name)!r} is not a valid topic name ({why})") from None
+
+
 class Entities:
     """The subscriptions, publishers and timers one configuration made, destroyed together."""
 
@@ -155,7 +164,7 @@ def configure(node: Any) -> Configured:
     layout = bundle_layout(bundle)
     if layout is None:
         raise SacEdgeError(f"{bundle.path} has no layout: export it with sac-export --layout FILE (docs/CONTRACTS.md)")
-    state_topic = node.resolve_topic_name(params.state_topic)
+    state_topic = resolved(node, "state_topic", params.state_topic)
     state_qos = profile(*params.state_qos, "state")
     command_qos = profile(*params.command_qos, "command")
     inputs = RobotInputs(layout, state_topic, node.clock_ns)
@@ -167,12 +176,12 @@ def configure(node: Any) -> Configured:
         made.callback(runtime.close)
         runtime.open()
         configured = Configured(node, params, layout, runtime, inputs)
-        made.callback(configured.entities.destroy_all)
-        configured.connect(state_qos, command_qos)
-        configured.idle_us = _enter_realtime(log, params.run.realtime)
         if params.record:
             configured.open_recorder()
             made.callback(configured.drop_recorder)
+        made.callback(configured.entities.destroy_all)
+        configured.connect(state_qos, command_qos)
+        configured.idle_us = _enter_realtime(log, params.run.realtime)
         configured.warm_up()
         made.pop_all()
     return configured
@@ -217,12 +226,13 @@ class Configured:
 
         p, e, node = self.params, self.entities, self.node
         outputs = CommandOutputs(
-            self.layout, node.resolve_topic_name(p.command_topic),
-            node.resolve_topic_name(p.trajectory_topic) if p.trajectory_topic else "",
+            self.layout, resolved(node, "command_topic", p.command_topic),
+            resolved(node, "trajectory_topic", p.trajectory_topic) if p.trajectory_topic else "",
             lambda msg_type, topic: e.pub(msg_type, topic, command_qos), p.period_ns,
         )  # fmt: skip
         self.stepper = Stepper(self.runtime, self.inputs, outputs, self.transitions, int(p.max_input_age_ms * 1e6),
-                               node.get_logger(), node.resolve_topic_name(p.state_topic))  # fmt: skip
+                               node.get_logger(), resolved(node, "state_topic", p.state_topic))  # fmt: skip
+        self.stepper.recorder = self.recorder
         e.sub(JointState, p.state_topic, self._on_state, state_qos)
         topics: set[str] = set()
         for part in self.layout.parts:
@@ -239,12 +249,12 @@ class Configured:
     def open_recorder(self) -> None:
         clock = self.node.get_clock()
         self.recorder = Recorder(self.params.record, self.params.record_overwrite, lambda: clock.now().nanoseconds)
-        self.stepper.recorder = self.recorder
 
     def drop_recorder(self) -> None:
         """A configure that failed after the record file was opened: the file goes (a retry starts clean)."""
         recorder, self.recorder = self.recorder, None
-        self.stepper.recorder = None
+        if hasattr(self, "stepper"):
+            self.stepper.recorder = None
         if recorder is not None:
             recorder.abandon()
 
@@ -328,7 +338,11 @@ class Configured:
             self.node.trigger_deactivate()
             return
         if stepper.ended_episode and self.runtime.shield is not None and self.layout.action.interface == "position":
-            self.runtime.shield.restart(self.inputs.pose_action())  # from the robot's pose, as activate does
+            origin = self.inputs.pose_action()  # the next step ramps from the robot's pose, as after activate
+            self.runtime.shield.restart(origin)
+            stepper.event(
+                {"type": "ramp_origin", "action": origin, "cause": "episode_end", "step": stepper.stats.steps}
+            )
         stale = stepper.stale_now
         if stale is None:
             self._stale_since = 0

@@ -92,7 +92,14 @@ NODE_PARAMETERS = (
     NodeParameter("reward_topic", "", "std_msgs/Float64 reward of each step, fed to Runtime.observe ('': off)"),
     NodeParameter("episode_end_topic", "", "std_msgs/Bool: true = terminated, false = truncated ('': off)"),
     NodeParameter("state_qos_reliability", "best_effort", "reliable or best_effort", choices=RELIABILITIES),
-    NodeParameter("state_qos_depth", 1, "history depth of the state subscription", True, 1, 1000),
+    NodeParameter(
+        "state_qos_depth",
+        10,
+        "history depth of the state subscription (one slot per JointState publisher at least: their states merge)",
+        True,
+        1,
+        1000,
+    ),
     NodeParameter("state_qos_durability", "volatile", "volatile or transient_local", choices=DURABILITIES),
     NodeParameter(
         "command_qos_reliability",

@@ -100,14 +100,14 @@ class Stepper:
         if stale != self.stale_now:
             self._note_stale(stale, t0, since)
         self.ended_episode = False
+        if not self.inputs.take_new() and runtime.shield is not None:
+            runtime.shield.same_input()  # the timer re-steps a state (or holds one): no stuck sensor for that
         try:
             if stale is not None:
                 stats.stale(stale)
                 action = runtime.hold(self.obs)  # the shield's fallback, counted by the runtime
             else:
                 self._record(self.state_topic, "sensor_msgs/msg/JointState", self.inputs.latest)
-                if not self.inputs.take_new() and runtime.shield is not None:
-                    runtime.shield.same_input()  # the timer re-steps a state: no stuck sensor for that
                 action = runtime.act(self.obs)
                 if self.transitions is not None:
                     self.ended_episode = self.transitions.step(runtime, self.obs, action)
