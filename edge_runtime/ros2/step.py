@@ -79,6 +79,8 @@ class Stepper:
         self.record_drops = 0
         self.recording_stopped: str | None = None
         self._logged_problem: str | None = None
+        self._fallbacks = 0
+        self._causes: dict[str, int] = {}
 
     def restart(self, message_mode: bool) -> None:
         self.message_mode = message_mode
@@ -115,8 +117,23 @@ class Stepper:
             self.record_command(self.outputs.publish(err.action, self.safe))
             return err
         self.record_command(self.outputs.publish(action, self.safe))
+        shield = runtime.shield
+        if shield is not None and shield.counts.fallbacks != self._fallbacks:
+            self._fallback_began(shield.counts)
         stats.took(clock_ns() - t0)
         return None
+
+    def _fallback_began(self, counts: Any) -> None:
+        """The shield entered its fallback: its cause logged once (a stale input's is logged as stale)."""
+        self._fallbacks = counts.fallbacks
+        causes = dict(counts.causes)
+        began = [c for c, n in causes.items() if n != self._causes.get(c, 0)]
+        self._causes = causes
+        for cause in began:
+            if cause != "not_inferred":
+                what = {"envelope": "the observation left the training envelope", "stuck": "a sensor repeats itself"}
+                self.log.warning(f"shield fallback: {what.get(cause, cause)} ({cause}), until it clears; then the ramp")
+                self.event({"type": "fallback", "cause": cause, "step": self.stats.steps})
 
     def on_state(self, problem: str | None) -> None:
         """A JointState came: an invalid one (dropped) is counted and named in the log, each problem once

@@ -7,8 +7,8 @@ joints ``j0..`` of damped double integrators driven by effort, plus an unused ``
 driver's and a gripper driver's). ``--lockstep``: the next state is published when a command arrives (a step
 per command; the state is sent again every 0.2 s while no command comes). Else states go out at ``--rate-hz``
 and the latest command applies. ``--pause-at S --pause-s D``: stop publishing D seconds from S s after the
-first command. On SIGINT/SIGTERM: writes ``--out`` (JSON: commands received, states published, publish
-times) and exits."""
+first command; ``--freeze-at S``: from S s after it, the same values (a stuck sensor). On SIGINT/SIGTERM:
+writes ``--out`` (JSON: commands received, states published, publish times) and exits."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--pause-s", type=float, default=0.0)
     ap.add_argument("--reward", action="store_true", help="a reward per command on /reward, /episode_end every 100")
     ap.add_argument("--command-qos", choices=("reliable", "best_effort"), default="reliable")
+    ap.add_argument("--freeze-at", type=float, default=-1.0, help="from S s after the first command: the same values")
     ap.add_argument("--prefix", default="", help="a namespace for every topic (e.g. /robot1)")
     ap.add_argument("--split", action="store_true", help="each state as two JointStates: half the joints each")
     ap.add_argument("--out", required=True)
@@ -68,7 +69,13 @@ def main() -> None:
     record: dict = {"commands": [], "published": 0, "first_command_t": None, "pause": None}
     last_command = {"t": 0.0}
 
+    frozen: dict = {}
+
     def publish() -> None:
+        start = record["first_command_t"]
+        if args.freeze_at >= 0 and start is not None and time.monotonic() - start >= args.freeze_at and not frozen:
+            frozen.update({n: list(v) for n, v in state.items()})  # a stuck sensor: these values from now on
+        values = frozen or state
         half = len(names) // 2 if args.split else len(names)
         for part in (slice(0, half), slice(half, None)):
             if not names[part]:
@@ -76,8 +83,8 @@ def main() -> None:
             msg = JointState()
             msg.header.stamp = node.get_clock().now().to_msg()
             msg.name = shown[part]
-            msg.position = [state[n][0] for n in names[part]]
-            msg.velocity = [state[n][1] for n in names[part]]
+            msg.position = [values[n][0] for n in names[part]]
+            msg.velocity = [values[n][1] for n in names[part]]
             msg.effort = [0.0] * len(names[part])
             pub.publish(msg)
         record["published"] += 1

@@ -80,9 +80,9 @@ def test_deactivate_and_sigint_end_in_the_configured_safe_command_and_age_change
 ) -> None:
     """An effort robot, ``safe_action:=0.0``: deactivate's and SIGINT's last command is 0, not the last action
     again (the fallback holds the last action: only a stop sends 0); ``max_input_age_ms`` set while active
-    applies at once."""
+    applies at once; the sim's frozen values make a stuck-sensor fallback whose cause is logged."""
     sim_out = tmp_path / "sim.json"
-    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", "100", "--out", str(sim_out))
+    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", "100", "--freeze-at", "0.5", "--out", str(sim_out))
     procs.node(pendulum_layout_bundle, "rate_hz:=100.0", "max_input_age_ms:=1000.0", "max_stale_s:=100.0",
                "backend:=onnxruntime", "safe_action:=0.0", "fallback:=hold", "ramp_steps:=0")  # fmt: skip
     steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure", "activate", "sleep:1",
@@ -91,6 +91,7 @@ def test_deactivate_and_sigint_end_in_the_configured_safe_command_and_age_change
     assert all(s["ok"] for s in steps), steps
     err = procs.text("node", "err")
     assert "input state is stale" in err and "limit 0.01 ms" in err, err  # the new age limit applied
+    assert "shield fallback: a sensor repeats itself (stuck)" in err, err  # the sim froze: its cause, logged
     assert procs.stop("node", signal.SIGINT) == 0
     procs.stop("sim")
     commands = json.loads(sim_out.read_text())["commands"]
