@@ -23,7 +23,7 @@ from sac_edge.edge_runtime.control.realtime import enter_realtime, hold_idle_lat
 from sac_edge.edge_runtime.runtime import Caller, Runtime
 
 from .compat import event_callbacks
-from .inputs import RobotInputs, escaped
+from .inputs import STATE, RobotInputs, escaped
 from .outputs import CommandOutputs
 from .parameters import NodeParameters
 from .qos import incompatible_warning, profile
@@ -215,6 +215,8 @@ class Configured:
         self.stale_stop: str | None = None
         """The input stale past ``max_stale_s`` that made the node inactive (until the next activate)."""
         self.timer: Any = None
+        self.rate_hz = params.rate_hz
+        """The rate the timer runs at (the governor may lower it)."""
         self.transitions = Transitions() if params.reward_topic else None
         self.stepper: Stepper
         self._stale_since = 0
@@ -233,6 +235,9 @@ class Configured:
         self.stepper = Stepper(self.runtime, self.inputs, outputs, self.transitions, int(p.max_input_age_ms * 1e6),
                                node.get_logger(), resolved(node, "state_topic", p.state_topic))  # fmt: skip
         self.stepper.recorder = self.recorder
+        if self.recorder is not None:
+            self.recorder.declare(self.stepper.state_topic, "sensor_msgs/msg/JointState", p.state_qos)
+            self.recorder.declare(outputs.command_topic, "std_msgs/msg/Float64MultiArray", p.command_qos)
         e.sub(JointState, p.state_topic, self._on_state, state_qos)
         topics: set[str] = set()
         for part in self.layout.parts:
@@ -295,7 +300,7 @@ class Configured:
         self.stale_stop, self._stale_since = None, 0
         self.stepper.restart(self.params.message_mode)
         if not self.params.message_mode:
-            self.timer = self.entities.timer(self.params.period_ns / 1e9, self._on_timer)
+            self.timer = self.entities.timer(1.0 / self.rate_hz, self._on_timer)
         self.stepper.event({"type": "lifecycle", "state": "active"})
         start = "no ramp (no shield)" if shield is None else "ramp from the " + (
             "robot's pose" if origin is not None else "safe action")  # fmt: skip
@@ -308,8 +313,8 @@ class Configured:
         if self.layout.action.interface != "position":
             return None
         now, limit = self.node.clock_ns(), self.stepper.age_ns
-        seen = self.inputs.seen_ns("state")
-        if not seen or now - seen > limit:
+        seen = self.inputs.seen_ns(STATE)
+        if now - seen > limit:  # NEVER is older than any limit
             self.node.get_logger().warning(
                 f"activate: the latest JointState is {(now - seen) / 1e6:.0f} ms old (limit {limit / 1e6:g} ms): "
                 "the ramp starts at the shield's safe action, not at the robot's pose"
@@ -337,6 +342,9 @@ class Configured:
             self.node.get_logger().error(f"{stopped}; going to the error state")
             self.node.trigger_deactivate()
             return
+        rate_hz = self.runtime.tick().rate_hz  # budgets once a second (cached in between)
+        if rate_hz != self.rate_hz:
+            self._retime(rate_hz)
         if stepper.ended_episode and self.runtime.shield is not None and self.layout.action.interface == "position":
             origin = self.inputs.pose_action()  # the next step ramps from the robot's pose, as after activate
             self.runtime.shield.restart(origin)
@@ -357,6 +365,14 @@ class Configured:
             self.node.get_logger().error(self.stale_stop)
             self.node.trigger_deactivate()
             self.node.diagnostics.publish()
+
+    def _retime(self, rate_hz: float) -> None:
+        """The governor lowered (or restored) the rate: the timer follows."""
+        self.rate_hz = rate_hz
+        self.stepper.period_ns = int(1e9 / rate_hz)
+        if self.timer is not None:
+            self.entities.destroy(self.timer)
+            self.timer = self.entities.timer(1.0 / rate_hz, self._on_timer)
 
     def stop_stepping(self, node: Any) -> None:
         self.idle_hold.close()

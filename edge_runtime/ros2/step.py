@@ -12,7 +12,7 @@ import numpy as np
 from sac_edge.edge_runtime.control.loop import StoppedServing
 from sac_edge.edge_runtime.runtime import Runtime
 
-from .inputs import STATE, RobotInputs
+from .inputs import NEVER, STATE, RobotInputs
 from .outputs import CommandOutputs
 from .recorder import Recorder
 from .status import StepStats
@@ -183,7 +183,7 @@ class Stepper:
             self.event({"type": "fresh", "step": self.stats.steps})
             return
         seen = self.inputs.seen_ns(STATE if stale == "invalid_input" else stale)
-        age_ms = (t0 - seen) / 1e6 if seen else None
+        age_ms = (t0 - seen) / 1e6 if seen != NEVER else None
         why = f"; the latest JointState was invalid: {self.inputs.problem}" if self.inputs.problem else ""
         self.log.warning(
             f"input {stale} is stale ({'never received' if age_ms is None else f'{age_ms:.1f} ms old'}, limit "

@@ -56,7 +56,7 @@ def main() -> None:
     change = node.create_client(ChangeState, f"{target}/change_state")
     get = node.create_client(GetState, f"{target}/get_state")
     t0 = time.monotonic()
-    if not change.wait_for_service(timeout_sec=60.0):
+    if not (change.wait_for_service(timeout_sec=60.0) and get.wait_for_service(timeout_sec=60.0)):
         print(json.dumps({"step": "wait", "ok": False}), flush=True)
         sys.exit(1)
     print(json.dumps({"step": "wait", "ok": True, "s": round(time.monotonic() - t0, 3)}), flush=True)

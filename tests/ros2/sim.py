@@ -7,7 +7,8 @@ joints ``j0..`` of damped double integrators driven by effort, plus an unused ``
 driver's and a gripper driver's). ``--lockstep``: the next state is published when a command arrives (a step
 per command; the state is sent again every 0.2 s while no command comes). Else states go out at ``--rate-hz``
 and the latest command applies. ``--pause-at S --pause-s D``: stop publishing D seconds from S s after the
-first command; ``--freeze-at S``: from S s after it, the same values (a stuck sensor). On SIGINT/SIGTERM:
+first command; ``--freeze-at S``: from S s after it, the same values (a stuck sensor);
+``--clock-speed X``: /clock at X times wall time. On SIGINT/SIGTERM:
 writes ``--out`` (JSON: commands received, states published, publish times) and exits."""
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--reward", action="store_true", help="a reward per command on /reward, /episode_end every 100")
     ap.add_argument("--command-qos", choices=("reliable", "best_effort"), default="reliable")
     ap.add_argument("--freeze-at", type=float, default=-1.0, help="from S s after the first command: the same values")
+    ap.add_argument("--clock-speed", type=float, default=0.0, help="publish /clock at this speed (0: none)")
     ap.add_argument("--prefix", default="", help="a namespace for every topic (e.g. /robot1)")
     ap.add_argument("--split", action="store_true", help="each state as two JointStates: half the joints each")
     ap.add_argument("--out", required=True)
@@ -131,6 +133,18 @@ def main() -> None:
             publish()
 
     node.create_timer(1.0 / args.rate_hz if not args.lockstep else 0.05, on_timer)
+    if args.clock_speed:
+        from rosgraph_msgs.msg import Clock
+
+        clock_pub, sim_ns = node.create_publisher(Clock, "/clock", 10), [1_000_000_000]
+
+        def on_clock() -> None:  # simulated time: 5 ms of wall time advances it 5 ms x the speed
+            sim_ns[0] += int(5_000_000 * args.clock_speed)
+            msg = Clock()
+            msg.clock.sec, msg.clock.nanosec = divmod(sim_ns[0], 1_000_000_000)
+            clock_pub.publish(msg)
+
+        node.create_timer(0.005, on_clock)
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     while not stop:

@@ -192,3 +192,59 @@ def test_an_episode_end_restarts_position_commands_from_the_robots_pose(
     for o in origins:  # command = 0.05 + 0.5 * action; the ramp's first step moves at most 0.5 * 2 / ramp
         pose = [0.05 + 0.5 * a for a in o["action"]]
         assert max(abs(c - p) for c, p in zip(o["next_command"], pose)) <= 1.0 / ramp + 1e-9, (o, pose)
+
+
+RECORDED = """
+import json, sys
+from mcap.records import Channel, Message
+from mcap.stream_reader import StreamReader
+channels, times = {}, []
+try:
+    for record in StreamReader(open(sys.argv[1], "rb")).records:
+        if isinstance(record, Channel):
+            channels[record.id] = record
+        elif isinstance(record, Message) and channels[record.channel_id].topic.endswith("commands"):
+            times.append(record.log_time)
+except Exception:  # the file ends where the process was killed
+    pass
+print(json.dumps({"commands": len(times), "last_ns": max(times, default=0),
+                  "metadata": {c.topic: dict(c.metadata) for c in channels.values()}}))
+"""
+
+
+def test_a_recording_survives_sigkill_to_within_a_second(
+    procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
+) -> None:
+    """SIGKILL at 200 Hz: the MCAP file holds the commands up to about a second before the kill (small
+    chunks, flushed), each channel with the QoS metadata rosbag2 writes."""
+    record = tmp_path / "run.mcap"
+    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", "200", "--out", str(tmp_path / "sim.json"))
+    procs.node(pendulum_layout_bundle, "autostart:=true", "rate_hz:=200.0", "max_input_age_ms:=1000.0",
+               "max_stale_s:=100.0", "backend:=onnxruntime", f"record:={record}")  # fmt: skip
+    wait_for(lambda: "active: timer mode" in procs.text("node", "err"), 90, "the node to be active")
+    time.sleep(3.0)
+    killed_ns = time.time_ns()
+    procs.stop("node", signal.SIGKILL)
+    proc = subprocess.run([str(PYTHON), "-c", RECORDED, str(record)], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, check=True)  # fmt: skip
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["commands"] > 100, result
+    assert killed_ns - result["last_ns"] < 1.0e9, (killed_ns - result["last_ns"]) / 1e9
+    qos = result["metadata"]["/forward_command_controller/commands"]["offered_qos_profiles"]
+    assert "reliability: 1" in qos and "depth: 1" in qos, qos  # rosbag2's YAML: reliable, keep last 1
+
+
+def test_under_sim_time_deadlines_and_ages_are_the_simulations(
+    procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
+) -> None:
+    """/clock at half speed and ``use_sim_time``: the timer follows it, and so do deadline misses and input
+    ages (on wall time every step would be a miss: a 20 ms period takes 40 ms)."""
+    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", "100", "--clock-speed", "0.5",
+                "--out", str(tmp_path / "sim.json"))  # fmt: skip
+    procs.node(pendulum_layout_bundle, "use_sim_time:=true", "autostart:=true", "rate_hz:=50.0",
+               "max_input_age_ms:=1000.0", "max_stale_s:=100.0", "backend:=onnxruntime")  # fmt: skip
+    wait_for(lambda: "active: timer mode" in procs.text("node", "err"), 90, "the node to be active")
+    time.sleep(3.0)
+    assert procs.stop("node", signal.SIGINT) == 0
+    node = procs.json_lines("node")[-1]["node"]
+    assert node["steps"] > 20 and node["deadline_misses"] < node["steps"] // 4, node
