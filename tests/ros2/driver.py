@@ -93,7 +93,8 @@ def main() -> None:
             values = {kv.key: kv.value for kv in last.values} if last else {}
             level = last.level[0] if last else None
             message = last.message if last else None
-            out = {"step": step, "ok": bool(seen), "count": len(seen), "level": level, "message": message}
+            out = {"step": step, "ok": bool(seen), "count": len(seen), "level": level, "message": message,
+                   "hardware_id": last.hardware_id if last else None}  # fmt: skip
             print(json.dumps({**out, "values": values}), flush=True)
             continue
         request = ChangeState.Request()

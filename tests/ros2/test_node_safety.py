@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ def test_a_namespaced_node_on_humbles_lifecycle_merges_states_refuses_bad_transi
     assert steps[4]["state"] == "active", steps  # the refused transition left it serving
     diagnostics = steps[-1]
     assert diagnostics["values"]["command_subscribers"] == "1" and diagnostics["values"]["stale_now"] == "", diagnostics
+    assert diagnostics["hardware_id"] == "arm-7" and diagnostics["values"]["falling_back"] == "false", diagnostics
     wait_for(lambda: "stale for" in procs.text("node", "err"), 60, "the stale bound")
     after = procs.run("driver-after", "tests/ros2/driver.py", "/robot1/sac_edge", "state", "diagnostics:1")
     assert after[1]["state"] == "inactive", after
@@ -107,7 +109,8 @@ def test_failed_configures_keep_their_cause_leave_nothing_behind_and_output_file
 ) -> None:
     """A summary path that is a symlink is refused; a command topic rclpy refuses fails configure with rclpy's
     cause (an ERROR status says it while unconfigured), after the record file was opened: the file goes with
-    the runtime, and once the topic is fixed the same configure succeeds."""
+    the runtime, and once the topic is fixed the same configure succeeds. A bad ``mode`` is refused when set;
+    a command topic nobody subscribes to is a WARN status."""
     target, link, summary = tmp_path / "t.json", tmp_path / "link.json", tmp_path / "s.json"
     record = tmp_path / "r.mcap"
     target.write_text("{}")
@@ -116,13 +119,17 @@ def test_failed_configures_keep_their_cause_leave_nothing_behind_and_output_file
     procs.node(pendulum_layout_bundle, "backend:=onnxruntime", f"summary:={link}", f"record:={record}",
                "command_topic:=bad topic")  # fmt: skip
     steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure", f"set:summary={summary}",
-                      "configure", "diagnostics:1", "set:command_topic=forward_command_controller/commands",
-                      "configure", "state")  # fmt: skip
-    assert [s["ok"] for s in steps] == [True, False, True, False, True, True, True, True], steps
+                      "configure", "diagnostics:1", "set:command_topic=misspelt_controller/commands",
+                      "configure", "state", "set:mode=fast", "diagnostics:2")  # fmt: skip
+    assert [s["ok"] for s in steps] == [True, False, True, False, True, True, True, True, False, True], steps
     status = steps[4]
     assert status["level"] == 2 and status["values"]["state"] == "unconfigured", status
     assert "configure failed: command_topic 'bad topic' is not a valid topic name (" in status["message"], status
-    assert steps[-1]["state"] == "inactive" and target.read_text() == "{}", steps
+    assert steps[7]["state"] == "inactive" and target.read_text() == "{}", steps
+    assert steps[8]["reason"] == "mode must be one of timer, message, got 'fast'", steps[8]
+    status = steps[9]  # configured, but nothing subscribes to the command topic: a misspelt controller
+    assert status["level"] == 1 and status["message"].startswith("no subscriber on the command topic"), status
+    assert status["values"]["command_subscribers"] == "0" and status["hardware_id"] == socket.gethostname(), status
     err = procs.text("node", "err")
     assert f"summary {link}: a symlink or not a regular file" in err, err
     assert procs.stop("node", signal.SIGINT) == 0
