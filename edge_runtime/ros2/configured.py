@@ -55,7 +55,7 @@ def resolved(node: Any, parameter: str, name: str) -> str:
         return str(node.resolve_topic_name(name))
     except Exception as err:
         why = str(err).split(", at ")[0].splitlines()[0]
-        raise SacEdgeError(f"{parameter} {escaped(name)!r} is not a valid topic name ({why})") from None
+        raise SacEdgeError(f"{parameter} '{escaped(name)}' is not a valid topic name ({why})") from None
 
 
 class Entities:
@@ -144,7 +144,7 @@ def wait_for_joints(node: Any, inputs: RobotInputs, topic: str, qos: Any, timeou
         raise SacEdgeError(problems[-1])
     if inputs.latest is not None:
         raise SacEdgeError(
-            f"{inputs.source}: joint {escaped(missing)!r} of the layout is missing (the robot publishes "
+            f"{inputs.source}: joint '{escaped(missing)}' of the layout is missing (the robot publishes "
             f"{', '.join(escaped(n) for n in inputs.latest.name)}); fix the joint's name in the layout"
         )
     raise SacEdgeError(

@@ -100,7 +100,7 @@ class RobotInputs:
         src, dst, given = [], [], set()
         for i, name in enumerate(names):
             if name in given:
-                return f"{self.source}: joint {escaped(name)!r} appears twice in its name list"
+                return f"{self.source}: joint '{escaped(name)}' appears twice in its name list"
             given.add(name)
             at = self._where.get(name)
             if at is not None:
@@ -108,7 +108,7 @@ class RobotInputs:
                 dst.append(at)
             elif name not in self._ignored:
                 return (
-                    f"{self.source}: joint {escaped(name)!r} is published by the robot but not in the layout; use "
+                    f"{self.source}: joint '{escaped(name)}' is published by the robot but not in the layout; use "
                     "it in the layout or list it under ignore_joints"
                 )
         return np.array(src, np.intp), np.array(dst, np.intp)
