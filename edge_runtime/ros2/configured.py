@@ -403,12 +403,15 @@ class Configured:
         }
         return status_report(state, stepper.stats, None if summary is not None else self.runtime, summary, extra)
 
-    def close(self, node: Any, report: dict[str, Any]) -> dict[str, Any]:
-        """Close the runtime, log and write the summary, destroy the entities and the recorder."""
+    def close(self, node: Any, state: str) -> dict[str, Any]:
+        """Close the runtime, log and write the summary, destroy the entities and the recorder. A report that
+        fails (a bug) still leaves everything closed."""
         self.idle_hold.close()
         summary = self.runtime.close()
-        status = self.report(report.get("state", "unconfigured"), summary)
-        status["state"] = report.get("state", status["state"])
+        try:
+            status = self.report(state, summary)
+        except Exception as err:  # the close goes on: the runtime is closed already
+            status = {"state": state, "report_failed": f"{type(err).__name__}: {err}".splitlines()[0]}
         node.get_logger().info("summary: " + json.dumps(status, default=str))
         if self.params.summary:
             try:

@@ -25,6 +25,7 @@ IDS = {
     "deactivate": Transition.TRANSITION_DEACTIVATE,
     "cleanup": Transition.TRANSITION_CLEANUP,
     "shutdown": Transition.TRANSITION_INACTIVE_SHUTDOWN,
+    "shutdown_active": Transition.TRANSITION_ACTIVE_SHUTDOWN,
 }
 
 

@@ -74,13 +74,16 @@ class Procs:
         remaps: tuple[str, ...] = (),
         humble: bool = False,
         file_limit: int | None = None,
+        program: str = "",
     ) -> subprocess.Popen[str]:
         """``sac-edge ros2 BUNDLE --ros-args [--params-file FILE] -r ... -p ...`` of the ROS venv; ``humble``: with
-        Humble's lifecycle code and no ``rclpy.wait_for_message`` (humble.py)."""
+        Humble's lifecycle code and no ``rclpy.wait_for_message`` (humble.py); ``program``: another wrapper of
+        the command under tests/ros2 (faulty.py)."""
         ros = (["--params-file", str(params_file)] if params_file else []) + [x for r in remaps for x in ("-r", r)]
         ros += [x for p in params for x in ("-p", p)]
-        program = ["tests/ros2/humble.py"] if humble else ["-m", "sac_edge.edge_runtime.cli"]
-        return self.start(name, *program, "ros2", str(bundle), "--ros-args", *ros, file_limit=file_limit)
+        wrapper = f"tests/ros2/{program}" if program else "tests/ros2/humble.py" if humble else ""
+        command = [wrapper] if wrapper else ["-m", "sac_edge.edge_runtime.cli"]
+        return self.start(name, *command, "ros2", str(bundle), "--ros-args", *ros, file_limit=file_limit)
 
     def run(self, name: str, *args: str, timeout: float = 120) -> list[dict]:
         """Run to the end; its stdout's JSON lines."""

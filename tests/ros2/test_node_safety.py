@@ -160,17 +160,25 @@ def test_autostart_takes_an_old_first_state_as_stale(
     procs: Procs, position_layout_bundle: Path, tmp_path: Path
 ) -> None:
     """A robot publishing every 2 s, position commands, autostart: at activate the state configure waited for
-    is older than ``max_input_age_ms``, so the ramp starts at the safe action and no step infers on it."""
-    procs.start("sim", "tests/ros2/sim.py", "--kind", "multi", "--rate-hz", "0.5", "--out", str(tmp_path / "s.json"))
+    is older than ``max_input_age_ms``, so the ramp starts at the safe action and no step infers on it. A
+    shutdown of the active node ends in the safe command too."""
+    sim_out = tmp_path / "s.json"
+    procs.start("sim", "tests/ros2/sim.py", "--kind", "multi", "--rate-hz", "0.5", "--out", str(sim_out))
     procs.node(position_layout_bundle, "autostart:=true", "rate_hz:=50.0", "max_input_age_ms:=50.0",
-               "max_stale_s:=100.0", "backend:=onnxruntime")  # fmt: skip
+               "max_stale_s:=100.0", "backend:=onnxruntime", f"safe_action:={','.join(['0.2'] * 6)}",
+               "fallback:=hold")  # fmt: skip
     wait_for(lambda: "active: timer mode" in procs.text("node", "err"), 90, "the node to be active")
     err = procs.text("node", "err")
     assert "ramp from the safe action" in err and "activate: the latest JointState is" in err, err
     wait_for(lambda: "input state is stale" in procs.text("node", "err"), 30, "the first step")
+    steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "shutdown_active", "state")
+    assert steps[1]["ok"] and steps[2]["state"] == "finalized", steps
     assert procs.stop("node", signal.SIGINT) == 0
     node = procs.json_lines("node")[-1]["node"]
     assert node["stale_steps"] > 0, node
+    procs.stop("sim")
+    commands = json.loads(sim_out.read_text())["commands"]
+    assert commands[-1] == pytest.approx([0.05 + 0.5 * 0.2] * 6, rel=1e-6), commands[-2:]  # offset + scale * 0.2
 
 
 def test_an_episode_end_restarts_position_commands_from_the_robots_pose(
@@ -255,3 +263,23 @@ def test_under_sim_time_deadlines_and_ages_are_the_simulations(
     assert procs.stop("node", signal.SIGINT) == 0
     node = procs.json_lines("node")[-1]["node"]
     assert node["steps"] > 20 and node["deadline_misses"] < node["steps"] // 4, node
+
+
+def test_an_exception_in_the_spin_loop_ends_in_the_safe_command_and_the_summary(
+    procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
+) -> None:
+    """A callback that raises (planted: faulty.py) while active: the safe command, the summary line, exit 1,
+    not a traceback with the controller holding the last command."""
+    sim_out = tmp_path / "sim.json"
+    procs.start("sim", "tests/ros2/sim.py", "--rate-hz", "100", "--out", str(sim_out))
+    node = procs.node(pendulum_layout_bundle, "autostart:=true", "rate_hz:=100.0", "max_input_age_ms:=1000.0",
+                      "max_stale_s:=100.0", "backend:=onnxruntime", "safe_action:=0.0", "fallback:=hold",
+                      "ramp_steps:=0", program="faulty.py")  # fmt: skip
+    assert node.wait(timeout=120) == 1
+    err = procs.text("node", "err")
+    assert "internal error: RuntimeError: planted fault in a timer callback; sending the safe command" in err, err
+    summary = procs.json_lines("node")[-1]
+    assert summary["stopped_by_signal"].startswith("RuntimeError") and summary["runtime"]["closed"], summary
+    procs.stop("sim")
+    commands = json.loads(sim_out.read_text())["commands"]
+    assert len(commands) > 1 and commands[-1] == [0.0] and commands[-2] != [0.0], commands[-3:]
