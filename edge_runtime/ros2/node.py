@@ -191,10 +191,6 @@ class SacEdgeNode(LifecycleNode):  # type: ignore[misc,valid-type]
         if configured is not None:
             self.final = configured.close(self, self.state)
 
-    def stale_past_bound(self, name: str) -> None:
-        """An input stale past ``max_stale_s``: the safe command, an ERROR status naming it, inactive."""
-        self.trigger_deactivate()
-
     # -- reporting -------------------------------------------------------------------------------------
     def status_report(self, configured: Configured | None = None) -> dict[str, Any]:
         """What /diagnostics shows and the summary holds."""
