@@ -107,6 +107,8 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
             f"{path}: checkpoint.safetensors does not fit config.json's spec (hidden={list(spec.hidden)}: {first}); "
             "the run dir is inconsistent, retrain or restore it"
         ) from None
+    learner = learner_tensors(run.tensors)
+    _check_finite(learner, path / CHECKPOINT)
     provenance = {k: run.config[k] for k in ("env", "seed", "total_steps", "versions") if k in run.config}
     return PolicySource(
         "sac-edge",
@@ -114,12 +116,26 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
         run.checkpoint_sha256,
         spec,
         policy,
-        learner_tensors(run.tensors),
+        learner,
         replay,
         torch_reference(policy),
         "torch",
         provenance,
     )
+
+
+def _check_finite(learner: dict[str, torch.Tensor], path: Path) -> None:
+    """Refuse learner tensors holding NaN or inf (a diverged run): the bundle would serve, and on-device
+    fine-tuning would then reject every update without a word on the robot. ``obs_norm.clip`` is inf by
+    design in a run without observation normalisation."""
+    for name, tensor in learner.items():
+        if name == "obs_norm.clip" or not tensor.is_floating_point():
+            continue
+        if not bool(torch.isfinite(tensor.float()).all()):
+            raise SacEdgeError(
+                f"{path}: {name} holds NaN or values infinite in float32 (the run diverged); export an earlier "
+                "checkpoint of the run"
+            )
 
 
 #: The most Q-networks a checkpoint's critic ensemble may hold (sac-train writes 2; REDQ-style ensembles 10).
