@@ -33,15 +33,17 @@ STAGE_MAY_IMPORT = {
     "edge_runtime": {"common", "train", "calibration"},
     "sweep": {"common", "train"},
 }
-SUBPACKAGES = ("backends", "control", "budget", "finetune", "ros2")
+SUBPACKAGES = ("backends", "control", "budget", "finetune", "ros2", "replay")
 SUBPACKAGE_MAY_IMPORT = {
     "backends": set(),
     "budget": set(),
     "control": {"backends"},
     "finetune": {"backends", "budget"},
     "ros2": set(),
+    "replay": set(),
 }
-COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "drill", "preflight", "ros2_node", "runtime"}
+COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "drill", "preflight", "replayer", "ros2_node",
+                    "runtime"}
 
 
 def module_name(path: Path) -> str:
