@@ -45,15 +45,14 @@ class _Policy:
     shielded: list[int]
 
 
-def _open_policy(cfg: ReplayConfig, path: str, log: Callable[[str], None]) -> tuple[_Policy, Reference]:
+def _open_policy(cfg: ReplayConfig, path: str, log: Callable[[str], None]) -> _Policy:
     options = cfg.runtime_options(path)
     bundle = open_bundle(path, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
     layout = bundle_layout(bundle)
     if layout is None:
         raise SacEdgeError(f"{path}: the bundle has no layout.json; export it with sac-export --layout FILE")
-    reference = bundle_reference(bundle)
     runtime = Runtime(options, bundle=bundle, log=log, caller=Caller("replay"))
-    return _Policy(path, bundle, layout, runtime, [], []), reference
+    return _Policy(path, bundle, layout, runtime, [], [])
 
 
 def _topics(cfg: ReplayConfig, files: list[Any], layout: IoLayout) -> tuple[list[str], bool]:
@@ -84,11 +83,12 @@ def replay_command(cfg: ReplayConfig, log: Callable[[str], None]) -> dict[str, A
     """The replay's report (``--json``'s object); ``report["verdict"]`` is ``agree`` or ``mismatch``."""
     cfg.check()
     files = recording.recording_files(cfg.recording)
-    main, reference = _open_policy(cfg, cfg.bundle, log)
+    main = _open_policy(cfg, cfg.bundle, log)
+    reference = bundle_reference(main.bundle)  # the training distribution is the first bundle's
     topics, has_commands = _topics(cfg, files, main.layout)
     policies = [main]
     if cfg.vs is not None:
-        other, _ = _open_policy(cfg, cfg.vs, log)
+        other = _open_policy(cfg, cfg.vs, log)
         if other.layout.to_dict() != main.layout.to_dict():
             raise SacEdgeError(f"--vs {cfg.vs}: its layout differs from {cfg.bundle}'s; compare bundles of one robot")
         policies.append(other)

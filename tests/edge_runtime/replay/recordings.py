@@ -96,8 +96,9 @@ FAULTS = {
 }
 
 
-def halfcheetah_bundle(out: Path, seed: int = 0) -> Path:
-    """A HalfCheetah-v5 bundle with the 9-joint layout, its training states and its envelope."""
+def halfcheetah_bundle(out: Path, seed: int = 0, training: bool = True) -> Path:
+    """A HalfCheetah-v5 bundle with the 9-joint layout, its training states and its envelope (``training``;
+    else the layout alone)."""
     from sac_edge.common.atomic import atomic_write_json
     from sac_edge.common.spec import PolicySpec
     from sac_edge.export.envelope import fit_envelope
@@ -105,6 +106,8 @@ def halfcheetah_bundle(out: Path, seed: int = 0) -> Path:
     out.mkdir(parents=True)
     (out / LAYOUT).write_text(json.dumps(LAYOUT_DICT))
     make_bundle(out, ENV_ID, int8=None, seed=seed)
+    if not training:
+        return out
     manifest = json.loads((out / "manifest.json").read_text())
     states = _training_states(out / POLICY_ONNX, seed + 1000)
     np.save(out / PARITY_STATES, states.astype(np.float32))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from docs_tables import documented
-from recordings import FAULTS
+from recordings import FAULTS, halfcheetah_bundle
 
 from sac_edge.edge_runtime.cli import main
 from sac_edge.edge_runtime.replay.findings import KINDS
@@ -82,6 +82,23 @@ def test_a_rosbag2_directory_is_read(
     assert code == 3 and [f["kind"] for f in report["findings"]] == ["sign"]
 
 
+def test_plot_and_vs(
+    cheetah_bundle: Path, recordings: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--plot writes a PNG; --vs on the same bundle diverges nowhere, on other weights it does, per joint."""
+    png = tmp_path / "replay.png"
+    same = shutil.copytree(cheetah_bundle, tmp_path / "same")
+    code, report = replay(capsys, str(cheetah_bundle), str(recordings["clean"]), "--vs", str(same), "--plot", str(png))
+    assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    vs = report["vs"]
+    assert vs["bundle"] == str(same) and set(vs["divergence"]) == set(report["actions"])
+    assert all(row["max"] == 0.0 for row in vs["divergence"].values())
+    assert set(vs["shield"]) == {str(cheetah_bundle), str(same)}
+    other = halfcheetah_bundle(tmp_path / "other", seed=1, training=False)
+    _, report = replay(capsys, str(cheetah_bundle), str(recordings["clean"]), "--vs", str(other))
+    assert all(row["p50"] > 0 for row in report["vs"]["divergence"].values())
+
+
 def _bad(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     assert main(["replay", *argv]) == 2
     captured = capsys.readouterr()
@@ -115,3 +132,4 @@ def test_bad_input_is_one_line(
     assert "--overwrite" in _bad(capsys, bundle, clean, "--plot", str(taken))
     assert "std_msgs/msg/Float64MultiArray" in _bad(capsys, bundle, clean, "--command-topic", "/joint_states")
     assert "sac-export --layout" in _bad(capsys, str(pendulum_bundle), clean)
+    assert "no layout.json" in _bad(capsys, bundle, clean, "--vs", str(pendulum_bundle))
