@@ -195,10 +195,10 @@ def _topic_value(msg: Any) -> Any:
 
 
 def _merge(online: OnlineChecks, found: list[Finding]) -> list[Finding]:
-    """The online and whole-log findings, each once; an out_of_range on a joint a scale finding explains is
-    left out (the scale finding names its cause)."""
-    scaled = {f.joints for f in found if f.kind == "scale"}
-    out = [f for f in online.findings() if not (f.kind == "out_of_range" and f.joints in scaled)]
+    """The online and whole-log findings, each once; an out_of_range on joints a scale or swapped finding
+    names is left out (that finding names its cause)."""
+    explained = {j for f in found if f.kind in ("scale", "swapped") for j in f.joints}
+    out = [f for f in online.findings() if not (f.kind == "out_of_range" and set(f.joints) <= explained)]
     seen = set()
     for f in found:
         key = (f.kind, tuple(sorted(f.joints)))

@@ -33,6 +33,13 @@ class Reference:
     source: str
 
 
+def no_reference(obs_dim: int) -> Reference:
+    """For a bundle with neither training states nor an envelope (shadow mode still compares commands): no
+    range to be out of, every slot taken to move."""
+    inf = np.full(obs_dim, np.inf)
+    return Reference(-inf, inf, np.ones(obs_dim), None, None, "none (the bundle has no training states)")
+
+
 def bundle_reference(bundle: Any) -> Reference:
     """The ``Reference`` of a verified bundle (``common.bundle.Bundle``): its training states and envelope;
     one line when it has neither (a bundle exported before sac-export kept them)."""
