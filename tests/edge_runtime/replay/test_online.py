@@ -11,14 +11,14 @@ from sac_edge.common.io_layout import parse_layout
 from sac_edge.edge_runtime.replay.online import OnlineChecks, OnlineLimits, diagnostic_values
 from sac_edge.edge_runtime.replay.reference import Reference
 
-LAYOUT = parse_layout(
-    json.dumps({
-        "observation": [{"source": "joint_states", "field": "position", "joints": ["a", "b"]},
-                        {"source": "joint_states", "field": "velocity", "joints": ["a", "b"]}],
-        "action": {"interface": "effort", "joints": ["b", "a"]},
-    }),  # fmt: skip
-    "test",
-)
+LAYOUT_DICT = {
+    "observation": [
+        {"source": "joint_states", "field": "position", "joints": ["a", "b"]},
+        {"source": "joint_states", "field": "velocity", "joints": ["a", "b"]},
+    ],
+    "action": {"interface": "effort", "joints": ["b", "a"]},
+}
+LAYOUT = parse_layout(json.dumps(LAYOUT_DICT), "test")
 PERIOD = 10_000_000  # 100 Hz
 
 
@@ -37,7 +37,7 @@ def test_the_first_command_after_a_state_is_compared_with_the_policys() -> None:
         c.state(t, rng.uniform(-0.5, 0.5, 4).astype(np.float32))
         policy = rng.normal(size=2)
         c.action(policy)
-        robot = policy + [0.1 * step / 200, -0.2]
+        robot = policy + np.array([0.1 * step / 200, -0.2])
         assert c.command(t + 1_000_000, robot) is not None
         assert c.command(t + 2_000_000, robot + 5) is None  # a second command answers no state
         diffs.append(np.abs(robot - policy))
