@@ -29,6 +29,9 @@ class OnlineLimits:
     """A slot outside the training range on more than this fraction of the states is ``out_of_range``..."""
     out_of_range_min: int = 5
     """... and on at least this many."""
+    out_of_range_margin: float = 0.25
+    """The training range is widened by this fraction of its width on each side first (a state just past
+    the envelope's bounds, which already carry sac-export's margin, is the policy exploring, not a fault)."""
     window: int = 1 << 16
     """Divergence rows and timings kept (the percentiles are of the latest ones)."""
 
@@ -60,6 +63,10 @@ class OnlineChecks:
         self._held: np.ndarray = np.zeros(d, np.float64)
         self._outside: np.ndarray = np.zeros(d, np.int64)
         self._worst = np.full(d, np.nan)
+        with np.errstate(invalid="ignore"):
+            width = np.nan_to_num(reference.high - reference.low, nan=0.0, posinf=0.0)
+        self.low = reference.low - self.limits.out_of_range_margin * width
+        self.high = reference.high + self.limits.out_of_range_margin * width
         self._pending: np.ndarray | None = None
         self._divergence = np.zeros((window, k))
         self.compared = 0
@@ -70,7 +77,7 @@ class OnlineChecks:
         self._interval(t_ns)
         self.steps += 1
         self._frozen(obs)
-        outside = (obs < self.reference.low) | (obs > self.reference.high)
+        outside = (obs < self.low) | (obs > self.high)
         if outside.any():
             self._outside += outside
             excess = np.where(outside, obs, np.nan)
@@ -171,10 +178,12 @@ class OnlineChecks:
         need = max(self.limits.out_of_range_min, self.limits.out_of_range_fraction * self.steps)
         found = {}
         ref = self.reference
+        margin = self.limits.out_of_range_margin
         for i in np.flatnonzero(self._outside >= need):
             found[int(i)] = (
-                f"{self.slots[i].name} outside the training range [{ref.low[i]:.3g}, {ref.high[i]:.3g}] on "
-                f"{100 * self._outside[i] / self.steps:.0f}% of states (up to {self._worst[i]:.3g})"
+                f"{self.slots[i].name} beyond the training range [{ref.low[i]:.3g}, {ref.high[i]:.3g}] by more "
+                f"than {margin:.0%} of its width on {100 * self._outside[i] / self.steps:.0f}% of states (up to "
+                f"{self._worst[i]:.3g})"
             )
         return found
 

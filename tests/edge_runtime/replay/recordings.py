@@ -62,6 +62,8 @@ class Faults:
     """A joint whose velocity is reported in deg/s."""
     flip_command: str | None = None
     """A joint that applies its command with the opposite sign."""
+    swap_commands: tuple[str, str] | None = None
+    """Two joints that each apply the other's command (the command's joint order differs from the robot's)."""
     frozen: tuple[str, str, int] | None = None
     """(field, joint, step): that value stays at what it was at ``step``."""
     gap: tuple[int, int] | None = None
@@ -75,7 +77,7 @@ class Faults:
         for item in items:
             key, value = item.split("=", 1)
             parts = value.split(",")
-            if key in ("swap",):
+            if key in ("swap", "swap_commands"):
                 kw[key] = (parts[0], parts[1])
             elif key == "frozen":
                 kw[key] = (parts[0], parts[1], int(parts[2]))
@@ -93,6 +95,7 @@ FAULTS = {
     "flip_command": (Faults(flip_command="fshin"), ("sign", {"fshin"})),
     "frozen": (Faults(frozen=("position", "ffoot", 300)), ("frozen", {"ffoot"})),
     "gap": (Faults(gap=(500, 10)), ("stale", None)),
+    "swap_commands": (Faults(swap_commands=("bshin", "fshin")), ("swapped", {"bshin", "fshin"})),
 }
 
 
@@ -162,6 +165,10 @@ def record(bundle: Path, path: Path, steps: int, seed: int = 0, faults: Faults |
     flip = np.ones(len(LEGS))
     if faults.flip_command:
         flip[LEGS.index(faults.flip_command)] = -1.0
+    wiring = np.arange(len(LEGS))  # the robot applies command[wiring[i]] on leg i
+    if faults.swap_commands:
+        a, b = (LEGS.index(j) for j in faults.swap_commands)
+        wiring[[a, b]] = wiring[[b, a]]
     frozen_value: float | None = None
     obs = np.empty(layout.obs_dim, np.float32)
     command = np.zeros(len(LEGS))
@@ -173,7 +180,8 @@ def record(bundle: Path, path: Path, steps: int, seed: int = 0, faults: Faults |
         for step in range(steps):
             t = t0 + step * dt_ns
             position, velocity = data.qpos.copy(), data.qvel.copy()
-            effort = np.concatenate([np.zeros(3), command * flip])
+            applied = command[wiring] * flip
+            effort = np.concatenate([np.zeros(3), applied])
             values = {"position": position, "velocity": velocity, "effort": effort}
             if faults.swap:
                 a, b = index[faults.swap[0]], index[faults.swap[1]]
@@ -203,7 +211,7 @@ def record(bundle: Path, path: Path, steps: int, seed: int = 0, faults: Faults |
                 t_cmd = t + 2_000_000  # the policy's 2 ms
                 out = {"layout": {"dim": [], "data_offset": 0}, "data": command.tolist()}
                 writer.write_message(COMMAND_TOPIC, schemas["std_msgs/msg/Float64MultiArray"], out, t_cmd, t_cmd)
-            env.step(command * flip)  # the robot applies the latest command, through its wiring
+            env.step(command[wiring] * flip)  # the robot applies the latest command, through its wiring
         writer.finish()
     env.close()
     return {"steps": steps, "states": sent, "seed": seed, "faults": faults}
