@@ -201,7 +201,7 @@ def in_process(bundle: str, rate: int, seconds: float) -> dict[str, Any]:
     """The same step without ROS: the layout's gather, ``Runtime.act``, the command vector, at the rate."""
     from sac_edge.common.bundle import open_bundle
     from sac_edge.common.io_layout import bundle_layout
-    from sac_edge.edge_runtime.ros2_node import run_config
+    from sac_edge.edge_runtime.ros2.parameters import run_config
     from sac_edge.edge_runtime.runtime import Runtime
 
     layout = bundle_layout(open_bundle(bundle))

@@ -128,7 +128,7 @@ def _ros2(argv: Sequence[str]) -> int:
     from sac_edge.edge_runtime.ros2.compat import require_rclpy
 
     require_rclpy()  # one line where ROS 2 is not sourced or too old, before the node's module imports it
-    from .ros2_node import main as ros2_main
+    from sac_edge.edge_runtime.ros2.node import main as ros2_main
 
     return ros2_main(argv)
 

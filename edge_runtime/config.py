@@ -40,6 +40,8 @@ ALLOW_DOWNGRADE_HELP = (
 MAX_RATE_HZ = 100_000.0
 #: The slowest: one step every 1000 s (slower is not a control loop; the loop still sees a stop at once).
 MIN_RATE_HZ = 1e-3
+#: ``--realtime-priority``'s highest value (SCHED_FIFO's range is 1..99; 0: off).
+MAX_REALTIME_PRIORITY = 99
 #: The longest ``--duration`` other than 0 (run until stopped): about 31 years.
 MAX_DURATION_S = 1e9
 #: The longest busy-wait before a slot and the longest inference watchdog limit.
@@ -188,8 +190,10 @@ class RealtimeSection:
     def check(self) -> None:
         """The priority and the idle-latency cap (``--cpus`` is the runtime's: ``RuntimeOptions.check``)."""
         check_fields(self)
-        if not 0 <= self.realtime_priority <= 99:
-            raise SacEdgeError(f"--realtime-priority must be 1..99 (0: off), got {self.realtime_priority}")
+        if not 0 <= self.realtime_priority <= MAX_REALTIME_PRIORITY:
+            raise SacEdgeError(
+                f"--realtime-priority must be 1..{MAX_REALTIME_PRIORITY} (0: off), got {self.realtime_priority}"
+            )
         if self.idle_latency_us is not None:
             check_idle_latency(self.idle_latency_us)
 

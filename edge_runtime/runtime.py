@@ -321,7 +321,8 @@ class HangPolicy(Protocol):
     def hung(self, reason: str) -> None:
         """Called once, on the inference watchdog's thread, while the control thread is still inside the call
         (it may never return). The runtime has stopped serving already: ``act`` raises ``StoppedServing``
-        if the call returns, and ``safe_action``, ``stopped_by`` and ``summary`` answer from this thread.
+        if the call returns, and ``safe_action``, ``last_action``, ``stopped_by`` and ``summary`` answer from
+        this thread.
         ``reason`` is that ``stopped_by`` line."""
 
 
@@ -514,7 +515,7 @@ class Runtime:
         malformed (counted, answered with a safe action). The returned array is reused by the next call
         (copy it to keep it). After ``max_backend_errors`` failed inferences, or a call the watchdog gave up
         on, the runtime stops serving: that call raises a one-line ``StoppedServing`` (an ``InternalError``;
-        its ``action`` is the last safe action), and so does every later one."""
+        its ``action`` is the configured safe action, ``safe_action()``), and so does every later one."""
         if _get_ident() != self._owner:
             self._claim("act")
         if type(obs) is not np.ndarray:
@@ -523,7 +524,7 @@ class Runtime:
             return self._pipeline.act(obs)
         except BackendFailed as failed:
             self._stopped_by, self._state, self._owner = failed.reason, RuntimeState.STOPPED, _NOBODY
-            raise StoppedServing(failed.reason, failed.action, False) from None
+            raise StoppedServing(failed.reason, self.safe_action(), False) from None
         except CallTaken:
             raise self._hung() from None
 
@@ -602,7 +603,18 @@ class Runtime:
         return ticker.tick(t_s, window, self._pipeline.counters.steps)
 
     def safe_action(self) -> np.ndarray:
-        """The last safe action (a reused buffer), as ``act`` holds it."""
+        """The configured safe action (a new array): the shield's (``--safe-action``, else the bundle's
+        envelope's, else 0, inside the action bounds), or without a shield 0 clipped to the bounds. What a
+        caller sends when the run ends (stop, signal, error): a robot's controller holds the last command."""
+        self._opened("safe_action()", "the action bounds are not known yet")
+        shield = self._parts.shield
+        if shield is not None:
+            return np.array(shield.safe_action, dtype=np.float32)
+        guard = self._pipeline.act_guard
+        return np.clip(np.zeros_like(guard.low), guard.low, guard.high)
+
+    def last_action(self) -> np.ndarray:
+        """The last action the action guard let through (a reused buffer), as ``act`` holds it on an overrun."""
         return self._pipeline.act_guard.hold()
 
     def hold(self, obs: np.ndarray | None = None) -> np.ndarray:

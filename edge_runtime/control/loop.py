@@ -17,9 +17,9 @@ The environment is foreign code: anything its ``reset()`` or ``step()`` raises (
 ``KeyboardInterrupt``), and a result the loop cannot read (not five values; ``terminated`` or ``truncated``
 not one truth value), ends the loop as a stop, kept in ``env_error`` and named in the summary's
 ``stopped_by``, so the summary is still made. When ``act`` stops serving after ``max_backend_errors`` failed
-calls (``StoppedServing``), the step still sends the last safe action it carries and the loop stops after
+calls (``StoppedServing``), the step sends the configured safe action it carries and the loop stops after
 it. A call that does not return is the runtime's inference watchdog's: the runtime's hang policy (``run.py``'s
-``Run``) calls ``hung`` on the watchdog's thread, which sends the env the last safe action and returns the
+``Run``) calls ``hung`` on the watchdog's thread, which sends the env the configured safe action and returns the
 summary to this step, since the control thread is still inside the call.
 
 ``stop()`` (wired to SIGINT and SIGTERM by the CLI) ends the loop after the current step; the sleep to the
@@ -65,11 +65,12 @@ first call brings the code and the weights back into the caches; the ones after 
 
 class StoppedServing(InternalError):
     """``act`` refused: the runtime stopped serving (``max_backend_errors`` failed calls, or a call the
-    inference watchdog gave up on). ``action`` is the last safe action for this call; ``hung`` says the
+    inference watchdog gave up on). ``action`` is the configured safe action (``Runtime.safe_action``), what
+    to send as the run ends; ``hung`` says the
     watchdog ended the run (its thread has handled the step already)."""
 
     def __init__(self, reason: str, action: np.ndarray, hung: bool) -> None:
-        super().__init__(f"the runtime stopped serving: {reason}; the last safe action was held")
+        super().__init__(f"the runtime stopped serving: {reason}; the safe action goes out")
         self.reason, self.action, self.hung = reason, action, hung
 
 
@@ -260,7 +261,7 @@ class ControlLoop:
 
     def hung(self) -> ScheduleSummary | None:
         """For the runtime's hang policy, on the inference watchdog's thread, once, while the control thread is
-        inside a call that overran by far: the env gets the last safe action, and the schedule's summary (to
+        inside a call that overran by far: the env gets the configured safe action, and the schedule's summary (to
         this step) is returned, which ``run()`` also returns should the call come back; None before the loop
         runs (nothing to hand over)."""
         schedule = self._schedule
@@ -315,7 +316,7 @@ class ControlLoop:
                 if stopped.hung:  # the watchdog's thread has the env and the summary
                     taken = True
                     break
-                action = stopped.action  # the last safe action for this step, then the loop ends
+                action = stopped.action  # the configured safe action for this step, then the loop ends
                 self.stop(stopped.reason)
             t_env = timer()
             outcome = self._env_step(action)

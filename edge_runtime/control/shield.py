@@ -270,6 +270,7 @@ class Shield:
         self._window = max(options.shield_window, 1)
         self._swaps = 0
         self._seen_swaps = 0
+        self._repeated = False
         self.counts = _Counts()
         self.steps = 0
         # the state ``restart`` resets: the action last sent, the fallback, the windows
@@ -344,7 +345,8 @@ class Shield:
             self._outside += 1
             self.counts.out_of_envelope += 1
         cause = None
-        if self.stuck.steps and self.stuck.update(observed):
+        repeated, self._repeated = self._repeated, False
+        if self.stuck.steps and not repeated and self.stuck.update(observed):
             self.counts.stuck += 1
             cause = "stuck"
         if not inferred:
@@ -406,6 +408,12 @@ class Shield:
         self.emit({"type": "shield", "event": "resume", "step": self.steps})
 
     # -- events from outside the step ----------------------------------------------------------------
+    def same_input(self) -> None:
+        """The next step's observation is one the caller has stepped on before (a timer re-stepping the latest
+        message, no new data): the stuck-sensor check skips it, since a sensor repeating itself is the one
+        sending the same value again."""
+        self._repeated = True
+
     def restart(self, origin: Sequence[float] | None = None) -> None:
         """A new start (the first step, a new episode): the ramp from ``origin`` (where the plant is now, as
         an action: clipped to the bounds, the safe action's value where one is not finite), else from the

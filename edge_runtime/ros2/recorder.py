@@ -7,8 +7,10 @@ kept here so that a device without the ``.msg`` files still records."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +37,18 @@ SCHEMAS = {
     "std_msgs/msg/String": "string data",
 }
 EVENTS_TOPIC = "/sac_edge/events"
+#: The MCAP chunk size: at 200 Hz a step's state and command are about 400 bytes, so a chunk is about 0.4 s.
+CHUNK_BYTES = 32 * 1024
+#: Written chunks reach the file at least this often (the file object's buffer holds the rest).
+FLUSH_NS = 250_000_000
 
 
 class Recorder:
-    """An open MCAP file: ``state``, ``command`` and ``event`` append, ``close`` finishes it."""
+    """An open MCAP file: ``write`` and ``event`` append (log time: ``clock_ns()``, the node's clock), ``close``
+    finishes it."""
 
-    def __init__(self, path: str, overwrite: bool) -> None:
+    def __init__(self, path: str, overwrite: bool, clock_ns: Callable[[], int]) -> None:
+        self._clock_ns = clock_ns
         target = Path(path)
         if target.is_symlink() or (target.exists() and not target.is_file()):
             raise SacEdgeError(f"record {path}: a symlink or not a regular file; choose another path")
@@ -55,18 +63,35 @@ class Recorder:
                 "record needs the mcap and mcap-ros2-support packages (pip install mcap-ros2-support)"
             ) from None
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        self._path = target
         self._file = os.fdopen(os.open(target, flags, 0o644), "wb")
-        self._writer = Writer(self._file)
+        self._flushed_ns = 0
+        # small chunks, each written whole as it fills: a crash (SIGKILL) loses at most the open chunk,
+        # about CHUNK_BYTES of messages (BENCHMARKS.md "Edge: ROS 2" has the cost per step)
+        self._writer = Writer(self._file, chunk_size=CHUNK_BYTES)
         self._schemas = {name: self._writer.register_msgdef(name, text) for name, text in SCHEMAS.items()}
         self.messages = 0
 
-    def write(self, topic: str, datatype: str, message: Any, t_ns: int) -> None:
+    def write(self, topic: str, datatype: str, message: Any) -> None:
+        t_ns = self._clock_ns()
         self._writer.write_message(topic, self._schemas[datatype], message, log_time=t_ns, publish_time=t_ns)
         self.messages += 1
+        if t_ns - self._flushed_ns > FLUSH_NS:  # the chunks written so far reach the file, whatever happens next
+            self._file.flush()
+            self._flushed_ns = t_ns
 
-    def event(self, record: dict[str, Any], t_ns: int) -> None:
-        self.write(EVENTS_TOPIC, "std_msgs/msg/String", {"data": json.dumps(record, default=str)}, t_ns)
+    def event(self, record: dict[str, Any]) -> None:
+        self.write(EVENTS_TOPIC, "std_msgs/msg/String", {"data": json.dumps(record, default=str)})
 
     def close(self) -> None:
-        self._writer.finish()
-        self._file.close()
+        try:
+            self._writer.finish()
+        finally:
+            self._file.close()
+
+    def abandon(self) -> None:
+        """Close without finishing and remove the file (a configure that failed after opening it)."""
+        with contextlib.suppress(OSError):
+            self._file.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._path)

@@ -14,7 +14,7 @@ from sac_edge.common.bundle import open_bundle
 from sac_edge.common.config import parse_value
 from sac_edge.common.io_layout import bundle_layout
 from sac_edge.edge_runtime.config import RunConfig
-from sac_edge.edge_runtime.ros2_node import run_config
+from sac_edge.edge_runtime.ros2.parameters import run_config
 from sac_edge.edge_runtime.runtime import Runtime
 
 

@@ -117,7 +117,7 @@ def test_stale_input_falls_back_within_the_age_limit_and_ramps_back(
     procs.start("sim", "tests/ros2/sim.py", "--rate-hz", str(rate), "--pause-at", "1.0", "--pause-s", "0.6",
                 "--out", str(sim_out))  # fmt: skip
     procs.node(pendulum_layout_bundle, "autostart:=true", f"rate_hz:={rate}.0", f"max_input_age_ms:={limit_ms}",
-               f"record:={record}", "backend:=onnxruntime", "ramp_steps:=5")  # fmt: skip
+               f"record:={record}", "backend:=onnxruntime", "ramp_steps:=5", "max_stale_s:=60.0")  # fmt: skip
     wait_for(lambda: "active: timer mode" in procs.text("node", "err"), 90, "the node to be active")
     time.sleep(2.2)  # the sim pauses 1.0 s after the first command, for 0.6 s
 
@@ -176,12 +176,13 @@ def test_a_backend_failing_mid_run_takes_the_node_to_the_error_state_with_a_safe
     procs: Procs, failing_bundle: Path, tmp_path: Path
 ) -> None:
     """The policy's backend fails once the pendulum swings past 3 rad/s (a few steps in): the runtime stops
-    serving, the node publishes the last safe action, goes through the error state (``on_error``) to
+    serving, the node publishes the configured safe command, goes through the error state (``on_error``) to
     unconfigured, writes its summary, publishes nothing more, and still ends cleanly on SIGINT."""
     sim_out, summary_file = tmp_path / "sim.json", tmp_path / "summary.json"
     procs.start("sim", "tests/ros2/sim.py", "--lockstep", "--out", str(sim_out))
     procs.node(failing_bundle, "mode:=message", "max_input_age_ms:=5000.0", "max_backend_errors:=1",
-               "ramp_steps:=0", f"summary:={summary_file}", *EXACT)  # fmt: skip
+               "ramp_steps:=0", f"summary:={summary_file}", "safe_action:=0.25", "fallback:=fixed",
+               *EXACT)  # fmt: skip
     steps = procs.run("driver", "tests/ros2/driver.py", "/sac_edge", "configure", "activate")
     assert [s["ok"] for s in steps] == [True] * 3, steps
     wait_for(summary_file.is_file, 60, "the summary the error state writes")
@@ -202,10 +203,10 @@ def test_a_backend_failing_mid_run_takes_the_node_to_the_error_state_with_a_safe
     assert procs.stop("node", signal.SIGINT) == 0
     assert _summary(procs)["runtime"]["stopped_by"] == runtime["stopped_by"]
     commands = _sim_record(sim_out, procs)["commands"]
-    # the failed step's held action, then the safe command at deactivate and at on_error: the last action the
-    # policy served (hold), and nothing after it
-    assert len(commands) == runtime["steps"] + 2, (len(commands), runtime["steps"])
-    assert commands[-4:] == [commands[-4]] * 4 and commands[-5] != commands[-4], commands[-6:]
+    # the failed step's command and the one at deactivate: the configured safe action's (the layout's scale is 1),
+    # not the last action the policy served; nothing after it
+    assert len(commands) == runtime["steps"] + 1, (len(commands), runtime["steps"])
+    assert commands[-2:] == [[0.25], [0.25]] and commands[-3] != [0.25], commands[-6:]
 
 
 #: ``sac-edge run`` options that are the robot's or the node's own schedule's business: no node parameter.

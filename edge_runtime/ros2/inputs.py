@@ -1,0 +1,181 @@
+"""The robot's inputs as the node reads them: ``sensor_msgs/JointState`` merged by joint name (each layout
+joint's latest position, velocity and effort and when it came, from any number of publishers on the state
+topic: an arm driver and a gripper driver each publishing their own joints), and the layout's other topics
+(imu, vector) with their arrival times. ``RobotInputs.read(now, obs)`` fills the observation and says which
+input is stale."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.io_layout import JOINT_FIELDS, IoLayout
+
+#: Name orders remembered (a robot has one or a few publishers; a hostile one changing its names each
+#: message only costs a map each).
+MAX_NAME_ORDERS = 16
+STATE = "state"
+"""The JointState input's name in stale reports."""
+
+
+def escaped(text: str, limit: int = 200) -> str:
+    """``text`` safe to log on one line: control characters escaped, cut at ``limit`` characters."""
+    out = text.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
+class RobotInputs:
+    """The latest value of every input the layout reads, and when it came (``clock_ns``: the node's clock)."""
+
+    def __init__(self, layout: IoLayout, state_topic: str, clock_ns: Callable[[], int]) -> None:
+        self.layout = layout
+        self.source = f"JointState on {state_topic}"
+        self.joints = layout.state_joints
+        self._where = {name: i for i, name in enumerate(self.joints)}
+        self._ignored = frozenset(layout.ignore_joints)
+        n = len(self.joints)
+        self._fields = {f: np.full(n, math.nan) for f in JOINT_FIELDS}
+        self._arrays = self._fields  # what gather reads, by field, in ``joints``' order
+        self._needed = tuple(dict.fromkeys(
+            [p.field for p in layout.parts if p.source == "joint_states" and p.field]
+            + (["position"] if layout.action.interface == "position" else [])
+        ))  # fmt: skip
+        self._seen_ns: np.ndarray = np.zeros(n, np.int64)
+        """When each joint last came (0: never)."""
+        self._jmap = layout.joint_map(self.joints, self.source)  # one fixed order: the gather is precomputed
+        self._orders: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray] | str] = {}
+        self._clock_ns = clock_ns
+        self.topic_values: dict[str, Any] = dict.fromkeys(layout.topics)
+        self.topic_ns: dict[str, int] = dict.fromkeys(layout.topics, 0)
+        self.latest: Any = None
+        """The latest valid JointState (what a recording stores)."""
+        self.new_data = False
+        """Whether a valid JointState came since the last ``read``."""
+        self.invalid = 0
+        self.problem: str | None = None
+        """The latest invalid JointState's problem, until a valid one comes."""
+
+    # -- messages ----------------------------------------------------------------------------------------
+    def on_state(self, msg: Any, now_ns: int) -> str | None:
+        """Merge one JointState; its problem (one line, names escaped) when it is invalid, which is dropped."""
+        try:
+            src, dst = self._order(tuple(msg.name))
+            n = len(msg.name)
+            for f in self._needed:
+                values = getattr(msg, f)
+                if len(values) != n:
+                    raise SacEdgeError(
+                        f"{self.source}: its {f} has {len(values)} values for {n} joints; the layout reads {f}"
+                    )
+            for f in self._needed:
+                self._fields[f][dst] = np.asarray(getattr(msg, f), dtype=np.float64)[src]
+        except SacEdgeError as err:
+            self.invalid += 1
+            self.problem = str(err)
+            return self.problem
+        self._seen_ns[dst] = now_ns
+        self.latest, self.new_data, self.problem = msg, True, None
+        return None
+
+    def _order(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Where a message of this name order's values go; one line on a duplicate or an unknown joint."""
+        order = self._orders.get(names)
+        if order is None:
+            order = self._map(names)
+            if len(self._orders) >= MAX_NAME_ORDERS:
+                self._orders.clear()
+            self._orders[names] = order
+        if isinstance(order, str):
+            raise SacEdgeError(order)
+        return order
+
+    def _map(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | str:
+        src, dst, given = [], [], set()
+        for i, name in enumerate(names):
+            if name in given:
+                return f"{self.source}: joint {escaped(name)!r} appears twice in its name list"
+            given.add(name)
+            at = self._where.get(name)
+            if at is not None:
+                src.append(i)
+                dst.append(at)
+            elif name not in self._ignored:
+                return (
+                    f"{self.source}: joint {escaped(name)!r} is published by the robot but not in the layout; use "
+                    "it in the layout or list it under ignore_joints"
+                )
+        return np.array(src, np.intp), np.array(dst, np.intp)
+
+    def topic_callback(self, topic: str, source: str) -> Callable[[Any], None]:
+        """The subscription callback of an imu or vector topic of the layout."""
+
+        def on_message(msg: Any) -> None:
+            if source == "imu":
+                v, w, a = msg.orientation, msg.angular_velocity, msg.linear_acceleration
+                value: Any = {
+                    "orientation": (v.x, v.y, v.z, v.w),
+                    "angular_velocity": (w.x, w.y, w.z),
+                    "linear_acceleration": (a.x, a.y, a.z),
+                }
+            else:
+                value = msg.data
+            self.topic_values[topic] = value
+            self.topic_ns[topic] = self._clock_ns()
+
+        return on_message
+
+    # -- reading -----------------------------------------------------------------------------------------
+    def missing(self) -> str | None:
+        """The first layout joint no valid JointState has given yet, else None."""
+        never = np.flatnonzero(self._seen_ns == 0)
+        return self.joints[int(never[0])] if never.size else None
+
+    def seen_ns(self, name: str) -> int:
+        """When input ``name`` (``STATE``: the oldest joint) last came; 0: never."""
+        if name == STATE:
+            return int(self._seen_ns.min())
+        return self.topic_ns.get(name, 0)
+
+    def stale(self, now_ns: int, limit_ns: int) -> str | None:
+        """The first input missing or older than ``limit_ns`` at ``now_ns``, else None."""
+        oldest = int(self._seen_ns.min())
+        if oldest == 0 or now_ns - oldest > limit_ns:
+            return STATE
+        for topic, seen in self.topic_ns.items():
+            if seen == 0 or now_ns - seen > limit_ns:
+                return topic
+        return None
+
+    def read(self, now_ns: int, limit_ns: int, obs: np.ndarray) -> str | None:
+        """Fill ``obs`` from the latest values when every input is fresh; the stale input's name, else None.
+        ``new_data`` tells (until the next read) whether a new JointState came since the last read."""
+        stale = self.stale(now_ns, limit_ns)
+        if stale is None:
+            try:
+                self.layout.gather(obs, self._jmap, self._arrays, self.topic_values, self.source)
+            except SacEdgeError as err:  # a topic's value of the wrong size
+                self.invalid += 1
+                self.problem = str(err)
+                return "invalid_input"
+        return stale
+
+    def take_new(self) -> bool:
+        """Whether a valid JointState came since the last call."""
+        new, self.new_data = self.new_data, False
+        return new
+
+    def pose_action(self) -> list[float]:
+        """The action that commands the action joints' latest positions: the layout's ``offset + scale *
+        action`` solved for the action; NaN where a joint has no finite position or a scale of 0
+        (``Shield.restart`` takes the safe action's value there)."""
+        action = self.layout.action
+        positions = self._fields["position"]
+        out = []
+        for joint, scale, offset in zip(action.joints, action.scale.tolist(), action.offset.tolist()):
+            value = float(positions[self._where[joint]])
+            out.append((value - offset) / scale if scale and math.isfinite(value) else math.nan)
+        return out
