@@ -20,7 +20,7 @@ from sac_edge.common.io_layout import IoLayout, JointMap, bundle_layout
 from sac_edge.edge_runtime.replay import analysis, recording
 from sac_edge.edge_runtime.replay.findings import Finding
 from sac_edge.edge_runtime.replay.online import OnlineChecks
-from sac_edge.edge_runtime.replay.reference import Reference, bundle_reference
+from sac_edge.edge_runtime.replay.reference import Reference, bundle_reference, no_reference
 
 from .config import ReplayConfig
 from .runtime import Caller, Runtime
@@ -55,6 +55,16 @@ def _open_policy(cfg: ReplayConfig, path: str, log: Callable[[str], None]) -> _P
     return _Policy(path, bundle, layout, runtime, [], [])
 
 
+def _reference(policy: _Policy, log: Callable[[str], None]) -> Reference:
+    """The first bundle's training distribution; without one (a bundle exported before sac-export kept it),
+    none: the commands and the kinematics are still checked, as the node's shadow mode does."""
+    try:
+        return bundle_reference(policy.bundle)
+    except SacEdgeError as err:
+        log(f"sac-edge replay: {err}; no range, frozen or resemblance checks")
+        return no_reference(policy.layout.obs_dim)
+
+
 def _topics(cfg: ReplayConfig, files: list[Any], layout: IoLayout) -> tuple[list[str], bool]:
     """The topics to read; whether the log has the command topic. One line when the state topic is missing
     or a topic has another type than the one read from it."""
@@ -84,7 +94,7 @@ def replay_command(cfg: ReplayConfig, log: Callable[[str], None]) -> dict[str, A
     cfg.check()
     files = recording.recording_files(cfg.recording)
     main = _open_policy(cfg, cfg.bundle, log)
-    reference = bundle_reference(main.bundle)  # the training distribution is the first bundle's
+    reference = _reference(main, log)
     topics, has_commands = _topics(cfg, files, main.layout)
     policies = [main]
     if cfg.vs is not None:

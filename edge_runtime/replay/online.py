@@ -207,17 +207,3 @@ class OnlineChecks:
             "findings": [f.to_dict() for f in self.findings()],
         }
 
-
-def diagnostic_values(report: dict[str, Any]) -> dict[str, Any]:
-    """``OnlineChecks.report`` as flat /diagnostics values: ``shadow_compared``, ``shadow_<joint>_p50`` and
-    ``_p99`` (|robot command - policy command|), ``shadow_findings`` and the first finding's line."""
-    out: dict[str, Any] = {"shadow_compared": report["commands_compared"]}
-    for joint, row in report["divergence"].items():
-        out[f"shadow_{joint}_p50"] = row["p50"]
-        out[f"shadow_{joint}_p99"] = row["p99"]
-    findings = report["findings"]
-    out["shadow_findings"] = len(findings)
-    if findings:
-        first = findings[0]
-        out["shadow_finding"] = f"{first['kind']} {', '.join(first['joints'])}: {first['detail']}"
-    return out

@@ -109,6 +109,12 @@ NODE_PARAMETERS = (
     NodeParameter("summary_overwrite", False, "replace an existing summary file"),
     NodeParameter("hardware_id", socket.gethostname(), "the hardware_id of the /diagnostics status"),
     NodeParameter(
+        "shadow",
+        False,
+        "run the policy beside the robot's controller: no publisher on command_topic or trajectory_topic; the "
+        "controller's commands on command_topic compared with the policy's (/diagnostics, the summary's shadow)",
+    ),
+    NodeParameter(
         "executor",
         "auto",
         "auto: rclpy's EventsExecutor where it exists (Jazzy and newer), else the SingleThreadedExecutor; events; "
@@ -246,6 +252,7 @@ class NodeParameters:
     summary: str
     summary_overwrite: bool
     hardware_id: str
+    shadow: bool
     rate_hz: float
     run: RunConfig
 
@@ -291,6 +298,7 @@ class NodeParameters:
             summary=str(get("summary")),
             summary_overwrite=bool(get("summary_overwrite")),
             hardware_id=str(get("hardware_id")),
+            shadow=bool(get("shadow")),
             rate_hz=float(get("rate_hz")),
             run=run_config(bundle, flags),
         )

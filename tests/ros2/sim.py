@@ -6,13 +6,17 @@ joints ``j0..`` of damped double integrators driven by effort, plus an unused ``
 ``--lockstep``: the next state is published when a command arrives (a step per command; the state is sent
 again every 0.2 s while no command comes). Else states go out at ``--rate-hz`` and the latest command
 applies. ``--pause-at S --pause-s D``: stop publishing D seconds from S s after the first command. On
-SIGINT/SIGTERM: writes ``--out`` (JSON: commands received, states published, publish times) and exits."""
+SIGINT/SIGTERM: writes ``--out`` (JSON: commands received, states published, publish times) and exits.
+``--controller``: the robot's own controller too (a stand-in for a ros2_control controller a human tunes): after
+each state it publishes a command on the command topic (a damped pull to 0 plus seeded noise), which the robot
+applies as any command; a node in shadow mode beside it commands nothing."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import random
 import signal
 import time
 
@@ -43,6 +47,7 @@ def main() -> None:
     ap.add_argument("--pause-s", type=float, default=0.0)
     ap.add_argument("--reward", action="store_true", help="a reward per command on /reward, /episode_end every 100")
     ap.add_argument("--command-qos", choices=("reliable", "best_effort"), default="reliable")
+    ap.add_argument("--controller", action="store_true", help="publish the robot's own commands after each state")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -62,6 +67,9 @@ def main() -> None:
     reward_pub = node.create_publisher(Float64, "/reward", 10)
     end_pub = node.create_publisher(Bool, "/episode_end", 10)
     record: dict = {"commands": [], "published": 0, "first_command_t": None, "pause": None}
+    controller = node.create_publisher(Float64MultiArray, "/forward_command_controller/commands", 10) if (
+        args.controller) else None  # fmt: skip
+    noise = random.Random(0)
     last_command = {"t": 0.0}
 
     def publish() -> None:
@@ -73,6 +81,10 @@ def main() -> None:
         msg.effort = [0.0] * len(names)
         pub.publish(msg)
         record["published"] += 1
+        if controller is not None:
+            data = [max(-10.0, min(10.0, -5.0 * state[n][0] - 0.5 * state[n][1] + noise.gauss(0.0, 3.0)))
+                    for n in names[: len(names) - 1 if args.kind == "multi" else 1]]  # fmt: skip
+            controller.publish(Float64MultiArray(data=data))
 
     def paused() -> bool:
         start = record["first_command_t"]
