@@ -48,6 +48,9 @@ RESPONSE_T = 6.0
 """... and this many standard errors from 0."""
 MIN_PAIRS = 50
 """Fewer commands (or state pairs) than this: the check that needs them is not judged."""
+STILL = 0.1
+"""A joint whose position changes at under this fraction of its training velocity spread is not judged by the
+kinematics (a robot at rest)."""
 GAP_FACTOR = 1.5
 """A state interval longer than this many typical periods breaks the step pairs of the kinematic checks."""
 
@@ -181,6 +184,9 @@ def kinematics(log: Log, layout: IoLayout, slots: list[Slot], reference: Referen
         ok = np.isfinite(dq) & np.isfinite(vbar)
         if ok.sum() < MIN_PAIRS or np.std(dq[ok]) == 0 or np.std(vbar[ok]) == 0:
             continue
+        i_vel = slot_of.get(("velocity", joint))
+        if i_vel is not None and np.std(dq[ok]) < STILL * reference.spread[i_vel]:
+            continue  # the joint barely moved: too little motion to judge its units by
         r = float(np.corrcoef(dq[ok], vbar[ok])[0, 1])
         k = math.copysign(float(np.std(vbar[ok]) / np.std(dq[ok])), r)
         facts[joint] = {"velocity_over_position_change": k, "correlation": r}
@@ -235,11 +241,12 @@ def command_response(log: Log, layout: IoLayout, slots: list[Slot], reference: R
     joints = layout.action.joints
     cols = [layout.state_joints.index(j) for j in joints]
     change = values[steps + 1][:, cols] - values[steps][:, cols]
-    ok = np.isfinite(change).all(axis=1) & np.isfinite(commands).all(axis=1)
-    change, commands = change[ok], commands[ok]
+    state = np.asarray(log.obs[steps], np.float64)
+    ok = np.isfinite(change).all(axis=1) & np.isfinite(commands).all(axis=1) & np.isfinite(state).all(axis=1)
+    change, commands, state = change[ok], commands[ok], state[ok]
     if len(commands) < MIN_PAIRS:
         return [], {}
-    effect, t = _standardised_effects(commands, change)
+    effect, t = _standardised_effects(commands, change, state)
     facts = {"effect": {joints[k]: dict(zip(joints, np.round(effect[k], 3).tolist())) for k in range(len(joints))}}
     drives: dict[int, int] = {}
     findings = []
@@ -260,9 +267,17 @@ def command_response(log: Log, layout: IoLayout, slots: list[Slot], reference: R
     return findings, facts
 
 
-def _standardised_effects(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """OLS of each column of ``y`` on ``x`` (and 1): effects [x col, y col] in standard deviations of y per
-    standard deviation of x, and their t statistics."""
+def _standardised_effects(
+    x: np.ndarray, y: np.ndarray, covariates: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """OLS of each column of ``y`` on ``x``, the ``covariates`` and 1: the effects of ``x``'s columns [x col,
+    y col] in standard deviations of y per standard deviation of x, and their t statistics. The covariates
+    (the state the command answered) take what the state explains: a command that only follows the state (a
+    feedback law with no exploration) has no effect of its own left, and large standard errors."""
+    k = x.shape[1]
+    if covariates is not None:
+        moving = covariates.std(axis=0) > 0
+        x = np.concatenate([x, covariates[:, moving]], axis=1)
     xs = (x - x.mean(axis=0)) / np.maximum(x.std(axis=0), 1e-12)
     ys = (y - y.mean(axis=0)) / np.maximum(y.std(axis=0), 1e-12)
     coef, *_ = np.linalg.lstsq(xs, ys, rcond=None)
@@ -271,7 +286,7 @@ def _standardised_effects(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.
     sigma2 = (resid**2).sum(axis=0) / dof
     inv = np.linalg.pinv(xs.T @ xs)
     se = np.sqrt(np.outer(np.diag(inv), sigma2))
-    return coef, coef / np.maximum(se, 1e-12)
+    return coef[:k], (coef / np.maximum(se, 1e-12))[:k]
 
 
 def _swaps(

@@ -24,7 +24,8 @@ class OnlineLimits:
     gap_periods: float = 3.0
     """A state interval this many typical periods long is a gap (``stale``)."""
     frozen_steps: int = 20
-    """A value that moves in training and stays bit-identical this many states in a row is ``frozen``."""
+    """A value that moves in training and stays bit-identical this many states in a row, while most of the
+    others move, is ``frozen``."""
     out_of_range_fraction: float = 0.01
     """A slot outside the training range on more than this fraction of the states is ``out_of_range``..."""
     out_of_range_min: int = 5
@@ -115,8 +116,11 @@ class OnlineChecks:
         self._all_intervals.append(interval)
 
     def _frozen(self, obs: np.ndarray) -> None:
+        """A slot's run of bit-identical values grows only on states where most slots moved: a robot at rest
+        holds every value, and that is not a frozen channel."""
         same = obs == self._previous
-        self._run = np.where(same, self._run + 1, 0)
+        moving = int((~same).sum()) * 2 >= len(obs)
+        self._run = np.where(same, self._run + moving, 0)
         longer = self._run > self._longest
         if longer.any():
             self._longest = np.where(longer, self._run, self._longest)
@@ -206,4 +210,3 @@ class OnlineChecks:
             "timing": self.timing(),
             "findings": [f.to_dict() for f in self.findings()],
         }
-

@@ -142,9 +142,12 @@ def _stamp(t_ns: int) -> dict[str, int]:
     return {"sec": t_ns // 1_000_000_000, "nanosec": t_ns % 1_000_000_000}
 
 
-def record(bundle: Path, path: Path, steps: int, seed: int = 0, faults: Faults | None = None) -> dict[str, Any]:
-    """Drive HalfCheetah with ``bundle``'s policy for ``steps`` env steps and write what the robot's topics
-    carried to ``path`` (MCAP). Returns the facts of the run (the faults, the steps, the states sent)."""
+def record(
+    bundle: Path, path: Path, steps: int, seed: int = 0, faults: Faults | None = None, noise: float = NOISE
+) -> dict[str, Any]:
+    """Drive HalfCheetah with ``bundle``'s policy plus ``noise`` (exploration, action units) for ``steps`` env
+    steps and write what the robot's topics carried to ``path`` (MCAP). Returns the facts of the run (the
+    faults, the steps, the states sent)."""
     from mcap_ros2.writer import Writer
 
     from sac_edge.common.bundle import open_bundle
@@ -206,7 +209,7 @@ def record(bundle: Path, path: Path, steps: int, seed: int = 0, faults: Faults |
                 layout.gather(obs, layout.joint_map(JOINTS), values, {})
                 action = runtime.act(obs).copy()
                 runtime.tick()
-                noisy = np.clip(action + rng.normal(0.0, NOISE, action.shape), -1.0, 1.0)
+                noisy = np.clip(action + rng.normal(0.0, noise, action.shape), -1.0, 1.0)
                 command = layout.command_vector(noisy)
                 t_cmd = t + 2_000_000  # the policy's 2 ms
                 out = {"layout": {"dim": [], "data_offset": 0}, "data": command.tolist()}

@@ -1,6 +1,6 @@
 """How reliable ``sac-edge replay``'s diagnosis is over seeds and recording lengths (BENCHMARKS.md's table).
 
-``python tests/edge_runtime/replay/reliability.py OUT_DIR [SEEDS] [LENGTHS]`` records HalfCheetah with each
+``python tests/edge_runtime/replay/reliability.py OUT_DIR [SEEDS] [LENGTHS] [NOISE]`` records HalfCheetah with each
 fault (recordings.py; the fault's onset scaled to the length) for every seed x length, replays each, and
 prints one Markdown row per fault and length: how many seeds were named exactly right (the fault's kind
 on its joints, nothing else), named with extra findings, or missed.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from recordings import FAULTS, Faults, halfcheetah_bundle, record
+from recordings import FAULTS, NOISE, Faults, halfcheetah_bundle, record
 
 from sac_edge.edge_runtime.config import ReplayConfig
 from sac_edge.edge_runtime.replayer import replay_command
@@ -30,6 +30,7 @@ def main() -> None:
     out = Path(sys.argv[1])
     seeds = range(int(sys.argv[2]) if len(sys.argv) > 2 else 5)
     lengths = [int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "150,300,600,1000,2000").split(",")]
+    noise = float(sys.argv[4]) if len(sys.argv) > 4 else NOISE
     bundle = out / "bundle"
     if not bundle.exists():
         halfcheetah_bundle(bundle)
@@ -42,7 +43,7 @@ def main() -> None:
             exact = extra = missed = 0
             for seed in seeds:
                 path = out / f"{name}-{steps}-{seed}.mcap"
-                record(bundle, path, steps, seed, scaled(name, faults, steps))
+                record(bundle, path, steps, seed, scaled(name, faults, steps), noise)
                 report = replay_command(ReplayConfig(str(bundle), str(path)), lambda _: None)
                 named = [(f["kind"], set(f["joints"])) for f in report["findings"]]
                 right = [n for n in named if n[0] == kind and (joints is None or n[1] == joints)]

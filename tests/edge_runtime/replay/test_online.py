@@ -77,3 +77,11 @@ def test_the_divergence_window_is_bounded() -> None:
         c.command(step * PERIOD + 1, [float(step), 0.0])
     assert c.compared == 120 and c.divergence()["b"]["max"] == 119.0
     assert c.divergence()["b"]["p50"] == np.percentile(np.arange(70, 120), 50)  # the latest 50
+
+
+def test_a_robot_at_rest_is_not_a_frozen_channel() -> None:
+    c = checks(frozen_steps=20)
+    rest = np.array([0.1, 0.2, 0.0, 0.0], np.float32)
+    for step in range(100):
+        c.state(step * PERIOD, rest)  # every value held: the robot stands still
+    assert c.findings() == []
