@@ -37,7 +37,9 @@ class OnlineLimits:
     """Divergence rows and timings kept (the percentiles are of the latest ones)."""
 
 
-PERIOD_SAMPLES = 101  # the typical period: the median of this many latest intervals
+PERIOD_SAMPLES = 101
+MOVED = 1e-3
+"""A slot moved between two states when it changed by more than this fraction of its training spread."""  # the typical period: the median of this many latest intervals
 
 
 class OnlineChecks:
@@ -116,10 +118,13 @@ class OnlineChecks:
         self._all_intervals.append(interval)
 
     def _frozen(self, obs: np.ndarray) -> None:
-        """A slot's run of bit-identical values grows only on states where most slots moved: a robot at rest
-        holds every value, and that is not a frozen channel."""
+        """A slot's run of bit-identical values grows only on states where most slots moved by more than
+        ``MOVED`` of their training spread: a robot at rest holds its values (or jitters them by far less),
+        and that is not a frozen channel."""
         same = obs == self._previous
-        moving = int((~same).sum()) * 2 >= len(obs)
+        with np.errstate(invalid="ignore"):
+            moved = np.abs(obs - self._previous) > MOVED * self.reference.spread
+        moving = int(moved.sum()) * 2 >= len(obs)
         self._run = np.where(same, self._run + moving, 0)
         longer = self._run > self._longest
         if longer.any():
