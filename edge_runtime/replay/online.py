@@ -37,9 +37,9 @@ class OnlineLimits:
     """Divergence rows and timings kept (the percentiles are of the latest ones)."""
 
 
-PERIOD_SAMPLES = 101
+PERIOD_SAMPLES = 101  # the typical period: the median of this many latest intervals
 MOVED = 1e-3
-"""A slot moved between two states when it changed by more than this fraction of its training spread."""  # the typical period: the median of this many latest intervals
+"""A slot moved between two states when it changed by more than this fraction of its training spread."""
 
 
 class OnlineChecks:
