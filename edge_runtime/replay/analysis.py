@@ -46,6 +46,10 @@ RESPONSE_MIN = 0.15
 """A command channel's standardised effect on a joint this large (and significant) counts."""
 RESPONSE_T = 6.0
 """... and this many standard errors from 0."""
+MIN_EXCITATION = 0.1
+"""A command channel is judged by its effect only when at least this fraction of its variance is its own (not
+explained by the state it answered): without exploration, what a command did cannot be told from what the
+state did."""
 MIN_PAIRS = 50
 """Fewer commands (or state pairs) than this: the check that needs them is not judged."""
 STILL = 0.1
@@ -247,10 +251,17 @@ def command_response(log: Log, layout: IoLayout, slots: list[Slot], reference: R
     if len(commands) < MIN_PAIRS:
         return [], {}
     effect, t = _standardised_effects(commands, change, state)
-    facts = {"effect": {joints[k]: dict(zip(joints, np.round(effect[k], 3).tolist())) for k in range(len(joints))}}
+    excitation = _excitation(commands, state)
+    facts = {
+        "effect": {joints[k]: dict(zip(joints, np.round(effect[k], 3).tolist())) for k in range(len(joints))},
+        "excitation": dict(zip(joints, np.round(excitation, 3).tolist())),
+        "not_judged": [j for k, j in enumerate(joints) if excitation[k] < MIN_EXCITATION],
+    }
     drives: dict[int, int] = {}
     findings = []
     for k, joint in enumerate(joints):
+        if excitation[k] < MIN_EXCITATION:
+            continue  # the channel only follows the state: its effect cannot be told from the state's
         strong = (np.abs(effect[k]) >= RESPONSE_MIN) & (np.abs(t[k]) >= RESPONSE_T)
         j = int(np.argmax(np.abs(effect[k])))
         if not strong[j]:
@@ -265,6 +276,16 @@ def command_response(log: Log, layout: IoLayout, slots: list[Slot], reference: R
             ))  # fmt: skip
     findings += _swaps(drives, joints, field, lambda a, b: exchange_ratio(log.obs, reference, slots, a, b))
     return findings, facts
+
+
+def _excitation(commands: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """Per command channel: the fraction of its variance the state it answered does not explain (linearly);
+    0 for a pure feedback law, near 1 with exploration or a person's input."""
+    moving = state[:, state.std(axis=0) > 0]
+    x = np.concatenate([moving, np.ones((len(moving), 1))], axis=1)
+    coef, *_ = np.linalg.lstsq(x, commands, rcond=None)
+    total = commands.var(axis=0)
+    return np.where(total > 0, (commands - x @ coef).var(axis=0) / np.maximum(total, 1e-300), 0.0)
 
 
 def _standardised_effects(
