@@ -52,10 +52,10 @@ def _qos() -> Any:
     return QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 
-def echo() -> None:
-    """The floor: a bare rclpy node that answers each JointState with its positions (SingleThreadedExecutor)."""
+def echo(executor_kind: str, ns: str) -> None:
+    """The floor: a bare rclpy node that answers each JointState with its positions, on rclpy's
+    SingleThreadedExecutor (``single``) or EventsExecutor (``events``), spun with ``spin_once`` as the node is."""
     import rclpy
-    from rclpy.executors import SingleThreadedExecutor
     from rclpy.node import Node
     from rclpy.signals import SignalHandlerOptions
     from sensor_msgs.msg import JointState
@@ -65,15 +65,17 @@ def echo() -> None:
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda n, f: stop.append(n))
     node = Node("echo")
-    pub = node.create_publisher(Float64MultiArray, "/echo" + COMMAND, _qos())
+    pub = node.create_publisher(Float64MultiArray, ns + COMMAND, _qos())
     out = Float64MultiArray()
 
     def on_state(msg: Any) -> None:
         out.data = list(msg.position)
         pub.publish(out)
 
-    node.create_subscription(JointState, "/echo" + STATE, on_state, _qos())
-    executor = SingleThreadedExecutor()
+    node.create_subscription(JointState, ns + STATE, on_state, _qos())
+    from sac_edge.edge_runtime.ros2.node import make_executor
+
+    executor = make_executor(executor_kind)
     executor.add_node(node)
     while not stop:
         executor.spin_once(timeout_sec=0.1)
@@ -253,7 +255,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seconds", type=float, default=6.0, help="measured seconds per path and rate")
     ap.add_argument("--segment", type=float, default=0.5, help="seconds per segment; the targets alternate")
     ap.add_argument("--logs", default="runs/ros2-loop", help="directory for the target processes' output")
-    ap.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--executors", default="single,events", help="rclpy executors to run each target on")
+    ap.add_argument("--echo", default="", help=argparse.SUPPRESS)  # EXECUTOR,NAMESPACE: run as the echo node
     return ap
 
 
@@ -261,13 +264,17 @@ def measure_rate(args: argparse.Namespace, rate: int, joints: list[str], env: di
     """The echo and the node at ``rate`` (paired, each in its own process), then the in-process Runtime."""
     from rclpy.node import Node
 
-    node_cmd = [
-        sys.executable, "-m", "sac_edge.edge_runtime.cli", "ros2", args.bundle, "--ros-args", "-r", "__ns:=/policy",
-        "-p", "autostart:=true", "-p", "mode:=message", "-p", "backend:=onnxruntime", "-p", "precision:=fp32",
-        "-p", "state_qos_reliability:=reliable", "-p", "max_input_age_ms:=1000.0", "-p", f"rate_hz:={rate}.0",
-        "-p", "state_topic:=/policy" + STATE, "-p", "command_topic:=/policy" + COMMAND,
-    ]  # fmt: skip
-    starts = {"rclpy echo": ([sys.executable, __file__, "--echo"], "/echo"), "sac-edge ros2": (node_cmd, "/policy")}
+    starts = {}
+    for kind in args.executors.split(","):
+        ns = f"/policy_{kind}"
+        node_cmd = [
+            sys.executable, "-m", "sac_edge.edge_runtime.cli", "ros2", args.bundle, "--ros-args", "-r", f"__ns:={ns}",
+            "-p", "autostart:=true", "-p", "mode:=message", "-p", "backend:=onnxruntime", "-p", "precision:=fp32",
+            "-p", "state_qos_reliability:=reliable", "-p", "max_input_age_ms:=1000.0", "-p", f"rate_hz:={rate}.0",
+            "-p", f"executor:={kind}",
+        ]  # fmt: skip
+        starts[f"rclpy echo {kind}"] = ([sys.executable, __file__, "--echo", f"{kind},/echo_{kind}"], f"/echo_{kind}")
+        starts[f"sac-edge ros2 {kind}"] = (node_cmd, ns)
     stimulus = Node(f"stimulus_{rate}")
     procs, targets = [], []
     try:
@@ -284,22 +291,27 @@ def measure_rate(args: argparse.Namespace, rate: int, joints: list[str], env: di
 
 def report(rows: list[dict[str, Any]]) -> None:
     """The table, then the JSON line with what the node adds over the echo at each rate."""
-    print(f"{'path':<20} {'rate':>6} {'sent/s':>7} {'p50 us':>9} {'seg p50':>8} {'p99 us':>9} {'replies':>8} "
+    print(f"{'path':<22} {'rate':>6} {'sent/s':>7} {'p50 us':>9} {'seg p50':>8} {'p99 us':>9} {'replies':>8} "
           f"{'lost':>5} {'CPU us/step':>12} {'core %':>7}")  # fmt: skip
     for r in rows:
         seg = r.get("segment_p50_median_us", float("nan"))
-        print(f"{r['path']:<20} {r['rate_hz']:>6} {r['achieved_hz']:>7.0f} {r['p50_us']:>9.1f} {seg:>8.1f} "
+        print(f"{r['path']:<22} {r['rate_hz']:>6} {r['achieved_hz']:>7.0f} {r['p50_us']:>9.1f} {seg:>8.1f} "
               f"{r['p99_us']:>9.1f} {r['replies']:>8} {r['lost']:>5} {r['cpu_us_per_step']:>12.1f} "
               f"{r['cpu_core_pct']:>7.1f}")  # fmt: skip
     by = {(r["path"], r["rate_hz"]): r for r in rows}
-    added = {}
-    for rate in sorted({r["rate_hz"] for r in rows}):
-        node, floor = by[("sac-edge ros2", rate)], by[("rclpy echo", rate)]
-        added[str(rate)] = {
-            "added_p50_us": node["p50_us"] - floor["p50_us"],
-            "added_p99_us": node["p99_us"] - floor["p99_us"],
-            "cpu_ratio_vs_echo": node["cpu_us_per_step"] / floor["cpu_us_per_step"],
-        }
+    added: dict[str, dict[str, float]] = {}
+    for (path, rate), node in sorted(by.items()):
+        if not path.startswith("sac-edge ros2 "):
+            continue
+        kind = path.rsplit(" ", 1)[1]
+        for floor_kind in dict.fromkeys((kind, "single")):
+            floor = by.get((f"rclpy echo {floor_kind}", rate))
+            if floor is not None:
+                added[f"{rate} node {kind} vs echo {floor_kind}"] = {
+                    "added_p50_us": node["p50_us"] - floor["p50_us"],
+                    "added_p99_us": node["p99_us"] - floor["p99_us"],
+                    "cpu_ratio_vs_echo": node["cpu_us_per_step"] / floor["cpu_us_per_step"],
+                }
     load = os.getloadavg()
     print(json.dumps({"bench": "ros2_loop", "rows": rows, "over_echo": added, "loadavg": load}))
 
@@ -308,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = _parser()
     args = ap.parse_args(argv)
     if args.echo:
-        return echo()
+        kind, ns = args.echo.split(",")
+        return echo(kind, ns)
     if not args.bundle:
         ap.error("--bundle is required")
     import rclpy

@@ -34,7 +34,7 @@ TRANSFORMS = ("none", "cos", "sin")
 INTERFACES = ("position", "velocity", "effort")
 _PART_KEYS = {"source", "field", "joints", "topic", "size", "offset", "scale", "transform"}
 _TOP_KEYS = {"version", "observation", "action", "ignore_joints"}
-_ACTION_KEYS = {"interface", "joints", "scale", "offset"}
+_ACTION_KEYS = {"interface", "joints", "scale", "offset", "min", "max"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,10 @@ class ActionLayout:
     joints: tuple[str, ...]
     scale: np.ndarray
     offset: np.ndarray
+    low: np.ndarray | None = None
+    """Per joint, the lowest command (after scale and offset; None: no limit): commands are clamped to
+    [low, high], since a forward command controller passes on whatever it gets."""
+    high: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,10 @@ class IoLayout:
             "scale": a.scale.tolist(),
             "offset": a.offset.tolist(),
         }
+        if a.low is not None:
+            action["min"] = a.low.tolist()
+        if a.high is not None:
+            action["max"] = a.high.tolist()
         return {
             "version": LAYOUT_VERSION,
             "observation": parts,
@@ -272,6 +280,10 @@ class IoLayout:
             out = np.empty(len(a.joints), np.float64)
         np.multiply(act, a.scale, out=out)
         out += a.offset
+        if a.low is not None:
+            np.maximum(out, a.low, out=out)
+        if a.high is not None:
+            np.minimum(out, a.high, out=out)
         return out
 
     def command(self, action: Any) -> dict[str, float]:
@@ -422,4 +434,8 @@ def _action(raw: Any, what: str) -> ActionLayout:
     joints = _names(raw.get("joints"), f"{what}.joints")
     scale = _numbers(raw.get("scale"), len(joints), 1.0, f"{what}.scale")
     offset = _numbers(raw.get("offset"), len(joints), 0.0, f"{what}.offset")
-    return ActionLayout(interface, joints, scale, offset)
+    low, high = (_numbers(raw[k], len(joints), 0.0, f"{what}.{k}") if k in raw else None for k in ("min", "max"))
+    if low is not None and high is not None and (low > high).any():
+        i = int(np.flatnonzero(low > high)[0])
+        raise SacEdgeError(f"{what}: joint {joints[i]!r} has min {low[i]:g} above max {high[i]:g}; swap them")
+    return ActionLayout(interface, joints, scale, offset, low, high)

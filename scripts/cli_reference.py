@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sac_edge.common.config import reference_markdown
 from sac_edge.edge_runtime.config import BenchConfig, DoctorConfig, DrillConfig, ReplayConfig, RunConfig
+from sac_edge.edge_runtime.ros2.parameters import NODE_PARAMETERS, RUN_PARAMETERS
 from sac_edge.export.config import ExportConfig
 from sac_edge.sweep.config import SweepConfig
 from sac_edge.train.config import TrainConfig
@@ -45,7 +46,24 @@ def render() -> str:
     ]
     for line, cls, positional, what in COMMANDS:
         parts.append(f"## {line}\n\n{what[0].upper() + what[1:]}.\n\n{reference_markdown(cls, positional)}")
+    parts.append(ros2_parameters())
     return "\n".join(parts)
+
+
+def ros2_parameters() -> str:
+    """The node's own parameters (``sac-edge ros2 BUNDLE --ros-args -p NAME:=VALUE``), from their schema."""
+    rows = ["| parameter | default | range | while configured | what |", "|---|---|---|---|---|"]
+    for p in NODE_PARAMETERS:
+        span = f"{p.low:g} .. {p.high:g}" if p.low is not None and p.high is not None else ""
+        span = span or " / ".join(p.choices)
+        default = "the host name" if p.name == "hardware_id" else f"`{p.default!r}`"
+        rows.append(f"| `{p.name}` | {default} | {span} | {'fixed' if p.fixed else 'may change'} | {p.help} |")
+    runs = ", ".join(f"`{r.name}`" for r in RUN_PARAMETERS)
+    return (
+        "## sac-edge ros2 BUNDLE [--ros-args ...]\n\nThe bundle's policy as a ROS 2 lifecycle node "
+        "([ROS2.md](ROS2.md)). Its own parameters:\n\n" + "\n".join(rows) + "\n\nand every `sac-edge run` option "
+        f"above the runtime uses, under its flag's name (dashes as underscores), fixed once configured: {runs}.\n"
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -23,7 +23,7 @@ from sac_edge.edge_runtime.control.realtime import enter_realtime, hold_idle_lat
 from sac_edge.edge_runtime.runtime import Caller, Runtime
 
 from .compat import event_callbacks
-from .inputs import RobotInputs, escaped
+from .inputs import STATE, RobotInputs, escaped
 from .outputs import CommandOutputs
 from .parameters import NodeParameters
 from .qos import incompatible_warning, profile
@@ -48,6 +48,15 @@ def output_file(path: str, overwrite: bool, what: str) -> None:
             raise SacEdgeError(f"{what} {path} already exists; choose another path or set {what}_overwrite")
     if not target.parent.is_dir():
         raise SacEdgeError(f"{what} {path}: its directory does not exist")
+
+
+def resolved(node: Any, parameter: str, name: str) -> str:
+    """``name`` as the node resolves it (namespace, remaps); one line when it is no valid topic name."""
+    try:
+        return str(node.resolve_topic_name(name))
+    except Exception as err:
+        why = str(err).split(", at ")[0].splitlines()[0]
+        raise SacEdgeError(f"{parameter} '{escaped(name)}' is not a valid topic name ({why})") from None
 
 
 class Entities:
@@ -136,7 +145,7 @@ def wait_for_joints(node: Any, inputs: RobotInputs, topic: str, qos: Any, timeou
         raise SacEdgeError(problems[-1])
     if inputs.latest is not None:
         raise SacEdgeError(
-            f"{inputs.source}: joint {escaped(missing)!r} of the layout is missing (the robot publishes "
+            f"{inputs.source}: joint '{escaped(missing)}' of the layout is missing (the robot publishes "
             f"{', '.join(escaped(n) for n in inputs.latest.name)}); fix the joint's name in the layout"
         )
     raise SacEdgeError(
@@ -156,7 +165,7 @@ def configure(node: Any) -> Configured:
     layout = bundle_layout(bundle)
     if layout is None:
         raise SacEdgeError(f"{bundle.path} has no layout: export it with sac-export --layout FILE (docs/CONTRACTS.md)")
-    state_topic = node.resolve_topic_name(params.state_topic)
+    state_topic = resolved(node, "state_topic", params.state_topic)
     state_qos = profile(*params.state_qos, "state")
     command_qos = profile(*params.command_qos, "command")
     inputs = RobotInputs(layout, state_topic, node.clock_ns)
@@ -169,12 +178,12 @@ def configure(node: Any) -> Configured:
         made.callback(runtime.close)
         runtime.open()
         configured = Configured(node, params, layout, runtime, inputs, shadow)
-        made.callback(configured.entities.destroy_all)
-        configured.connect(state_qos, command_qos)
-        configured.idle_us = _enter_realtime(log, params.run.realtime)
         if params.record:
             configured.open_recorder()
             made.callback(configured.drop_recorder)
+        made.callback(configured.entities.destroy_all)
+        configured.connect(state_qos, command_qos)
+        configured.idle_us = _enter_realtime(log, params.run.realtime)
         configured.warm_up()
         made.pop_all()
     return configured
@@ -193,7 +202,7 @@ def _shadow(node: Any, bundle: Any, layout: IoLayout, params: NodeParameters) ->
         reference = no_reference(layout.obs_dim)
     clock = node.get_clock()
     return Shadow(OnlineChecks(layout, reference), lambda: clock.now().nanoseconds,
-                  node.resolve_topic_name(params.command_topic))  # fmt: skip
+                  resolved(node, "command_topic", params.command_topic))  # fmt: skip
 
 
 def _enter_realtime(log: Any, rt: RealtimeSection) -> int | None:
@@ -233,6 +242,8 @@ class Configured:
         self.stale_stop: str | None = None
         """The input stale past ``max_stale_s`` that made the node inactive (until the next activate)."""
         self.timer: Any = None
+        self.rate_hz = params.rate_hz
+        """The rate the timer runs at (the governor may lower it)."""
         self.transitions = Transitions() if params.reward_topic else None
         self.stepper: Stepper
         self._stale_since = 0
@@ -248,14 +259,20 @@ class Configured:
             outputs = ShadowOutputs(self.layout, p.period_ns)
         else:
             outputs = CommandOutputs(
-                self.layout, node.resolve_topic_name(p.command_topic),
-                node.resolve_topic_name(p.trajectory_topic) if p.trajectory_topic else "",
+                self.layout, resolved(node, "command_topic", p.command_topic),
+                resolved(node, "trajectory_topic", p.trajectory_topic) if p.trajectory_topic else "",
                 lambda msg_type, topic: e.pub(msg_type, topic, command_qos), p.period_ns,
             )  # fmt: skip
         self.stepper = Stepper(self.runtime, self.inputs, outputs, self.transitions, int(p.max_input_age_ms * 1e6),
-                               node.get_logger(), node.resolve_topic_name(p.state_topic))  # fmt: skip
-        if self.shadow is not None:
+                               node.get_logger(), resolved(node, "state_topic", p.state_topic))  # fmt: skip
+        self.stepper.recorder = self.recorder
+        if self.recorder is not None:
+            self.recorder.declare(self.stepper.state_topic, "sensor_msgs/msg/JointState", p.state_qos)
+            self.recorder.declare(outputs.command_topic, "std_msgs/msg/Float64MultiArray", p.command_qos)
+        if self.shadow is not None:  # the controller's commands: compared, and recorded on their own topic
             self.stepper.shadow, self.shadow.record = self.shadow, self.stepper.record
+            if self.recorder is not None:
+                self.recorder.declare(self.shadow.command_topic, "std_msgs/msg/Float64MultiArray", p.command_qos)
             e.sub(Float64MultiArray, p.command_topic, self.shadow.on_command, command_qos)
         e.sub(JointState, p.state_topic, self._on_state, state_qos)
         topics: set[str] = set()
@@ -273,12 +290,12 @@ class Configured:
     def open_recorder(self) -> None:
         clock = self.node.get_clock()
         self.recorder = Recorder(self.params.record, self.params.record_overwrite, lambda: clock.now().nanoseconds)
-        self.stepper.recorder = self.recorder
 
     def drop_recorder(self) -> None:
         """A configure that failed after the record file was opened: the file goes (a retry starts clean)."""
         recorder, self.recorder = self.recorder, None
-        self.stepper.recorder = None
+        if hasattr(self, "stepper"):
+            self.stepper.recorder = None
         if recorder is not None:
             recorder.abandon()
 
@@ -319,7 +336,7 @@ class Configured:
         self.stale_stop, self._stale_since = None, 0
         self.stepper.restart(self.params.message_mode)
         if not self.params.message_mode:
-            self.timer = self.entities.timer(self.params.period_ns / 1e9, self._on_timer)
+            self.timer = self.entities.timer(1.0 / self.rate_hz, self._on_timer)
         self.stepper.event({"type": "lifecycle", "state": "active"})
         start = "no ramp (no shield)" if shield is None else "ramp from the " + (
             "robot's pose" if origin is not None else "safe action")  # fmt: skip
@@ -332,8 +349,8 @@ class Configured:
         if self.layout.action.interface != "position":
             return None
         now, limit = self.node.clock_ns(), self.stepper.age_ns
-        seen = self.inputs.seen_ns("state")
-        if not seen or now - seen > limit:
+        seen = self.inputs.seen_ns(STATE)
+        if now - seen > limit:  # NEVER is older than any limit
             self.node.get_logger().warning(
                 f"activate: the latest JointState is {(now - seen) / 1e6:.0f} ms old (limit {limit / 1e6:g} ms): "
                 "the ramp starts at the shield's safe action, not at the robot's pose"
@@ -361,8 +378,15 @@ class Configured:
             self.node.get_logger().error(f"{stopped}; going to the error state")
             self.node.trigger_deactivate()
             return
+        rate_hz = self.runtime.tick().rate_hz  # budgets once a second (cached in between)
+        if rate_hz != self.rate_hz:
+            self._retime(rate_hz)
         if stepper.ended_episode and self.runtime.shield is not None and self.layout.action.interface == "position":
-            self.runtime.shield.restart(self.inputs.pose_action())  # from the robot's pose, as activate does
+            origin = self.inputs.pose_action()  # the next step ramps from the robot's pose, as after activate
+            self.runtime.shield.restart(origin)
+            stepper.event(
+                {"type": "ramp_origin", "action": origin, "cause": "episode_end", "step": stepper.stats.steps}
+            )
         stale = stepper.stale_now
         if stale is None:
             self._stale_since = 0
@@ -377,6 +401,14 @@ class Configured:
             self.node.get_logger().error(self.stale_stop)
             self.node.trigger_deactivate()
             self.node.diagnostics.publish()
+
+    def _retime(self, rate_hz: float) -> None:
+        """The governor lowered (or restored) the rate: the timer follows."""
+        self.rate_hz = rate_hz
+        self.stepper.period_ns = int(1e9 / rate_hz)
+        if self.timer is not None:
+            self.entities.destroy(self.timer)
+            self.timer = self.entities.timer(1.0 / rate_hz, self._on_timer)
 
     def stop_stepping(self, node: Any) -> None:
         self.idle_hold.close()
@@ -409,12 +441,15 @@ class Configured:
             extra["shadow"] = self.shadow.section()
         return status_report(state, stepper.stats, None if summary is not None else self.runtime, summary, extra)
 
-    def close(self, node: Any, report: dict[str, Any]) -> dict[str, Any]:
-        """Close the runtime, log and write the summary, destroy the entities and the recorder."""
+    def close(self, node: Any, state: str) -> dict[str, Any]:
+        """Close the runtime, log and write the summary, destroy the entities and the recorder. A report that
+        fails (a bug) still leaves everything closed."""
         self.idle_hold.close()
         summary = self.runtime.close()
-        status = self.report(report.get("state", "unconfigured"), summary)
-        status["state"] = report.get("state", status["state"])
+        try:
+            status = self.report(state, summary)
+        except Exception as err:  # the close goes on: the runtime is closed already
+            status = {"state": state, "report_failed": f"{type(err).__name__}: {err}".splitlines()[0]}
         node.get_logger().info("summary: " + json.dumps(status, default=str))
         if self.params.summary:
             try:

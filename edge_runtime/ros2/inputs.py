@@ -20,6 +20,8 @@ from sac_edge.common.io_layout import JOINT_FIELDS, IoLayout
 MAX_NAME_ORDERS = 16
 STATE = "state"
 """The JointState input's name in stale reports."""
+NEVER = -(1 << 62)
+"""The arrival time of an input not seen yet (a clock may read 0: simulated time before the first /clock)."""
 
 
 def escaped(text: str, limit: int = 200) -> str:
@@ -44,13 +46,14 @@ class RobotInputs:
             [p.field for p in layout.parts if p.source == "joint_states" and p.field]
             + (["position"] if layout.action.interface == "position" else [])
         ))  # fmt: skip
-        self._seen_ns: np.ndarray = np.zeros(n, np.int64)
-        """When each joint last came (0: never)."""
+        self._seen_ns: np.ndarray = np.full(n, NEVER, np.int64)
+        """When each joint last came (``NEVER``: not yet)."""
         self._jmap = layout.joint_map(self.joints, self.source)  # one fixed order: the gather is precomputed
+        self._flat = _FlatGather.of(layout, self._jmap, self._fields)
         self._orders: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray] | str] = {}
         self._clock_ns = clock_ns
         self.topic_values: dict[str, Any] = dict.fromkeys(layout.topics)
-        self.topic_ns: dict[str, int] = dict.fromkeys(layout.topics, 0)
+        self.topic_ns: dict[str, int] = dict.fromkeys(layout.topics, NEVER)
         self.latest: Any = None
         """The latest valid JointState (what a recording stores)."""
         self.new_data = False
@@ -97,7 +100,7 @@ class RobotInputs:
         src, dst, given = [], [], set()
         for i, name in enumerate(names):
             if name in given:
-                return f"{self.source}: joint {escaped(name)!r} appears twice in its name list"
+                return f"{self.source}: joint '{escaped(name)}' appears twice in its name list"
             given.add(name)
             at = self._where.get(name)
             if at is not None:
@@ -105,7 +108,7 @@ class RobotInputs:
                 dst.append(at)
             elif name not in self._ignored:
                 return (
-                    f"{self.source}: joint {escaped(name)!r} is published by the robot but not in the layout; use "
+                    f"{self.source}: joint '{escaped(name)}' is published by the robot but not in the layout; use "
                     "it in the layout or list it under ignore_joints"
                 )
         return np.array(src, np.intp), np.array(dst, np.intp)
@@ -131,22 +134,21 @@ class RobotInputs:
     # -- reading -----------------------------------------------------------------------------------------
     def missing(self) -> str | None:
         """The first layout joint no valid JointState has given yet, else None."""
-        never = np.flatnonzero(self._seen_ns == 0)
+        never = np.flatnonzero(self._seen_ns == NEVER)
         return self.joints[int(never[0])] if never.size else None
 
     def seen_ns(self, name: str) -> int:
-        """When input ``name`` (``STATE``: the oldest joint) last came; 0: never."""
+        """When input ``name`` (``STATE``: the oldest joint) last came; ``NEVER``: not yet."""
         if name == STATE:
             return int(self._seen_ns.min())
-        return self.topic_ns.get(name, 0)
+        return self.topic_ns.get(name, NEVER)
 
     def stale(self, now_ns: int, limit_ns: int) -> str | None:
         """The first input missing or older than ``limit_ns`` at ``now_ns``, else None."""
-        oldest = int(self._seen_ns.min())
-        if oldest == 0 or now_ns - oldest > limit_ns:
+        if now_ns - int(self._seen_ns.min()) > limit_ns:  # NEVER is older than any limit
             return STATE
         for topic, seen in self.topic_ns.items():
-            if seen == 0 or now_ns - seen > limit_ns:
+            if now_ns - seen > limit_ns:
                 return topic
         return None
 
@@ -155,6 +157,9 @@ class RobotInputs:
         ``new_data`` tells (until the next read) whether a new JointState came since the last read."""
         stale = self.stale(now_ns, limit_ns)
         if stale is None:
+            if self._flat is not None:
+                self._flat.gather(obs)
+                return None
             try:
                 self.layout.gather(obs, self._jmap, self._arrays, self.topic_values, self.source)
             except SacEdgeError as err:  # a topic's value of the wrong size
@@ -179,3 +184,45 @@ class RobotInputs:
             value = float(positions[self._where[joint]])
             out.append((value - offset) / scale if scale and math.isfinite(value) else math.nan)
         return out
+
+
+class _FlatGather:
+    """The observation of a layout made of joint_states parts only, as one precomputed gather: the merged
+    fields stacked, one index into them, then the parts' offsets, transforms and scales as whole vectors
+    (the same arithmetic as ``ObsPart.finish``, float64, into the float32 observation)."""
+
+    def __init__(self, stacked: np.ndarray, index: np.ndarray, offset: np.ndarray, scale: np.ndarray,
+                 cos: np.ndarray, sin: np.ndarray) -> None:  # fmt: skip
+        self.stacked, self.index, self.offset, self.scale, self.cos, self.sin = stacked, index, offset, scale, cos, sin
+        self._raw = np.empty(index.size)
+
+    @classmethod
+    def of(cls, layout: IoLayout, jmap: Any, fields: dict[str, np.ndarray]) -> _FlatGather | None:
+        if any(p.source != "joint_states" for p in layout.parts):
+            return None
+        n = len(jmap.names)
+        stacked = np.zeros(n * len(JOINT_FIELDS))
+        for i, f in enumerate(JOINT_FIELDS):  # the merged arrays become views of one buffer
+            stacked[i * n : (i + 1) * n] = fields[f]
+            fields[f] = stacked[i * n : (i + 1) * n]
+        index, offset, scale, cos, sin = [], [], [], [], []
+        for part, idx in zip(layout.parts, jmap.index):
+            assert idx is not None
+            index.append(idx + JOINT_FIELDS.index(part.field or "") * n)
+            offset.append(np.broadcast_to(part.offset, (part.size,)))
+            scale.append(np.broadcast_to(part.scale, (part.size,)))
+            cos.append(np.full(part.size, part.transform == "cos"))
+            sin.append(np.full(part.size, part.transform == "sin"))
+        join = np.concatenate
+        return cls(stacked, join(index), join(offset), join(scale), np.flatnonzero(join(cos)),
+                   np.flatnonzero(join(sin)))  # fmt: skip
+
+    def gather(self, obs: np.ndarray) -> None:
+        raw = np.take(self.stacked, self.index, out=self._raw)
+        raw -= self.offset
+        if self.cos.size:
+            raw[self.cos] = np.cos(raw[self.cos])
+        if self.sin.size:
+            raw[self.sin] = np.sin(raw[self.sin])
+        raw *= self.scale
+        obs[:] = raw

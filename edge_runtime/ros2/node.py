@@ -189,7 +189,7 @@ class SacEdgeNode(LifecycleNode):  # type: ignore[misc,valid-type]
         """Drop the configuration whole: the runtime closed, the summary logged and written, topics gone."""
         configured, self.configured = self.configured, None
         if configured is not None:
-            self.final = configured.close(self, self.status_report(configured))
+            self.final = configured.close(self, self.state)
 
     def stale_past_bound(self, name: str) -> None:
         """An input stale past ``max_stale_s``: the safe command, an ERROR status naming it, inactive."""
@@ -270,7 +270,7 @@ def main(argv: Sequence[str]) -> int:
             failure = f"{type(err).__name__}: {err}".splitlines()[0]
             node.get_logger().error(f"internal error: {failure}; sending the safe command and stopping")
         summary = node.stop()
-        status = node.status_report()
+        status = node.status_report()  # after stop: the final report, kept
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -5,6 +5,7 @@ value checked in one place, with the settings derived from them."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import socket
 import typing
@@ -92,7 +93,14 @@ NODE_PARAMETERS = (
     NodeParameter("reward_topic", "", "std_msgs/Float64 reward of each step, fed to Runtime.observe ('': off)"),
     NodeParameter("episode_end_topic", "", "std_msgs/Bool: true = terminated, false = truncated ('': off)"),
     NodeParameter("state_qos_reliability", "best_effort", "reliable or best_effort", choices=RELIABILITIES),
-    NodeParameter("state_qos_depth", 1, "history depth of the state subscription", True, 1, 1000),
+    NodeParameter(
+        "state_qos_depth",
+        10,
+        "history depth of the state subscription (one slot per JointState publisher at least: their states merge)",
+        True,
+        1,
+        1000,
+    ),
     NodeParameter("state_qos_durability", "volatile", "volatile or transient_local", choices=DURABILITIES),
     NodeParameter(
         "command_qos_reliability",
@@ -275,33 +283,12 @@ class NodeParameters:
                     f"parameter {r.name}: {err}; set it as its flag takes it ({flag_of(r.name)})"
                 ) from None
 
-        def qos(side: str) -> tuple[str, int, str]:
-            return (str(get(f"{side}_qos_reliability")), int(get(f"{side}_qos_depth")),
-                    str(get(f"{side}_qos_durability")))  # fmt: skip
-
-        return cls(
-            bundle=bundle,
-            state_topic=str(get("state_topic")),
-            command_topic=str(get("command_topic")),
-            trajectory_topic=str(get("trajectory_topic")),
-            mode=str(get("mode")),
-            max_input_age_ms=float(get("max_input_age_ms")),
-            max_stale_s=float(get("max_stale_s")),
-            first_state_timeout_s=float(get("first_state_timeout_s")),
-            reward_topic=str(get("reward_topic")),
-            episode_end_topic=str(get("episode_end_topic")),
-            state_qos=qos("state"),
-            command_qos=qos("command"),
-            diagnostics_period_s=float(get("diagnostics_period_s")),
-            record=str(get("record")),
-            record_overwrite=bool(get("record_overwrite")),
-            summary=str(get("summary")),
-            summary_overwrite=bool(get("summary_overwrite")),
-            hardware_id=str(get("hardware_id")),
-            shadow=bool(get("shadow")),
-            rate_hz=float(get("rate_hz")),
-            run=run_config(bundle, flags),
-        )
+        own = {f.name for f in dataclasses.fields(cls)} & set(BY_NAME)  # typed as the schema's defaults
+        values: dict[str, Any] = {name: type(BY_NAME[name].default)(get(name)) for name in own}
+        for side in ("state", "command"):
+            values[f"{side}_qos"] = (str(get(f"{side}_qos_reliability")), int(get(f"{side}_qos_depth")),
+                                     str(get(f"{side}_qos_durability")))  # fmt: skip
+        return cls(**values, rate_hz=float(get("rate_hz")), run=run_config(bundle, flags))
 
     @property
     def message_mode(self) -> bool:

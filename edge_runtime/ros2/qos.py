@@ -1,9 +1,10 @@
 """QoS for each topic from the node's parameters, and a warning when a peer's QoS is incompatible (a
 mismatch otherwise drops every message without a word: moveit2#1190).
 
-Defaults: the state subscription is best effort, depth 1 (it then matches both a sensor driver's best-effort
-publisher and joint_state_broadcaster's reliable one, and only the newest state matters); the command
-publisher is reliable, depth 1, as ros2_control's forward command controller subscribes (SystemDefaultsQoS).
+Defaults: the state subscription is best effort, depth 10 (it then matches both a sensor driver's best-effort
+publisher and joint_state_broadcaster's reliable one; the states of several publishers merge by joint name, so
+each needs a slot); the command publisher is reliable, depth 1, as ros2_control's forward command controller
+subscribes (SystemDefaultsQoS).
 """
 
 from __future__ import annotations

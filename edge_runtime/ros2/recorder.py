@@ -43,11 +43,29 @@ CHUNK_BYTES = 32 * 1024
 FLUSH_NS = 250_000_000
 
 
+def offered_qos(reliability: str, depth: int, durability: str) -> str:
+    """rosbag2's YAML of one offered QoS profile (keep last ``depth``; rmw's enum values; infinite durations)."""
+    forever = "\n    sec: 9223372036\n    nsec: 854775807"
+    return (
+        f"- history: 1\n  depth: {depth}\n  reliability: {1 if reliability == 'reliable' else 2}\n"
+        f"  durability: {1 if durability == 'transient_local' else 2}\n  deadline:{forever}\n"
+        f"  lifespan:{forever}\n  liveliness: 1\n  liveliness_lease_duration:{forever}\n"
+        "  avoid_ros_namespace_conventions: false"
+    )
+
+
 class Recorder:
     """An open MCAP file: ``write`` and ``event`` append (log time: ``clock_ns()``, the node's clock), ``close``
     finishes it."""
 
-    def __init__(self, path: str, overwrite: bool, clock_ns: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        path: str,
+        overwrite: bool,
+        clock_ns: Callable[[], int],
+        chunk_bytes: int = CHUNK_BYTES,
+        flush_ns: int = FLUSH_NS,
+    ) -> None:
         self._clock_ns = clock_ns
         target = Path(path)
         if target.is_symlink() or (target.exists() and not target.is_file()):
@@ -68,15 +86,28 @@ class Recorder:
         self._flushed_ns = 0
         # small chunks, each written whole as it fills: a crash (SIGKILL) loses at most the open chunk,
         # about CHUNK_BYTES of messages (BENCHMARKS.md "Edge: ROS 2" has the cost per step)
-        self._writer = Writer(self._file, chunk_size=CHUNK_BYTES)
+        self._writer = Writer(self._file, chunk_size=chunk_bytes)
+        self._flush_ns = flush_ns
         self._schemas = {name: self._writer.register_msgdef(name, text) for name, text in SCHEMAS.items()}
         self.messages = 0
+
+    def declare(self, topic: str, datatype: str, qos: tuple[str, int, str]) -> None:
+        """The channel of ``topic`` with the QoS its publisher offers, as rosbag2 writes it in the channel's
+        ``offered_qos_profiles`` metadata (``qos``: reliability, depth, durability as the parameters name them)."""
+        channels = getattr(self._writer, "_channel_ids", None)
+        inner = getattr(self._writer, "_writer", None)
+        if channels is None or inner is None or topic in channels:  # another mcap-ros2 release: no metadata
+            return
+        metadata = {"offered_qos_profiles": offered_qos(*qos)}
+        channels[topic] = inner.register_channel(
+            topic=topic, message_encoding="cdr", schema_id=self._schemas[datatype].id, metadata=metadata
+        )
 
     def write(self, topic: str, datatype: str, message: Any) -> None:
         t_ns = self._clock_ns()
         self._writer.write_message(topic, self._schemas[datatype], message, log_time=t_ns, publish_time=t_ns)
         self.messages += 1
-        if t_ns - self._flushed_ns > FLUSH_NS:  # the chunks written so far reach the file, whatever happens next
+        if t_ns - self._flushed_ns > self._flush_ns:  # the chunks written so far reach the file, whatever happens next
             self._file.flush()
             self._flushed_ns = t_ns
 

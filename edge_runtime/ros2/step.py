@@ -13,7 +13,7 @@ import numpy as np
 from sac_edge.edge_runtime.control.loop import StoppedServing
 from sac_edge.edge_runtime.runtime import Runtime
 
-from .inputs import STATE, RobotInputs
+from .inputs import NEVER, STATE, RobotInputs
 from .outputs import CommandOutputs
 from .recorder import Recorder
 from .shadow import Shadow, ShadowOutputs
@@ -83,6 +83,8 @@ class Stepper:
         self.record_drops = 0
         self.recording_stopped: str | None = None
         self._logged_problem: str | None = None
+        self._fallbacks = 0
+        self._causes: dict[str, int] = {}
 
     def restart(self, message_mode: bool) -> None:
         self.message_mode = message_mode
@@ -104,14 +106,14 @@ class Stepper:
         if stale != self.stale_now:
             self._note_stale(stale, t0, since)
         self.ended_episode = False
+        if not self.inputs.take_new() and runtime.shield is not None:
+            runtime.shield.same_input()  # the timer re-steps a state (or holds one): no stuck sensor for that
         try:
             if stale is not None:
                 stats.stale(stale)
                 action = runtime.hold(self.obs)  # the shield's fallback, counted by the runtime
             else:
                 self._record(self.state_topic, "sensor_msgs/msg/JointState", self.inputs.latest)
-                if not self.inputs.take_new() and runtime.shield is not None:
-                    runtime.shield.same_input()  # the timer re-steps a state: no stuck sensor for that
                 action = runtime.act(self.obs)
                 if self.shadow is not None:
                     self.shadow.acted(self.obs, action)
@@ -121,8 +123,23 @@ class Stepper:
             self.record_command(self.outputs.publish(err.action, self.safe))
             return err
         self.record_command(self.outputs.publish(action, self.safe))
+        shield = runtime.shield
+        if shield is not None and shield.counts.fallbacks != self._fallbacks:
+            self._fallback_began(shield.counts)
         stats.took(clock_ns() - t0)
         return None
+
+    def _fallback_began(self, counts: Any) -> None:
+        """The shield entered its fallback: its cause logged once (a stale input's is logged as stale)."""
+        self._fallbacks = counts.fallbacks
+        causes = dict(counts.causes)
+        began = [c for c, n in causes.items() if n != self._causes.get(c, 0)]
+        self._causes = causes
+        for cause in began:
+            if cause != "not_inferred":
+                what = {"envelope": "the observation left the training envelope", "stuck": "a sensor repeats itself"}
+                self.log.warning(f"shield fallback: {what.get(cause, cause)} ({cause}), until it clears; then the ramp")
+                self.event({"type": "fallback", "cause": cause, "step": self.stats.steps})
 
     def on_state(self, problem: str | None) -> None:
         """A JointState came: an invalid one (dropped) is counted and named in the log, each problem once
@@ -176,7 +193,7 @@ class Stepper:
             self.event({"type": "fresh", "step": self.stats.steps})
             return
         seen = self.inputs.seen_ns(STATE if stale == "invalid_input" else stale)
-        age_ms = (t0 - seen) / 1e6 if seen else None
+        age_ms = (t0 - seen) / 1e6 if seen != NEVER else None
         why = f"; the latest JointState was invalid: {self.inputs.problem}" if self.inputs.problem else ""
         self.log.warning(
             f"input {stale} is stale ({'never received' if age_ms is None else f'{age_ms:.1f} ms old'}, limit "

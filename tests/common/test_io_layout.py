@@ -144,3 +144,17 @@ def test_the_documented_example_is_pendulums() -> None:
     layout.check_dims(3, 1, "example")
     obs = layout.observation({"position": {"pendulum": 0.5}, "velocity": {"pendulum": -1.0}})
     assert np.allclose(obs, [math.cos(0.5), math.sin(0.5), -1.0])
+
+
+def test_action_joint_limits_clamp_the_command_and_min_above_max_is_refused() -> None:
+    """Per action joint ``min``/``max`` (after scale and offset): the command is clamped there (a forward
+    command controller passes on anything); the stored form keeps them; min above max is one line."""
+    raw = {**ISSUE_FORM, "action": {"interface": "position", "joints": ["j1", "j2"], "scale": 2.0,
+                                    "min": [-0.5, -1.0], "max": 0.5}}  # fmt: skip
+    layout = _layout(raw)
+    assert layout.command([1.0, -1.0]) == {"j1": 0.5, "j2": -1.0}
+    assert layout.command([0.1, 0.2]) == {"j1": 0.2, "j2": 0.4}
+    assert _layout(layout.to_dict()).command([1.0, -1.0]) == {"j1": 0.5, "j2": -1.0}
+    assert "min" not in _layout().to_dict()["action"]  # no limits: none stored
+    with pytest.raises(SacEdgeError, match=r"joint .j2. has min 1 above max 0\.5; swap them"):
+        _layout({**raw, "action": {**raw["action"], "min": [0.0, 1.0]}})

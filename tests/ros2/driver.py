@@ -27,6 +27,7 @@ IDS = {
     "deactivate": Transition.TRANSITION_DEACTIVATE,
     "cleanup": Transition.TRANSITION_CLEANUP,
     "shutdown": Transition.TRANSITION_INACTIVE_SHUTDOWN,
+    "shutdown_active": Transition.TRANSITION_ACTIVE_SHUTDOWN,
 }
 
 
@@ -58,7 +59,7 @@ def main() -> None:
     change = node.create_client(ChangeState, f"{target}/change_state")
     get = node.create_client(GetState, f"{target}/get_state")
     t0 = time.monotonic()
-    if not change.wait_for_service(timeout_sec=60.0):
+    if not (change.wait_for_service(timeout_sec=60.0) and get.wait_for_service(timeout_sec=60.0)):
         print(json.dumps({"step": "wait", "ok": False}), flush=True)
         sys.exit(1)
     print(json.dumps({"step": "wait", "ok": True, "s": round(time.monotonic() - t0, 3)}), flush=True)
@@ -112,7 +113,8 @@ def main() -> None:
             values = {kv.key: kv.value for kv in last.values} if last else {}
             level = last.level[0] if last else None
             message = last.message if last else None
-            out = {"step": step, "ok": bool(seen), "count": len(seen), "level": level, "message": message}
+            out = {"step": step, "ok": bool(seen), "count": len(seen), "level": level, "message": message,
+                   "hardware_id": last.hardware_id if last else None}  # fmt: skip
             print(json.dumps({**out, "values": values}), flush=True)
             continue
         request = ChangeState.Request()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -48,20 +49,41 @@ class Procs:
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.env, self.log_dir, self.procs = env, log_dir, {}  # type: ignore[var-annotated]
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[str]:
+    def start(self, name: str, *args: str, file_limit: int | None = None) -> subprocess.Popen[str]:
+        """Start ``python ARGS``; ``file_limit``: no file it writes may grow past this many bytes (a write past
+        it fails with EFBIG, as a full disk fails one with ENOSPC)."""
         out = open(self.log_dir / f"{name}.out", "w")  # noqa: SIM115 (closed with the process)
         err = open(self.log_dir / f"{name}.err", "w")  # noqa: SIM115
+
+        def limit() -> None:
+            if file_limit is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of the process
+
         proc = subprocess.Popen([str(PYTHON), *args], env=self.env, cwd=ROOT, stdout=out, stderr=err, text=True,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, preexec_fn=limit)  # fmt: skip
         self.procs[name] = (proc, out, err)
         return proc
 
     def node(
-        self, bundle: Path, *params: str, name: str = "node", params_file: Path | None = None
+        self,
+        bundle: Path,
+        *params: str,
+        name: str = "node",
+        params_file: Path | None = None,
+        remaps: tuple[str, ...] = (),
+        humble: bool = False,
+        file_limit: int | None = None,
+        program: str = "",
     ) -> subprocess.Popen[str]:
-        """``sac-edge ros2 BUNDLE --ros-args [--params-file FILE] -p ...`` of the ROS venv."""
-        ros = (["--params-file", str(params_file)] if params_file else []) + [x for p in params for x in ("-p", p)]
-        return self.start(name, "-m", "sac_edge.edge_runtime.cli", "ros2", str(bundle), "--ros-args", *ros)
+        """``sac-edge ros2 BUNDLE --ros-args [--params-file FILE] -r ... -p ...`` of the ROS venv; ``humble``: with
+        Humble's lifecycle code and no ``rclpy.wait_for_message`` (humble.py); ``program``: another wrapper of
+        the command under tests/ros2 (faulty.py)."""
+        ros = (["--params-file", str(params_file)] if params_file else []) + [x for r in remaps for x in ("-r", r)]
+        ros += [x for p in params for x in ("-p", p)]
+        wrapper = f"tests/ros2/{program}" if program else "tests/ros2/humble.py" if humble else ""
+        command = [wrapper] if wrapper else ["-m", "sac_edge.edge_runtime.cli"]
+        return self.start(name, *command, "ros2", str(bundle), "--ros-args", *ros, file_limit=file_limit)
 
     def run(self, name: str, *args: str, timeout: float = 120) -> list[dict]:
         """Run to the end; its stdout's JSON lines."""

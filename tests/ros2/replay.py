@@ -1,6 +1,7 @@
 """Replays a node's MCAP recording through the in-process ``Runtime`` (the ROS venv, no ROS needed): every
 recorded state -> the reference action, compared bit for bit with the command the node published for it.
-``replay.py BUNDLE RECORDING KEY=VALUE...`` (the run options the node had) prints one JSON line."""
+``replay.py BUNDLE RECORDING KEY=VALUE...`` (the run options the node had) prints one JSON line (also each
+``ramp_origin`` event with the command sent next)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def main() -> None:
     assert layout is not None
     obs = np.empty(layout.obs_dim, np.float32)
     pending, compared, equal, stale_events, first_mismatch = None, 0, 0, [], None
+    origins: list[dict] = []  # each ramp_origin event with the command sent next
     with Runtime(run_config(bundle_dir, flags).check()) as runtime:
         for item in read_ros2_messages(recording):
             topic, msg = item.channel.topic, item.ros_msg
@@ -33,7 +35,9 @@ def main() -> None:
                 layout.gather(obs, layout.joint_map(list(msg.name)), fields, {})
                 pending = runtime.act(obs).copy()
                 runtime.tick()
-            elif topic.endswith("commands") and pending is not None:
+            elif topic.endswith("commands") and origins and "next_command" not in origins[-1]:
+                origins[-1]["next_command"] = list(msg.data)
+            if topic.endswith("commands") and pending is not None:
                 expected = layout.command_vector(pending).tolist()
                 compared += 1
                 if list(msg.data) == expected:
@@ -45,9 +49,11 @@ def main() -> None:
                 record = json.loads(msg.data)
                 if record.get("type") == "stale":
                     stale_events.append(record)
+                elif record.get("type") == "ramp_origin":
+                    origins.append(record)
     summary = runtime.summary()
     print(json.dumps({"compared": compared, "equal": equal, "first_mismatch": first_mismatch, "stale": stale_events,
-                      "overruns": summary.inference_overruns}))  # fmt: skip
+                      "overruns": summary.inference_overruns, "ramp_origins": origins}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@ takes std_msgs/Float64MultiArray commands.
 
 ``pendulum``: Pendulum-v1's dynamics (gymnasium's equations), one joint ``pendulum`` (effort). ``multi``: N
 joints ``j0..`` of damped double integrators driven by effort, plus an unused ``gripper`` joint.
-``--lockstep``: the next state is published when a command arrives (a step per command; the state is sent
-again every 0.2 s while no command comes). Else states go out at ``--rate-hz`` and the latest command
-applies. ``--pause-at S --pause-s D``: stop publishing D seconds from S s after the first command. On
-SIGINT/SIGTERM: writes ``--out`` (JSON: commands received, states published, publish times) and exits.
+``--prefix /ns``: every topic under that namespace; ``--split``: each state as two JointStates (an arm
+driver's and a gripper driver's). ``--lockstep``: the next state is published when a command arrives (a step
+per command; the state is sent again every 0.2 s while no command comes). Else states go out at ``--rate-hz``
+and the latest command applies. ``--pause-at S --pause-s D``: stop publishing D seconds from S s after the
+first command; ``--freeze-at S``: from S s after it, the same values (a stuck sensor);
+``--clock-speed X``: /clock at X times wall time. On SIGINT/SIGTERM:
+writes ``--out`` (JSON: commands received, states published, publish times) and exits.
 ``--controller``: the robot's own controller too (a stand-in for a ros2_control controller a human tunes): after
 each state it publishes a command on the command topic (a damped pull to 0 plus seeded noise), which the robot
 applies as any command; a node in shadow mode beside it commands nothing."""
@@ -47,6 +50,10 @@ def main() -> None:
     ap.add_argument("--pause-s", type=float, default=0.0)
     ap.add_argument("--reward", action="store_true", help="a reward per command on /reward, /episode_end every 100")
     ap.add_argument("--command-qos", choices=("reliable", "best_effort"), default="reliable")
+    ap.add_argument("--freeze-at", type=float, default=-1.0, help="from S s after the first command: the same values")
+    ap.add_argument("--clock-speed", type=float, default=0.0, help="publish /clock at this speed (0: none)")
+    ap.add_argument("--prefix", default="", help="a namespace for every topic (e.g. /robot1)")
+    ap.add_argument("--split", action="store_true", help="each state as two JointStates: half the joints each")
     ap.add_argument("--controller", action="store_true", help="publish the robot's own commands after each state")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -63,23 +70,33 @@ def main() -> None:
         names = [f"j{i}" for i in range(args.joints)] + ["gripper"]
         state = {n: [0.1 * i, 0.0] for i, n in enumerate(names)}
     shown = args.names.split(",") if args.names else names
-    pub = node.create_publisher(JointState, "/joint_states", 10)
-    reward_pub = node.create_publisher(Float64, "/reward", 10)
-    end_pub = node.create_publisher(Bool, "/episode_end", 10)
+    pub = node.create_publisher(JointState, f"{args.prefix}/joint_states", 10)
+    reward_pub = node.create_publisher(Float64, f"{args.prefix}/reward", 10)
+    end_pub = node.create_publisher(Bool, f"{args.prefix}/episode_end", 10)
     record: dict = {"commands": [], "published": 0, "first_command_t": None, "pause": None}
-    controller = node.create_publisher(Float64MultiArray, "/forward_command_controller/commands", 10) if (
+    controller = node.create_publisher(Float64MultiArray, f"{args.prefix}/forward_command_controller/commands", 10) if (
         args.controller) else None  # fmt: skip
     noise = random.Random(0)
     last_command = {"t": 0.0}
 
+    frozen: dict = {}
+
     def publish() -> None:
-        msg = JointState()
-        msg.header.stamp = node.get_clock().now().to_msg()
-        msg.name = shown
-        msg.position = [state[n][0] for n in names]
-        msg.velocity = [state[n][1] for n in names]
-        msg.effort = [0.0] * len(names)
-        pub.publish(msg)
+        start = record["first_command_t"]
+        if args.freeze_at >= 0 and start is not None and time.monotonic() - start >= args.freeze_at and not frozen:
+            frozen.update({n: list(v) for n, v in state.items()})  # a stuck sensor: these values from now on
+        values = frozen or state
+        half = len(names) // 2 if args.split else len(names)
+        for part in (slice(0, half), slice(half, None)):
+            if not names[part]:
+                continue
+            msg = JointState()
+            msg.header.stamp = node.get_clock().now().to_msg()
+            msg.name = shown[part]
+            msg.position = [values[n][0] for n in names[part]]
+            msg.velocity = [values[n][1] for n in names[part]]
+            msg.effort = [0.0] * len(names[part])
+            pub.publish(msg)
         record["published"] += 1
         if controller is not None:
             data = [max(-10.0, min(10.0, -5.0 * state[n][0] - 0.5 * state[n][1] + noise.gauss(0.0, 3.0)))
@@ -115,7 +132,7 @@ def main() -> None:
             publish()
 
     node.create_subscription(
-        Float64MultiArray, "/forward_command_controller/commands", on_command,
+        Float64MultiArray, f"{args.prefix}/forward_command_controller/commands", on_command,
         QoSProfile(depth=10, reliability=getattr(ReliabilityPolicy, args.command_qos.upper())),
     )  # fmt: skip
 
@@ -128,6 +145,18 @@ def main() -> None:
             publish()
 
     node.create_timer(1.0 / args.rate_hz if not args.lockstep else 0.05, on_timer)
+    if args.clock_speed:
+        from rosgraph_msgs.msg import Clock
+
+        clock_pub, sim_ns = node.create_publisher(Clock, "/clock", 10), [1_000_000_000]
+
+        def on_clock() -> None:  # simulated time: 5 ms of wall time advances it 5 ms x the speed
+            sim_ns[0] += int(5_000_000 * args.clock_speed)
+            msg = Clock()
+            msg.clock.sec, msg.clock.nanosec = divmod(sim_ns[0], 1_000_000_000)
+            clock_pub.publish(msg)
+
+        node.create_timer(0.005, on_clock)
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     while not stop:

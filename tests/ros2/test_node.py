@@ -187,8 +187,10 @@ def test_a_backend_failing_mid_run_takes_the_node_to_the_error_state_with_a_safe
     assert [s["ok"] for s in steps] == [True] * 3, steps
     wait_for(summary_file.is_file, 60, "the summary the error state writes")
     time.sleep(0.6)  # the sim re-sends its state every 0.2 s without a command: the node must stay silent
-    state = procs.run("driver-state", "tests/ros2/driver.py", "/sac_edge", "state")
-    assert state[-1]["state"] == "unconfigured", state  # ErrorProcessing's on_error succeeded
+    state = procs.run("driver-state", "tests/ros2/driver.py", "/sac_edge", "state", "diagnostics:1")
+    assert state[1]["state"] == "unconfigured", state  # ErrorProcessing's on_error succeeded
+    status = state[2]  # the error stays on /diagnostics after the teardown
+    assert status["level"] == 2 and status["message"].startswith("stopped serving: backend error x1"), status
     summary = json.loads(summary_file.read_text())
     runtime, node = summary["runtime"], summary["node"]
     assert runtime["closed"] and runtime["backend_errors"] == 1, runtime
