@@ -11,8 +11,8 @@
   ``sign``.
 - ``swapped`` / ``sign`` / ``scale`` from the recorded commands against the policy's on the same states: a
   command channel that follows another channel's action, the opposite of its own, or a multiple of it.
-- Without commands: a ``swapped`` pair when two joints' recorded values each resemble the other's training
-  values far better than their own.
+- Without commands (or none that vary apart from the state): a ``swapped`` pair when two joints' recorded
+  values each resemble the other's training values far better than their own.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def analyse(log: Log, layout: IoLayout, slots: list[Slot], reference: Reference)
     response, facts["response"] = command_response(log, layout, slots, reference)
     findings += response
     findings += commands_against_policy(log, layout)
-    if len(log.commands) < MIN_PAIRS:
+    judged = facts["response"].get("effect") is not None and len(facts["response"]["not_judged"]) < layout.act_dim
+    if not judged:  # no command channel to judge by: the training distribution alone
         findings += swapped_by_resemblance(resemble, slots, log.obs, reference)
     return findings, facts
 
