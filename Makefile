@@ -69,9 +69,9 @@ PY38 ?= $(shell p=$$(pyenv prefix 3.8 2>/dev/null | head -1); if [ -n "$$p" ]; t
 DEVICE := .venv-device
 DEVICE_STAMP := $(DEVICE)/.installed-stamp
 DEVICE_PINS := numpy==1.24.4 onnxruntime==1.16.3 onnx==1.16.0 safetensors==0.4.0 gymnasium==1.1.0 \
-	pytest==8.3.5 pytest-timeout==2.4.0
+	mcap==1.6.0 mcap-ros2-support==0.6.0 pytest==8.3.5 pytest-timeout==2.4.0
 DEVICE_TESTS := common edge_runtime/budget edge_runtime/control edge_runtime/backends edge_runtime/test_edge_cli.py \
-	edge_runtime/test_bench.py edge_runtime/test_doctor.py test_imports.py
+	edge_runtime/test_bench.py edge_runtime/test_doctor.py edge_runtime/replay/test_online.py test_imports.py
 DEVICE_WORK := runs/device
 
 $(DEVICE_STAMP): pyproject.toml

@@ -20,12 +20,14 @@ from .config import BenchConfig, DoctorConfig, DrillConfig, RunConfig
 
 PROG = "sac-edge"
 USAGE = f"""usage: {PROG} {{run,bench,drill,doctor}} BUNDLE [options] | {PROG} ros2 BUNDLE [--ros-args ...] |
-       {PROG} keygen NAME
+       {PROG} replay BUNDLE RECORDING [options] | {PROG} keygen NAME
 
   run     drive an environment with the bundle's policy at a fixed rate, within budgets
   bench   latency, throughput, energy and memory per backend x precision x batch
   drill   inject sensor faults (NaN, stuck, spikes, drops, delay, OOD start, weight swap) and measure the
           policy with and without the safety shield on the same seeds
+  replay  check a bundle against a robot's recorded log (MCAP / rosbag2) before it commands the robot:
+          swapped joints, signs, units, frozen channels, out-of-range values, stale inputs, by joint
   doctor  Python, onnxruntime, TensorRT, CUDA, Jetson release, sensors, permissions; what the bundle can run
   ros2    the bundle's policy as a ROS 2 lifecycle node on the robot's topics (the system's rclpy, Humble
           or newer; settings are ROS parameters: docs/ROS2.md)
@@ -92,6 +94,20 @@ def _drill(argv: Sequence[str]) -> int:
     return 0
 
 
+def _replay(argv: Sequence[str]) -> int:
+    from .config import ReplayConfig
+    from .replayer import EXIT_AGREE, EXIT_MISMATCH, replay_command, replay_table
+
+    cfg = parse_config(
+        ReplayConfig, argv, f"{PROG} replay", ReplayConfig.__doc__ or "", positional=("bundle", "recording")
+    )
+    report = replay_command(cfg, log)
+    print(replay_table(report), flush=True)
+    if cfg.json:
+        emit_json(report)
+    return EXIT_MISMATCH if report["verdict"] == "mismatch" else EXIT_AGREE
+
+
 def _keygen(argv: Sequence[str]) -> int:
     from sac_edge.common.signing import generate_keypair, key_id, load_private_key
 
@@ -146,7 +162,11 @@ def _main(argv: Sequence[str] | None) -> int:
         return _doctor(rest)
     if command == "ros2":
         return _ros2(rest)
-    raise SacEdgeError(f"unknown command {command!r}; use run, bench, drill, doctor, ros2 or keygen ({PROG} --help)")
+    if command == "replay":
+        return _replay(rest)
+    raise SacEdgeError(
+        f"unknown command {command!r}; use run, bench, drill, doctor, ros2, replay or keygen ({PROG} --help)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

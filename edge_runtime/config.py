@@ -496,3 +496,63 @@ class DoctorConfig:
         metadata={"help": "directory of trusted public keys: report whether the bundle's signature verifies"},
     )
     json: bool = field(default=False, metadata={"help": "print the rows as one JSON object on the last line"})
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """``sac-edge replay BUNDLE RECORDING``: check a bundle against a robot's recorded log before the policy
+    commands it. Each recorded state goes through the bundle's layout (as the ROS 2 node gathers it) and the
+    policy (the bundle's backends); the log is compared with the training distribution, the policy's actions
+    and the robot's own motion, and each finding names its joints (swapped, sign, scale, frozen,
+    out_of_range, stale). Exit 0: the log agrees; 3: a mismatch; 2: bad input."""
+
+    bundle: str = field(metadata={"help": "bundle directory written by sac-export with --layout"})
+    recording: str = field(
+        metadata={"help": "MCAP file, rosbag2 directory (ros2 bag record -s mcap) or the node's record"}
+    )
+    state_topic: str = field(default="/joint_states", metadata={"help": "the sensor_msgs/JointState topic"})
+    command_topic: str = field(
+        default="/forward_command_controller/commands",
+        metadata={"help": "the robot's std_msgs/Float64MultiArray commands (compared where the log has them)"},
+    )
+    vs: str | None = field(
+        default=None,
+        metadata={"help": "a second bundle run on the same log: per-joint divergence and each one's shield steps"},
+    )
+    plot: str | None = field(
+        default=None, metadata={"help": "PNG: per joint, recorded vs training range and policy vs robot command"}
+    )
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing --plot file"})
+    backend: str = field(
+        default="onnxruntime", metadata={"help": "inference backend", "choices": list(BACKEND_CHOICES)}
+    )
+    precision: str | None = field(
+        default=None, metadata={"help": "precision to run (default fp32)", "choices": list(PRECISIONS)}
+    )
+    trusted_keys: str | None = field(default=None, metadata={"help": TRUSTED_KEYS_HELP})
+    allow_downgrade: bool = field(default=False, metadata={"help": ALLOW_DOWNGRADE_HELP})
+    verbose: bool = field(default=False, metadata={"help": "let library warnings through to stderr"})
+    json: bool = field(default=False, metadata={"help": "print the report as one JSON object on the last line"})
+
+    def check(self) -> None:
+        """Every flag, before a bundle or the recording is opened."""
+        check_fields(self)
+        if self.plot is not None:
+            if not self.plot.endswith(".png"):
+                raise SacEdgeError(f"--plot {self.plot}: the plot is a PNG; give a .png path")
+            check_new_file(self.plot, "--plot", replace=self.overwrite, replace_flag="--overwrite")
+        if not self.state_topic or not self.command_topic:
+            raise SacEdgeError("--state-topic and --command-topic name topics; give non-empty names")
+
+    def runtime_options(self, bundle: str) -> RuntimeOptions:
+        """The runtime's options for replaying through ``bundle``: its backend and precision, the default
+        shield, and the slowest rate (a log is replayed as fast as it reads; no step may overrun)."""
+        return RuntimeOptions.of(
+            bundle,
+            trusted_keys=self.trusted_keys,
+            allow_downgrade=self.allow_downgrade,
+            backend=self.backend,
+            precision=self.precision,
+            rate_hz=MIN_RATE_HZ,
+            inference_timeout=MAX_INFERENCE_TIMEOUT_S,
+        )

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from sac_edge.common.config import reference_markdown
-from sac_edge.edge_runtime.config import BenchConfig, DoctorConfig, DrillConfig, RunConfig
+from sac_edge.edge_runtime.config import BenchConfig, DoctorConfig, DrillConfig, ReplayConfig, RunConfig
 from sac_edge.edge_runtime.ros2.parameters import NODE_PARAMETERS, RUN_PARAMETERS
 from sac_edge.export.config import ExportConfig
 from sac_edge.sweep.config import SweepConfig
@@ -25,6 +25,12 @@ COMMANDS = (
     ("sac-edge run BUNDLE", RunConfig, ("bundle",), "drive an environment with the bundle's policy"),
     ("sac-edge bench BUNDLE", BenchConfig, ("bundle",), "time every backend x precision x batch"),
     ("sac-edge drill BUNDLE", DrillConfig, ("bundle",), "injected sensor faults with and without the shield"),
+    (
+        "sac-edge replay BUNDLE RECORDING",
+        ReplayConfig,
+        ("bundle", "recording"),
+        "a bundle checked against a robot's recorded log: findings by joint (exit 0 agree, 3 mismatch)",
+    ),
     ("sac-edge doctor [BUNDLE]", DoctorConfig, ("bundle",), "this device's stack and what can run here"),
     ("sac-sweep", SweepConfig, (), "seeds x grids of sac-train on Ray Tune; any other flag goes to sac-train"),
 )

@@ -33,15 +33,16 @@ STAGE_MAY_IMPORT = {
     "edge_runtime": {"common", "train", "calibration"},
     "sweep": {"common", "train"},
 }
-SUBPACKAGES = ("backends", "control", "budget", "finetune", "ros2")
+SUBPACKAGES = ("backends", "control", "budget", "finetune", "ros2", "replay")
 SUBPACKAGE_MAY_IMPORT = {
     "backends": set(),
     "budget": set(),
     "control": {"backends"},
     "finetune": {"backends", "budget"},
-    "ros2": {"root", "control"},  # the node: a client of the runtime (the composition root), as run.py is
+    "ros2": {"root", "control", "replay"},  # the node: a client of the runtime (the composition root), as run.py is
+    "replay": set(),
 }
-COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "drill", "preflight", "runtime"}
+COMPOSITION_ROOT = {"run", "bench", "cli", "compose", "config", "doctor", "drill", "preflight", "replayer", "runtime"}
 
 
 def module_name(path: Path) -> str:

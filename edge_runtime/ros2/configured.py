@@ -28,6 +28,7 @@ from .outputs import CommandOutputs
 from .parameters import NodeParameters
 from .qos import incompatible_warning, profile
 from .recorder import Recorder
+from .shadow import Shadow, ShadowOutputs
 from .status import status_report
 from .step import Stepper, Transitions
 
@@ -168,6 +169,7 @@ def configure(node: Any) -> Configured:
     state_qos = profile(*params.state_qos, "state")
     command_qos = profile(*params.command_qos, "command")
     inputs = RobotInputs(layout, state_topic, node.clock_ns)
+    shadow = _shadow(node, bundle, layout, params) if params.shadow else None
     wait_for_joints(node, inputs, state_topic, state_qos, params.first_state_timeout_s)
     log = node.get_logger()
     runtime = Runtime(options, bundle=bundle, log=log.info, caller=Caller("sac_edge"))
@@ -175,7 +177,7 @@ def configure(node: Any) -> Configured:
     with made:
         made.callback(runtime.close)
         runtime.open()
-        configured = Configured(node, params, layout, runtime, inputs)
+        configured = Configured(node, params, layout, runtime, inputs, shadow)
         if params.record:
             configured.open_recorder()
             made.callback(configured.drop_recorder)
@@ -185,6 +187,22 @@ def configure(node: Any) -> Configured:
         configured.warm_up()
         made.pop_all()
     return configured
+
+
+def _shadow(node: Any, bundle: Any, layout: IoLayout, params: NodeParameters) -> Shadow:
+    """Shadow mode's comparison against the bundle's training distribution (none without one: the commands
+    are still compared)."""
+    from sac_edge.edge_runtime.replay.online import OnlineChecks
+    from sac_edge.edge_runtime.replay.reference import bundle_reference, no_reference
+
+    try:
+        reference = bundle_reference(bundle)
+    except SacEdgeError as err:
+        node.get_logger().warning(f"shadow: {err}; no range or frozen checks")
+        reference = no_reference(layout.obs_dim)
+    clock = node.get_clock()
+    return Shadow(OnlineChecks(layout, reference), lambda: clock.now().nanoseconds,
+                  resolved(node, "command_topic", params.command_topic))  # fmt: skip
 
 
 def _enter_realtime(log: Any, rt: RealtimeSection) -> int | None:
@@ -204,8 +222,17 @@ class Configured:
     """One configuration of the node: its parts and entities, the step's callbacks, the safe command, the
     final report. ``close`` drops it."""
 
-    def __init__(self, node: Any, params: NodeParameters, layout: IoLayout, runtime: Runtime, inputs: RobotInputs):
+    def __init__(
+        self,
+        node: Any,
+        params: NodeParameters,
+        layout: IoLayout,
+        runtime: Runtime,
+        inputs: RobotInputs,
+        shadow: Shadow | None = None,
+    ):
         self.node, self.params, self.layout, self.runtime, self.inputs = node, params, layout, runtime, inputs
+        self.shadow = shadow
         self.entities = Entities(node, self._count_incompatible)
         self.recorder: Recorder | None = None
         self.idle_us: int | None = None
@@ -227,17 +254,26 @@ class Configured:
         from std_msgs.msg import Bool, Float64, Float64MultiArray
 
         p, e, node = self.params, self.entities, self.node
-        outputs = CommandOutputs(
-            self.layout, resolved(node, "command_topic", p.command_topic),
-            resolved(node, "trajectory_topic", p.trajectory_topic) if p.trajectory_topic else "",
-            lambda msg_type, topic: e.pub(msg_type, topic, command_qos), p.period_ns,
-        )  # fmt: skip
+        outputs: CommandOutputs | ShadowOutputs
+        if self.shadow is not None:  # no publisher on the command or trajectory topic: the controller commands
+            outputs = ShadowOutputs(self.layout, p.period_ns)
+        else:
+            outputs = CommandOutputs(
+                self.layout, resolved(node, "command_topic", p.command_topic),
+                resolved(node, "trajectory_topic", p.trajectory_topic) if p.trajectory_topic else "",
+                lambda msg_type, topic: e.pub(msg_type, topic, command_qos), p.period_ns,
+            )  # fmt: skip
         self.stepper = Stepper(self.runtime, self.inputs, outputs, self.transitions, int(p.max_input_age_ms * 1e6),
                                node.get_logger(), resolved(node, "state_topic", p.state_topic))  # fmt: skip
         self.stepper.recorder = self.recorder
         if self.recorder is not None:
             self.recorder.declare(self.stepper.state_topic, "sensor_msgs/msg/JointState", p.state_qos)
             self.recorder.declare(outputs.command_topic, "std_msgs/msg/Float64MultiArray", p.command_qos)
+        if self.shadow is not None:  # the controller's commands: compared, and recorded on their own topic
+            self.stepper.shadow, self.shadow.record = self.shadow, self.stepper.record
+            if self.recorder is not None:
+                self.recorder.declare(self.shadow.command_topic, "std_msgs/msg/Float64MultiArray", p.command_qos)
+            e.sub(Float64MultiArray, p.command_topic, self.shadow.on_command, command_qos)
         e.sub(JointState, p.state_topic, self._on_state, state_qos)
         topics: set[str] = set()
         for part in self.layout.parts:
@@ -392,7 +428,7 @@ class Configured:
     # -- reporting and the end ---------------------------------------------------------------------------
     def report(self, state: str, summary: Any = None) -> dict[str, Any]:
         stepper = self.stepper
-        extra = {
+        extra: dict[str, Any] = {
             "stale_now": stepper.stale_now,
             "stale_stop": self.stale_stop,
             "command_subscribers": stepper.outputs.subscribers(),
@@ -401,6 +437,8 @@ class Configured:
             "recording_stopped": stepper.recording_stopped,
             "inputs_invalid": self.inputs.invalid,
         }
+        if self.shadow is not None:
+            extra["shadow"] = self.shadow.section()
         return status_report(state, stepper.stats, None if summary is not None else self.runtime, summary, extra)
 
     def close(self, node: Any, state: str) -> dict[str, Any]:

@@ -35,16 +35,21 @@ def level_of(report: Mapping[str, Any]) -> tuple[int, str]:
         return WARN, "shield fallback"
     if report.get("qos_incompatible"):
         return WARN, "incompatible QoS on a topic (see the log)"
+    shadow = report.get("shadow")
+    if isinstance(shadow, Mapping):
+        if shadow.get("findings"):
+            return WARN, f"shadow: {shadow['findings'][0]}"
+        return OK, "shadow: the policy beside the robot's controller, commanding nothing"
     return OK, "serving the policy"
 
 
 def plain(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The report as (key, value) text pairs: numbers and words as they read (a mapping's items as
-    ``key.item``; None as an empty value)."""
+    ``key.item``, nested ones as ``key.item.field``; None as an empty value)."""
     out: list[tuple[str, str]] = []
     for key, value in report.items():
         if isinstance(value, Mapping):
-            out.extend((f"{key}.{k}", _text(v)) for k, v in value.items())
+            out.extend((f"{key}.{k}", v) for k, v in plain(value))
         else:
             out.append((str(key), _text(value)))
     return out
@@ -58,7 +63,7 @@ def _text(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.6g}"
     if isinstance(value, (list, tuple)):
-        return ",".join(_text(v) for v in value)
+        return (" | " if any(isinstance(v, str) and "," in v for v in value) else ",").join(_text(v) for v in value)
     return str(value)
 
 

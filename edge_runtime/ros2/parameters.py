@@ -117,6 +117,12 @@ NODE_PARAMETERS = (
     NodeParameter("summary_overwrite", False, "replace an existing summary file"),
     NodeParameter("hardware_id", socket.gethostname(), "the hardware_id of the /diagnostics status"),
     NodeParameter(
+        "shadow",
+        False,
+        "run the policy beside the robot's controller: no publisher on command_topic or trajectory_topic; the "
+        "controller's commands on command_topic compared with the policy's (/diagnostics, the summary's shadow)",
+    ),
+    NodeParameter(
         "executor",
         "auto",
         "auto: rclpy's EventsExecutor where it exists (Jazzy and newer), else the SingleThreadedExecutor; events; "
@@ -254,6 +260,7 @@ class NodeParameters:
     summary: str
     summary_overwrite: bool
     hardware_id: str
+    shadow: bool
     rate_hz: float
     run: RunConfig
 

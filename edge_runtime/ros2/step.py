@@ -1,6 +1,7 @@
 """One step of the active node (``Stepper``): the inputs read and their age checked, the runtime's action
 (``Runtime.act``, or ``Runtime.hold`` on a stale input: the shield's fallback), the transition fed to
-``Runtime.observe`` where a reward topic is set, the command published and recorded."""
+``Runtime.observe`` where a reward topic is set, the command published and recorded (in shadow mode: made,
+recorded and compared, never published)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sac_edge.edge_runtime.runtime import Runtime
 from .inputs import NEVER, STATE, RobotInputs
 from .outputs import CommandOutputs
 from .recorder import Recorder
+from .shadow import Shadow, ShadowOutputs
 from .status import StepStats
 
 
@@ -55,7 +57,7 @@ class Stepper:
         self,
         runtime: Runtime,
         inputs: RobotInputs,
-        outputs: CommandOutputs,
+        outputs: CommandOutputs | ShadowOutputs,
         transitions: Transitions | None,
         age_ns: int,
         log: Any,
@@ -76,6 +78,8 @@ class Stepper:
         self.message_mode = False
         self.ended_episode = False
         """Whether this step's transition ended an episode (the runtime restarted the shield)."""
+        self.shadow: Shadow | None = None
+        """Shadow mode's comparison, told of each step the policy ran on a fresh state."""
         self.record_drops = 0
         self.recording_stopped: str | None = None
         self._logged_problem: str | None = None
@@ -111,6 +115,8 @@ class Stepper:
             else:
                 self._record(self.state_topic, "sensor_msgs/msg/JointState", self.inputs.latest)
                 action = runtime.act(self.obs)
+                if self.shadow is not None:
+                    self.shadow.acted(self.obs, action)
                 if self.transitions is not None:
                     self.ended_episode = self.transitions.step(runtime, self.obs, action)
         except StoppedServing as err:
@@ -148,6 +154,10 @@ class Stepper:
 
     def record_command(self, msg: Any) -> None:
         self._record(self.outputs.command_topic, "std_msgs/msg/Float64MultiArray", msg)
+
+    def record(self, topic: str, datatype: str, msg: Any) -> None:
+        """Another message to the recording (shadow mode's controller commands)."""
+        self._record(topic, datatype, msg)
 
     def _record(self, topic: str, datatype: str, msg: Any) -> None:
         recorder = self.recorder

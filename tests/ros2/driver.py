@@ -2,7 +2,9 @@
 process (the ROS venv). ``driver.py NODE configure activate sleep:2 deactivate cleanup`` prints one JSON line
 per step ({"step", "ok", "state"}); ``state`` prints the state; ``diagnostics:N`` waits for N /diagnostics
 messages and prints the last; ``parameters`` prints every parameter's descriptor (``ros2 param describe``'s
-fields); ``set:NAME=VALUE`` sets one (VALUE as YAML, as ``ros2 param set`` takes it) and prints the outcome."""
+fields); ``set:NAME=VALUE`` sets one (VALUE as YAML, as ``ros2 param set`` takes it) and prints the outcome;
+``graph:TOPIC`` prints the nodes publishing and subscribing TOPIC, as the ROS graph has them (``ros2 topic info
+-v``)."""
 
 from __future__ import annotations
 
@@ -84,6 +86,23 @@ def main() -> None:
             request = SetParameters.Request(parameters=[Parameter(name, value=value).to_parameter_msg()])
             result = call(node, client, request).results[0]
             print(json.dumps({"step": step, "ok": result.successful, "reason": result.reason}), flush=True)
+            continue
+        if step.startswith("graph:"):
+            topic = step[6:]
+
+            def ends(topic: str = topic) -> tuple[list[str], list[str]]:
+                return (sorted(i.node_name for i in node.get_publishers_info_by_topic(topic)),
+                        sorted(i.node_name for i in node.get_subscriptions_info_by_topic(topic)))  # fmt: skip
+
+            seen, settled = ends(), time.monotonic()  # discovery: until the graph holds still for 2 s
+            while time.monotonic() - settled < 2.0 and time.monotonic() - t < 30:
+                rclpy.spin_once(node, timeout_sec=0.05)
+                now = ends()
+                if now != seen:
+                    seen, settled = now, time.monotonic()
+            publishers, subscribers = seen
+            print(json.dumps({"step": step, "ok": True, "publishers": publishers, "subscribers": subscribers}),
+                  flush=True)  # fmt: skip
             continue
         if step.startswith("diagnostics:"):
             seen: list = []

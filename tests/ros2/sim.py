@@ -9,13 +9,17 @@ per command; the state is sent again every 0.2 s while no command comes). Else s
 and the latest command applies. ``--pause-at S --pause-s D``: stop publishing D seconds from S s after the
 first command; ``--freeze-at S``: from S s after it, the same values (a stuck sensor);
 ``--clock-speed X``: /clock at X times wall time. On SIGINT/SIGTERM:
-writes ``--out`` (JSON: commands received, states published, publish times) and exits."""
+writes ``--out`` (JSON: commands received, states published, publish times) and exits.
+``--controller``: the robot's own controller too (a stand-in for a ros2_control controller a human tunes): after
+each state it publishes a command on the command topic (a damped pull to 0 plus seeded noise), which the robot
+applies as any command; a node in shadow mode beside it commands nothing."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import random
 import signal
 import time
 
@@ -50,6 +54,7 @@ def main() -> None:
     ap.add_argument("--clock-speed", type=float, default=0.0, help="publish /clock at this speed (0: none)")
     ap.add_argument("--prefix", default="", help="a namespace for every topic (e.g. /robot1)")
     ap.add_argument("--split", action="store_true", help="each state as two JointStates: half the joints each")
+    ap.add_argument("--controller", action="store_true", help="publish the robot's own commands after each state")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -69,6 +74,9 @@ def main() -> None:
     reward_pub = node.create_publisher(Float64, f"{args.prefix}/reward", 10)
     end_pub = node.create_publisher(Bool, f"{args.prefix}/episode_end", 10)
     record: dict = {"commands": [], "published": 0, "first_command_t": None, "pause": None}
+    controller = node.create_publisher(Float64MultiArray, f"{args.prefix}/forward_command_controller/commands", 10) if (
+        args.controller) else None  # fmt: skip
+    noise = random.Random(0)
     last_command = {"t": 0.0}
 
     frozen: dict = {}
@@ -90,6 +98,10 @@ def main() -> None:
             msg.effort = [0.0] * len(names[part])
             pub.publish(msg)
         record["published"] += 1
+        if controller is not None:
+            data = [max(-10.0, min(10.0, -5.0 * state[n][0] - 0.5 * state[n][1] + noise.gauss(0.0, 3.0)))
+                    for n in names[: len(names) - 1 if args.kind == "multi" else 1]]  # fmt: skip
+            controller.publish(Float64MultiArray(data=data))
 
     def paused() -> bool:
         start = record["first_command_t"]
