@@ -8,12 +8,16 @@ readable copy of the counters and RNG states.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import platform
 import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -290,16 +294,47 @@ class Trainer:
         self._start = time.perf_counter()
         self._finite = torch.ones((), dtype=torch.bool, device=self.device)
         self._fast_ready = False
+        self._compiled_at: dict[int, float] = {}  # thread counts the compiled update ran at: compile seconds
         self.monitor = IntervalMonitor(self.device, self.step)
         bar = self._progress_bar()
         try:
-            loop_s, uncounted = self._loop(bar)
+            with self._interruptible():
+                loop_s, uncounted = self._loop(bar)
         finally:
             bar.close()
             self.metrics.close()
             self.monitor.close()
             self.envs.close()
         return self._summary(loop_s, uncounted)
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        """Ctrl-C (SIGINT) during the loop ends it at the next step boundary with a checkpoint (``--resume``
+        continues from there); a second Ctrl-C interrupts at once. Outside the main thread (no handlers
+        there) nothing changes."""
+        self._interrupted = False
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def first(signum: int, frame: Any) -> None:
+            self._interrupted = True
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        previous = signal.signal(signal.SIGINT, first)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _stop_if_interrupted(self) -> None:
+        """After a step: on a first Ctrl-C, the checkpoint, one line, and KeyboardInterrupt (exit 130)."""
+        if not self._interrupted:
+            return
+        self._check_finite(self._finite)
+        self.save()
+        self._say(f"interrupted at step {self.step}: checkpoint saved in {self.run}; continue with --resume", True)
+        raise KeyboardInterrupt
 
     def _progress_bar(self) -> tqdm:
         # Only on a terminal: a redirected log gets metrics.csv and the summary, not carriage-return noise.
@@ -332,6 +367,7 @@ class Trainer:
                 uncounted += self.step - profiled_from
             bar.update(self.step - before)
             self._log_and_checkpoint(before, metrics, bar, last=self.step >= cfg.total_steps or profiled)
+            self._stop_if_interrupted()
             if profiled:
                 break
         self._check_finite(self._finite)
@@ -391,11 +427,18 @@ class Trainer:
         t1 = time.perf_counter()
         metrics = None
         if self.step >= cfg.learning_starts:
-            warm = self._fast_ready  # a first (compiling) update says nothing of the thread count
+            # A compiling update (the first, or the first at a thread count the compiled update has not run
+            # at) says nothing of the thread count: the watch does not see it.
+            warm = self._fast_ready and self._compiled_here()
             with phase("update"):
                 for _ in range(cfg.num_envs * cfg.utd):
                     timer.start()
-                    metrics = self.sac.step() if self._fast_ready else self._first_step()
+                    if not self._fast_ready:
+                        metrics = self._first_step()
+                    elif not self._compiled_here():
+                        metrics = self._recompile_step()
+                    else:
+                        metrics = self.sac.step()
                     timer.stop()
                     self._fast_ready = True
                     self._finite &= metrics.finite
@@ -428,10 +471,31 @@ class Trainer:
         metrics = self.sac.step()
         if self.cfg.compile == "on":
             self.compile_s = time.perf_counter() - t0
+            self._compiled_at[torch.get_num_threads()] = round(self.compile_s, 2)
             print(
                 f"sac-train: compiled the update in {self.compile_s:.1f} s",
                 file=sys.stderr if self.cfg.json else sys.stdout,
             )
+        return metrics
+
+    def _compiled_here(self) -> bool:
+        """Whether the update runs without compiling at torch's thread count now (always, uncompiled)."""
+        return self.cfg.compile != "on" or torch.get_num_threads() in self._compiled_at
+
+    def _recompile_step(self) -> UpdateMetrics:
+        """The first compiled update at a thread count not run at before in this process (the thread watch
+        moved it, or a caller did): compiled again once (the count is part of the compiled graph's guards;
+        a count seen before reuses its graph), logged and timed in ``config.json``'s
+        ``choices.threads.compile_s``, the cost of a thread change."""
+        threads = torch.get_num_threads()
+        t0 = time.perf_counter()
+        metrics = self.sac.step()
+        seconds = time.perf_counter() - t0
+        self._compiled_at[threads] = round(seconds, 2)
+        self._say(f"compiled the update again for {threads} threads in {seconds:.1f} s (a thread change)", flush=True)
+        compile_s = {str(n): s for n, s in self._compiled_at.items()}
+        self.choices["threads"] = {**self.choices["threads"], "compile_s": compile_s}
+        self._write_config()
         return metrics
 
     def _watch_threads(self, updates: int, seconds: float) -> None:
