@@ -182,7 +182,7 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
     faults = check_drill(cfg)
     out = saved_path(cfg)
     bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
-    spec = bundle.spec
+    spec = bundle.frame_spec  # the env's frame: the runtime assembles any wider policy input
     check_gate(bundle)
     check_action_sizes(cfg.shield, spec.act_dim)  # before the env is made
     env_name = cfg.env or file_env(spec.env_id, str(bundle.path / MANIFEST))
@@ -247,7 +247,7 @@ def _envelope(bundle: Bundle) -> Envelope | None:
     names = bundle.files(ENVELOPE_KIND)
     if not names:
         return None
-    spec = bundle.spec
+    spec = bundle.frame_spec
     return parse_envelope(bundle.read(bundle.path / names[0]), bundle.path / names[0], spec.obs_dim, spec.act_dim)
 
 

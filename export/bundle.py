@@ -37,6 +37,7 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.io_layout import load_layout
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.manifest import MAX_MANIFEST_BYTES, files_table, is_sac_edge_manifest, write_manifest
+from sac_edge.common.obs_history import ObsContract
 from sac_edge.common.releases import RELEASE, new_release
 from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
 from sac_edge.common.tolerance import tolerance
@@ -111,8 +112,16 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
     out = Path(cfg.out)
     check_out(cfg)
     layout = load_layout(cfg.layout) if cfg.layout is not None else None
+    contract = ObsContract.from_dict(source.observation, "observation") if source.observation else None
+    if contract is not None and cfg.int8:
+        raise SacEdgeError(
+            f"{source.path}: --int8 calibrates on rollouts of the frame alone; a policy with an observation contract "
+            "(--last-action, --obs-history) is exported without it for now: drop --int8"
+        )
     if layout is not None:  # before the slow work: a layout that does not fit the policy is refused at once
-        layout.check_dims(source.spec.obs_dim, source.spec.act_dim, f"--layout {cfg.layout}")
+        # The layout describes the env's frame, the first values of a wider policy input (obs_history.py).
+        frame_dim = source.spec.obs_dim if contract is None else contract.frame_dim
+        layout.check_dims(frame_dim, source.spec.act_dim, f"--layout {cfg.layout}")
     with atomic_dir(out, replace=cfg.force) as stage:
         if layout is not None:
             atomic_write_json(stage / LAYOUT, layout.to_dict())
@@ -147,7 +156,8 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
 def _envelope(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any] | None:
     """``envelope.json`` from the training states and rollouts (``envelope.py``); its threshold and facts
     for the manifest, or None with ``--no-envelope`` or nothing to fit it on."""
-    if not cfg.envelope:
+    if not cfg.envelope or source.observation is not None:  # the shield checks frames: an envelope of the
+        # assembled input (frames, last actions, history) would not describe what it sees
         return None
     envelope = envelope_for(
         source.replay_states,
@@ -266,6 +276,7 @@ def _manifest(
             "input_shape": ["batch", spec.obs_dim],
             "output_shape": ["batch", spec.act_dim],
         },
+        "observation": source.observation,
         "onnx": {"opset": onnx_info.opset, "ops": list(onnx_info.ops), "initializers": list(onnx_info.initializers)},
         "source": {
             "kind": source.kind,

@@ -65,6 +65,20 @@ class TrainConfig:
             "(BENCHMARKS.md, 'Working memory and gradient checkpointing')"
         },
     )
+    last_action: bool = field(
+        default=False,
+        metadata={
+            "help": "the policy also sees the action it sent last (in its own units, [-1, 1]); the run dir and "
+            "the bundle record it and the runtime assembles it (docs/CONTRACTS.md, 'Observation contract')"
+        },
+    )
+    obs_history: int = field(
+        default=0,
+        metadata={
+            "help": "the policy also sees the N env frames before the current one, oldest first, recorded and "
+            "assembled as --last-action (0: none)"
+        },
+    )
     gamma: float = field(default=0.99, metadata={"help": "discount factor"})
     tau: float = field(default=0.005, metadata={"help": "soft target update rate"})
     actor_lr: float = field(default=3e-4, metadata={"help": "actor learning rate"})
@@ -123,7 +137,7 @@ FRACTIONS = ("gamma", "tau")
 #: Counts that must be at least 1, and those that may also be 0 (off, or all).
 AT_LEAST_ONE = ("total_steps", "num_envs", "batch_size", "buffer_size", "critic_layers", "utd", "eval_episodes")
 NOT_NEGATIVE: tuple[str, ...] = ("seed", "learning_starts", "eval_every", "checkpoint_every", "calib_states", "threads")
-NOT_NEGATIVE += ("log_every", "profile")
+NOT_NEGATIVE += ("log_every", "profile", "obs_history")
 #: Upper bounds on sizes that are allocated or started up front: past them a run failed after minutes (an
 #: allocation of the replay buffer or a batch), never started (100000 envs, 100000 critic layers) or crashed
 #: (100000 torch threads); they are far above what a run needs. ``threads``: the CPUs this process may use.
@@ -135,6 +149,7 @@ AT_MOST = {
     "utd": 1000,
     "eval_episodes": 10**5,
     "calib_states": 10**7,
+    "obs_history": 64,  # common/obs_history.MAX_STEPS: each frame of history widens the input by a frame
     "seed": 2**63 - 1,  # torch's and numpy's seeds are 64-bit; a larger one was an OverflowError, exit 1
 }
 

@@ -32,6 +32,7 @@ from sac_edge.common.config import check_fields, config_dict
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.jsonfile import read_json
+from sac_edge.common.obs_history import ObsAssembler, ObsContract
 from sac_edge.common.spec import PolicySpec
 
 from . import checkpoint as ckpt
@@ -148,7 +149,11 @@ class Trainer:
             print(f"sac-train: {reason}", file=sys.stderr if cfg.json else sys.stdout)
         self.eval_env = make_env(cfg.env)  # fails fast with a one-line error on a bad id or space
         self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode)
-        self.spec: PolicySpec = policy_spec(cfg.env, self.envs, cfg.hidden)
+        frame_spec = policy_spec(cfg.env, self.envs, cfg.hidden)
+        self.contract = ObsContract(frame_spec.obs_dim, frame_spec.act_dim, int(cfg.last_action), cfg.obs_history)
+        # The networks take the assembled input; the env, the layout and the bounds describe the frame.
+        self.spec: PolicySpec = dataclasses.replace(frame_spec, obs_dim=self.contract.obs_dim)
+        self.history = None if self.contract.plain else self._assembler(cfg.num_envs)
         self.choices = {**speed.choices, "threads": self._choose_threads()}  # before the learner: see there
         if cfg.device == "cpu" and cfg.amp == "bf16" and not cpu_bf16_flags():
             print(
@@ -166,7 +171,8 @@ class Trainer:
         self.compile_s: float | None = None
         self.wall_before = 0.0  # the run's seconds before this process (up to the checkpoint resumed)
         obs, _ = self.envs.reset(seed=cfg.seed)
-        self.obs = np.asarray(obs, dtype=np.float32)
+        self.frames = np.asarray(obs, dtype=np.float32)
+        self.obs = self._policy_obs(self.frames)
         resume_step = self._load() if cfg.resume else None
         check_fits(cfg, self.step)
         enable_ranges(self.device.type == "cuda", nvtx=True)  # NVTX for Nsight Systems (nsys profile sac-train)
@@ -177,6 +183,13 @@ class Trainer:
         self.metrics = MetricsLog(self.run, resume_step)
         if not cfg.resume and self.cfg.normalize_obs:
             self.sac.obs_norm.update(torch.as_tensor(self.obs, device=self.device))
+
+    def _assembler(self, n: int) -> ObsAssembler:
+        return ObsAssembler(self.contract, self.spec.action_low, self.spec.action_high, n)
+
+    def _policy_obs(self, frames: np.ndarray) -> np.ndarray:
+        """The policy's observations for the envs' current ``frames`` (the frames alone without a contract)."""
+        return frames if self.history is None else self.history.assemble(frames).copy()
 
     def _choose_threads(self) -> dict[str, Any]:
         """The thread count (torch left at it; the probe reseeds torch, so this comes before the learner),
@@ -200,6 +213,8 @@ class Trainer:
         """``config.json``, atomically: the resolved flags, the spec, versions and what auto chose on this
         machine and why (rewritten when the thread watch keeps a change)."""
         config = {**config_dict(self.cfg), "spec": self.spec.to_dict(), "versions": _versions()}
+        if self.history is not None:
+            config["observation"] = self.contract.to_dict()
         atomic_write_json(self.run / ckpt.CONFIG, {**config, "choices": self.choices})
 
     def _trainer_state(self) -> dict[str, Any]:
@@ -212,7 +227,8 @@ class Trainer:
             "last_eval": self.last_eval,
             "numpy_rng": self.np_rng.bit_generator.state,
             "env_state": env_state(self.envs),
-            "obs": self.obs.tolist(),
+            "obs": self.frames.tolist(),
+            "obs_history": None if self.history is None else self.history.state(),
             "wall_s": self.wall_before + self._session_s(),
         }
 
@@ -246,7 +262,10 @@ class Trainer:
         if state["env_state"] is None or not restore_env_state(self.envs, state["env_state"]):
             print("sac-train: warning: env state not restorable (async envs); episodes restart", file=sys.stderr)
         else:
-            self.obs = np.asarray(state["obs"], dtype=np.float32)
+            self.frames = np.asarray(state["obs"], dtype=np.float32)
+            if self.history is not None:
+                self.history.load_state(state["obs_history"])
+            self.obs = self._policy_obs(self.frames)
         self.last_good_step = self.step
         return int(self.step)
 
@@ -260,21 +279,26 @@ class Trainer:
             action = self.sac.explore(self.obs)
         low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
         env_action = low + 0.5 * (action + 1.0) * (high - low)
-        next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
-        next_obs = np.asarray(next_obs, dtype=np.float32)
+        next_frames, reward, terminated, truncated, info = self.envs.step(env_action)
+        next_frames = np.asarray(next_frames, dtype=np.float32)
         done = np.logical_or(terminated, truncated)
-        real_next = next_obs.copy()
+        real_next = next_frames.copy()
         if done.any():
             mask = info.get("_final_obs", done)
             for i in np.flatnonzero(mask):
                 real_next[i] = info["final_obs"][i]
+        if self.history is not None:  # the step's frame and the action sent join the history
+            self.history.advance(self.frames, env_action)
+            real_next = self._policy_obs(real_next)
+            self.history.reset(done)
+        next_obs = self._policy_obs(next_frames)
         self.sac.buffer.add(self.obs, action, reward, real_next, terminated.astype(np.float32))
         self.ep_returns += reward
         for i in np.flatnonzero(done):
             self.recent = [*self.recent, float(self.ep_returns[i])][-RECENT_EPISODES:]
             self.ep_returns[i] = 0.0
             self.episodes += 1
-        self.obs = next_obs
+        self.obs, self.frames = next_obs, next_frames
         if cfg.normalize_obs:
             self.sac.obs_norm.update(torch.as_tensor(next_obs, device=self.device))
         self.step += cfg.num_envs
@@ -287,7 +311,13 @@ class Trainer:
             torch.tensor(self.spec.action_high, device=self.device),
         )
         with torch_threads(1):  # batch-1 acting: too little work per op to share, only barriers to wait at
-            returns = evaluate(policy, self.eval_env, self.cfg.eval_episodes, self.cfg.seed + EVAL_SEED_OFFSET)
+            returns = evaluate(
+                policy,
+                self.eval_env,
+                self.cfg.eval_episodes,
+                self.cfg.seed + EVAL_SEED_OFFSET,
+                None if self.history is None else self._assembler(1),
+            )
         return float(np.mean(returns))
 
     def train(self) -> TrainSummary:
