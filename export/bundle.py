@@ -59,6 +59,7 @@ from .onnx_export import INPUT, OUTPUT, OnnxInfo, check_tensorrt_ops, export_pol
 from .parity import (
     GATE_STATES,
     Parity,
+    derived_tolerance,
     held_out_states,
     measure_parity,
     onnx_actions,
@@ -129,9 +130,8 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
         states, origin = held_out_states(
             source.replay_states, stage / POLICY_ONNX, source.spec, cfg.parity_states, cfg.seed, source.states_name
         )
-        parity = measure_parity(
-            stage / POLICY_ONNX, source.reference, source.reference_name, states, origin, cfg.parity_tol
-        )
+        tol = cfg.parity_tol or derived_tolerance(source.policy, states)
+        parity = measure_parity(stage / POLICY_ONNX, source.reference, source.reference_name, states, origin, tol)
         require_parity(parity)
         np.save(stage / PARITY_STATES, states[:GATE_STATES])
         envelope = _envelope(cfg, source, stage)

@@ -86,8 +86,8 @@ def _check_flags(cfg: ExportConfig) -> None:
         raise SacEdgeError(f"--envelope-fpr must be a rate in (0, 0.5), got {cfg.envelope_fpr}")
     if cfg.envelope_episodes < 0:
         raise SacEdgeError(f"--envelope-episodes must be >= 0 (got {cfg.envelope_episodes})")
-    if not cfg.parity_tol > 0:
-        raise SacEdgeError(f"--parity-tol must be > 0 (got {cfg.parity_tol})")
+    if not cfg.parity_tol >= 0:
+        raise SacEdgeError(f"--parity-tol must be 0 (derived) or more (got {cfg.parity_tol})")
 
 
 def report(result: ExportResult) -> str:
