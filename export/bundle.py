@@ -53,6 +53,7 @@ from sac_edge.common.versions import installed_version
 from sac_edge.train.checkpoint import save_tensors
 
 from .config import ExportConfig
+from .delay_margin import delay_returns
 from .envelope import envelope_for
 from .fp16_onnx import write_fp16
 from .onnx_export import INPUT, OUTPUT, OnnxInfo, check_tensorrt_ops, export_policy
@@ -256,6 +257,17 @@ def _versions() -> dict[str, str]:
     return {package: version for package in packages if (version := installed_version(package))}
 
 
+def _delay_record(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any] | None:
+    """The delay the policy trained under and the graph's returns at its median, p99 and 2x p99
+    (``delay_margin.py``; ``--gate-episodes`` episodes each), None without one."""
+    if source.action_delay is None:
+        return None
+    returns = delay_returns(
+        stage / POLICY_ONNX, source.spec, source.observation, source.action_delay, cfg.gate_episodes, cfg.seed
+    )
+    return {**source.action_delay, "returns": returns}
+
+
 def _manifest(
     cfg: ExportConfig,
     source: PolicySource,
@@ -277,6 +289,7 @@ def _manifest(
             "output_shape": ["batch", spec.act_dim],
         },
         "observation": source.observation,
+        "action_delay": _delay_record(cfg, source, stage),
         "onnx": {"opset": onnx_info.opset, "ops": list(onnx_info.ops), "initializers": list(onnx_info.initializers)},
         "source": {
             "kind": source.kind,

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from sac_edge.common.bounded import safetensors_shapes
+from sac_edge.common.delay import DelayDistribution
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.jsonfile import read_json
@@ -53,6 +54,7 @@ class PolicySource(NamedTuple):
     provenance: dict[str, Any]
     states_name: str = "calib_states"  # what ``replay_states`` are, for the reports
     observation: dict[str, Any] | None = None  # the run's observation contract (common/obs_history.py), if any
+    action_delay: dict[str, Any] | None = None  # the delay it trained under (common/delay.py), if any
 
 
 def load_source(run: str, env: str = "", vecnormalize: str = "") -> PolicySource:
@@ -122,7 +124,15 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
         "torch",
         provenance,
         observation=_observation(run.config, spec, path),
+        action_delay=_action_delay(run.config, path),
     )
+
+
+def _action_delay(config: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """The action delay the run trained under, checked (None: none)."""
+    if "delay" not in config:
+        return None
+    return DelayDistribution.from_dict(config["delay"], str(path / CONFIG)).to_dict()
 
 
 def _observation(config: dict[str, Any], spec: PolicySpec, path: Path) -> dict[str, Any] | None:

@@ -79,6 +79,24 @@ class TrainConfig:
             "assembled as --last-action (0: none)"
         },
     )
+    action_delay: str = field(
+        default="",
+        metadata={
+            "help": "train with each action applied K control steps late (A-B: a delay drawn per episode from "
+            "A..B); turns --last-action on with the K most recent actions (K the largest delay); recorded in the "
+            "run dir and the bundle",
+            "metavar": "K|A-B",
+        },
+    )
+    delay_profile: str = field(
+        default="",
+        metadata={
+            "help": "train under the delay measured on the device: FILE is the --json of sac-edge bench or "
+            "sac-edge run, or the ROS 2 node's summary; its latency becomes a delay distribution in control steps "
+            "at the env's period, drawn per episode (as --action-delay)",
+            "metavar": "FILE",
+        },
+    )
     gamma: float = field(default=0.99, metadata={"help": "discount factor"})
     tau: float = field(default=0.005, metadata={"help": "soft target update rate"})
     actor_lr: float = field(default=3e-4, metadata={"help": "actor learning rate"})
@@ -179,5 +197,11 @@ def check_values(cfg: TrainConfig) -> None:
         problem = value_error(name, getattr(cfg, name))
         if problem:
             raise SacEdgeError(f"--{name.replace('_', '-')} {problem}")
+    if cfg.action_delay and cfg.delay_profile:
+        raise SacEdgeError("--action-delay and --delay-profile both set the delay: pass one")
+    if cfg.action_delay:
+        from sac_edge.common.delay import parse_action_delay
+
+        parse_action_delay(cfg.action_delay)
     if cfg.grad_checkpoint and cfg.critic_layers < 2:  # the first layer is never checkpointed
         raise SacEdgeError("--grad-checkpoint has no layer to checkpoint with --critic-layers 1: drop it")

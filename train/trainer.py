@@ -29,6 +29,7 @@ from tqdm import tqdm
 import sac_edge
 from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
 from sac_edge.common.config import check_fields, config_dict
+from sac_edge.common.delay import ActionDelay, DelayDistribution, delay_from_profile, env_dt, parse_action_delay
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.jsonfile import read_json
@@ -148,9 +149,13 @@ class Trainer:
         for reason in speed.reasons:  # beside the summary line (stderr under --json, which owns stdout)
             print(f"sac-train: {reason}", file=sys.stderr if cfg.json else sys.stdout)
         self.eval_env = make_env(cfg.env)  # fails fast with a one-line error on a bad id or space
-        self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode)
+        self.delay = self._delay()
+        if self.delay is not None:  # evaluated under the delay it trains under
+            self.eval_env = ActionDelay(self.eval_env, self.delay)
+        self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode, self.delay)
         frame_spec = policy_spec(cfg.env, self.envs, cfg.hidden)
-        self.contract = ObsContract(frame_spec.obs_dim, frame_spec.act_dim, int(cfg.last_action), cfg.obs_history)
+        last = int(cfg.last_action) if self.delay is None else max(1, self.delay.largest)
+        self.contract = ObsContract(frame_spec.obs_dim, frame_spec.act_dim, last, cfg.obs_history)
         # The networks take the assembled input; the env, the layout and the bounds describe the frame.
         self.spec: PolicySpec = dataclasses.replace(frame_spec, obs_dim=self.contract.obs_dim)
         self.history = None if self.contract.plain else self._assembler(cfg.num_envs)
@@ -184,6 +189,26 @@ class Trainer:
         if not cfg.resume and self.cfg.normalize_obs:
             self.sac.obs_norm.update(torch.as_tensor(self.obs, device=self.device))
 
+    def _delay(self) -> DelayDistribution | None:
+        """The action delay to train under (``--action-delay``, ``--delay-profile``; on ``--resume`` the run's
+        record), said in one line with the last actions it turns on."""
+        cfg = self.cfg
+        saved = read_json(self.run / ckpt.CONFIG, "run config", "").get("delay") if cfg.resume else None
+        if saved is not None:
+            return DelayDistribution.from_dict(saved, str(self.run / ckpt.CONFIG))
+        if cfg.action_delay:
+            delay = parse_action_delay(cfg.action_delay)
+        elif cfg.delay_profile:
+            delay = delay_from_profile(cfg.delay_profile, env_dt(self.eval_env))
+        else:
+            return None
+        shown = ", ".join(f"{s}: {p:.2f}" for s, p in zip(delay.steps, delay.probs))
+        self._say(
+            f"{delay.source} -> action delay in control steps (probability) {shown}, drawn per episode; "
+            f"--last-action on: the policy sees the {max(1, delay.largest)} most recent actions"
+        )
+        return delay
+
     def _assembler(self, n: int) -> ObsAssembler:
         return ObsAssembler(self.contract, self.spec.action_low, self.spec.action_high, n)
 
@@ -215,6 +240,8 @@ class Trainer:
         config = {**config_dict(self.cfg), "spec": self.spec.to_dict(), "versions": _versions()}
         if self.history is not None:
             config["observation"] = self.contract.to_dict()
+        if self.delay is not None:
+            config["delay"] = self.delay.to_dict()  # beside the flag's text, "action_delay"
         atomic_write_json(self.run / ckpt.CONFIG, {**config, "choices": self.choices})
 
     def _trainer_state(self) -> dict[str, Any]:
