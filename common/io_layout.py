@@ -297,7 +297,7 @@ def bundle_layout(bundle: Any) -> IoLayout | None:
         return None
     path = bundle.path / names[0]
     layout = parse_layout(bundle.read(path), str(path))
-    layout.check_dims(bundle.spec.obs_dim, bundle.spec.act_dim, str(path))
+    layout.check_dims(bundle.frame_dim, bundle.spec.act_dim, str(path))  # the frame: the runtime assembles the rest
     return layout
 
 

@@ -36,6 +36,20 @@ def history_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return run, bundle
 
 
+def test_a_layout_describes_the_frame_of_a_wider_input(history_run: tuple[Path, Path], tmp_path: Path):
+    """The layout of the env's 3 values fits a policy of 13 inputs: the runtime assembles the other 10."""
+    from sac_edge.common.bundle import open_bundle
+    from sac_edge.common.io_layout import bundle_layout
+
+    run, _ = history_run
+    layout = Path(__file__).resolve().parents[3] / "docs" / "examples" / "pendulum.layout.json"
+    out = tmp_path / "bundle"
+    export = [str(BIN / "sac-export"), str(run), "--out", str(out), "--engine", "never", "--layout", str(layout)]
+    subprocess.run(export, check=True, capture_output=True)
+    loaded = bundle_layout(open_bundle(out))
+    assert loaded is not None and loaded.obs_dim == 3
+
+
 def test_the_contract_is_recorded_in_the_run_dir_and_the_bundle(history_run: tuple[Path, Path]):
     run, bundle = history_run
     config = json.loads((run / "config.json").read_text())
@@ -75,7 +89,7 @@ def test_sac_edge_run_returns_what_the_trainer_evaluates(history_run: tuple[Path
     for seed in (3, 4):
         (expected,) = evaluate(source.policy, make_env("Pendulum-v1"), 1, seed, history)
         cli = [str(BIN / "sac-edge"), "run", str(bundle), "--seed", str(seed),
-               "--rate-hz", "400", "--duration", "0.6", "--json"]  # fmt: skip
+               "--rate-hz", "1000", "--duration", "5", "--json"]  # fmt: skip
         done = subprocess.run(cli, check=True, capture_output=True, text=True)
         returns = json.loads(done.stdout.strip().splitlines()[-1])["episode_returns"]
         # ONNX float32 against torch: the same actions to ~1e-6, a return within a fraction of a percent.
