@@ -182,4 +182,5 @@ class ActionDelay(gym.Wrapper):
     def load_state(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
         self.steps = int(state["steps"])
-        self.queue = collections.deque(np.asarray(a, self._middle.dtype) for a in state["queue"])
+        # float64 holds any action's value exactly (a float32 middle or policy action, a float64 scaled one)
+        self.queue = collections.deque(np.asarray(a, np.float64) for a in state["queue"])
