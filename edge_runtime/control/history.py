@@ -40,9 +40,15 @@ class InputHistory:
         frame, self._frame = self._frame, None
         self.assembler.advance(None if frame is None else frame.reshape(1, -1), np.asarray(action).reshape(1, -1))
 
-    def applied(self, action: np.ndarray) -> None:
-        """The caller applied ``action`` (bounds' units) for the last step."""
-        self.assembler.replace_last_action(np.asarray(action, np.float64).reshape(1, -1))
+    def applied(self, action: object) -> None:
+        """The caller applied ``action`` (bounds' units) for the last step; one that is not ``act_dim``
+        finite numbers is not taken (the action ``act`` returned stays)."""
+        try:
+            values = np.asarray(action, np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            return
+        if values.shape == (self.assembler.contract.act_dim,) and np.isfinite(values).all():
+            self.assembler.replace_last_action(values.reshape(1, -1))
 
     def restart(self) -> None:
         self._frame = None

@@ -94,3 +94,16 @@ def test_sac_edge_run_returns_what_the_trainer_evaluates(history_run: tuple[Path
         returns = json.loads(done.stdout.strip().splitlines()[-1])["episode_returns"]
         # ONNX float32 against torch: the same actions to ~1e-6, a return within a fraction of a percent.
         assert returns and returns[0] == pytest.approx(expected, rel=5e-3), (seed, returns, expected)
+
+
+def test_a_malformed_applied_action_keeps_the_one_sent():
+    from sac_edge.edge_runtime.control.history import InputHistory
+
+    history = InputHistory(ObsContract(1, 1, 1, 0), [-2.0], [2.0])
+    history.inputs(np.array([0.5], np.float32))
+    history.sent(np.array([1.0]))
+    for bad in (np.array([np.nan]), np.array([1.0, 2.0]), "x", None):
+        history.applied(bad)
+    assert history.peek(np.array([0.5], np.float32)).tolist() == [0.5, 0.5]  # 1.0 of [-2, 2] is 0.5
+    history.applied(np.array([-2.0]))
+    assert history.peek(np.array([0.5], np.float32)).tolist() == [0.5, -1.0]
