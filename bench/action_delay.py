@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from sac_edge.common.delay import ActionDelay, parse_action_delay
 from sac_edge.common.envs import make_env
@@ -80,6 +81,7 @@ def main() -> None:
     runs.update({(d, s): trained(out, args.env, args.steps, s, d, extra) for d in delays for s in seeds})
     if args.train_only:
         return
+    torch.set_num_threads(1)  # batch-1 acting: more threads only wait at barriers (worse beside neighbours)
     rows: list[dict[str, Any]] = []
     print(f"{args.env}, {args.steps} steps, mean return over {args.episodes} seeded episodes (seeds {EVAL_SEED}+)")
     print("| delay | seed | plain at delay | delay-aware at delay | gain | plain at 0 | delay-aware at 0 |")
