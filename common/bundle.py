@@ -9,6 +9,7 @@ drill and bench, and the fine-tuner's learner process. onnx is imported only whe
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,7 @@ from .bundle_format import FP32, GRAPH_KINDS, MANIFEST, ONNX_CPU_KIND, ONNX_KIND
 from .errors import SacEdgeError
 from .graph_ops import check_graph_ops
 from .manifest import manifest_bytes, read_manifest, verify_files
+from .obs_history import ObsContract
 from .releases import check_release
 from .signing import require_trusted
 from .spec import PolicySpec
@@ -44,6 +46,28 @@ class Bundle(NamedTuple):
                 f"{path}: not a bundle file whose checksum was verified; open the bundle with open_bundle"
             )
         return data
+
+    @property
+    def observation(self) -> ObsContract | None:
+        """The policy input's contract (``--last-action``, ``--obs-history``), None for the frame alone."""
+        data = self.manifest.get("observation")
+        if data is None:
+            return None
+        contract = ObsContract.from_dict(data, str(self.path / MANIFEST))
+        if contract.obs_dim != self.spec.obs_dim or contract.act_dim != self.spec.act_dim:
+            raise SacEdgeError(f"{self.path}: the manifest's observation contract does not fit its spec; re-export")
+        return contract
+
+    @property
+    def frame_dim(self) -> int:
+        """The width of the env's frame a caller passes (the policy input's, without a contract)."""
+        contract = self.observation
+        return self.spec.obs_dim if contract is None else contract.frame_dim
+
+    @property
+    def frame_spec(self) -> PolicySpec:
+        """The spec as a caller's env sees it: ``obs_dim`` the frame's width."""
+        return dataclasses.replace(self.spec, obs_dim=self.frame_dim)
 
     def files(self, kind: str, precision: str | None = None) -> list[str]:
         """Names of the manifest files of ``kind`` (and ``precision`` when given), sorted."""

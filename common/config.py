@@ -205,6 +205,8 @@ def _add_option(parser: Any, opt: Option, positional: Sequence[str]) -> None:
     kwargs: dict[str, Any] = {"help": f.metadata.get("help", "")}
     if "choices" in f.metadata:
         kwargs["choices"] = f.metadata["choices"]
+    if "metavar" in f.metadata:
+        kwargs["metavar"] = f.metadata["metavar"]
     if "const" in f.metadata:  # the value of the bare flag (``--compile`` = ``--compile on``)
         kwargs.update(nargs="?", const=f.metadata["const"])
     default = f.default if f.default is not dataclasses.MISSING else None

@@ -330,7 +330,7 @@ def bundle_layout(bundle: Any) -> IoLayout | None:
         return None
     path = bundle.path / names[0]
     layout = parse_layout(bundle.read(path), str(path))
-    layout.check_dims(bundle.spec.obs_dim, bundle.spec.act_dim, str(path))
+    layout.check_dims(bundle.frame_dim, bundle.spec.act_dim, str(path))  # the frame: the runtime assembles the rest
     layout.check_commands(bundle.spec.action_low, bundle.spec.action_high, str(path))
     return layout
 

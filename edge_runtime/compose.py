@@ -36,6 +36,7 @@ from sac_edge.edge_runtime.budget.governor import Governor, GovernorConfig, buil
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
 from sac_edge.edge_runtime.budget.monitor import BudgetMonitor
 from sac_edge.edge_runtime.budget.sensors import NoPowerSensor, PowerSensor, detect_power_sensor
+from sac_edge.edge_runtime.control.history import InputHistory
 from sac_edge.edge_runtime.control.loop import error_line
 from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
 from sac_edge.edge_runtime.control.shield import Shield
@@ -156,7 +157,7 @@ def make_shield(cfg: RuntimeOptions, bundle: Bundle, emit: Emit) -> Shield | Non
     envelope = None
     if names:
         path = bundle.path / names[0]
-        envelope = parse_envelope(bundle.read(path), path, spec.obs_dim, spec.act_dim)
+        envelope = parse_envelope(bundle.read(path), path, bundle.frame_dim, spec.act_dim)
     return Shield(cfg.shield, spec.action_low, spec.action_high, envelope, emit)
 
 
@@ -245,6 +246,7 @@ def step_pipeline(
     obs_high: np.ndarray,
     running: dict[int, bool],
     scratch: bool = False,
+    history: InputHistory | None = None,
 ) -> StepPipeline:
     """The step's stages for ``parts`` (guards on the observation bounds, the shield, the fine-tuner's
     exploration), the backend call watched through ``running``. ``scratch``: the same stages on state of
@@ -257,4 +259,5 @@ def step_pipeline(
     obs_guard = ObservationGuard(obs_low, obs_high, cfg.obs_fault, inner, dtype=np.float32)
     act_guard = ActionGuard(np.array(bundle.spec.action_low), np.array(bundle.spec.action_high))
     explore = parts.tuner.explore if parts.tuner is not None and not scratch else None
-    return StepPipeline(obs_guard, act_guard, shield, explore, running, cfg.max_backend_errors, error_line)
+    inputs = None if history is None else history.peek if scratch else history.inputs
+    return StepPipeline(obs_guard, act_guard, shield, explore, running, cfg.max_backend_errors, error_line, inputs)

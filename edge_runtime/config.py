@@ -463,6 +463,13 @@ class DrillConfig:
     delay_steps: int = field(
         default=3, metadata={"help": "delay: the observation is this many steps old from the onset"}
     )
+    action_delay_steps: int = field(
+        default=0,
+        metadata={
+            "help": "delay: from the onset each action also reaches the env this many control steps late (the "
+            "delay a policy trained with sac-train --action-delay expects; 0: the observation alone)"
+        },
+    )
     ood_scale: float = field(
         default=10.0, metadata={"help": "ood_start: std of the push (MuJoCo: added to joint velocities)"}
     )

@@ -10,7 +10,8 @@ env steps on the true state):
 - ``stuck``: the observation before the onset repeated bit for bit for ``--fault-steps`` steps;
 - ``spike``: ``--spike-sigma`` standard deviations (the envelope's scale) added to ``--fault-dim``;
 - ``drop``: each observation of the burst dropped with probability ``--drop-rate`` (the previous one repeated);
-- ``delay``: from the onset to the episode's end, the observation of ``--delay-steps`` steps before;
+- ``delay``: from the onset to the episode's end, the observation of ``--delay-steps`` steps before, and
+  with ``--action-delay-steps K`` each action applied K steps late (the action sent K steps before);
 - ``ood_start``: the start state pushed away from the reset distribution (MuJoCo: ``--ood-scale`` added to
   joint velocities; other envs with a ``state`` array: that much times the state's magnitude);
 - ``swap``: at the onset the policy's actor weights are swapped for perturbed ones (the shield is told, as
@@ -74,6 +75,7 @@ class FaultInjector(gym.Wrapper):
         self.fault, self.cfg, self.sigma, self.rng = fault, cfg, sigma, rng
         self.t = 0
         self.history: list[np.ndarray] = []
+        self.sent: list[np.ndarray] = []  # this episode's actions, for the delay fault's action delay
         self.seen: np.ndarray | None = None
 
     @property
@@ -85,12 +87,17 @@ class FaultInjector(gym.Wrapper):
 
     def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
-        self.t, self.history = 0, []
+        self.t, self.history, self.sent = 0, [], []
         if self.fault == "ood_start":
             obs = self._push(obs)
         return self._seen(np.asarray(obs, dtype=np.float32)), info
 
     def step(self, action: Any) -> tuple[np.ndarray, Any, Any, Any, dict[str, Any]]:
+        late = self.cfg.action_delay_steps
+        if self.fault == "delay" and late:
+            self.sent.append(np.array(action, copy=True))
+            if self.t >= self.cfg.fault_start:
+                action = self.sent[max(0, self.t - late)]
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.t += 1
         return self._seen(np.asarray(obs, dtype=np.float32)), reward, terminated, truncated, info
@@ -142,6 +149,7 @@ def check_drill(cfg: DrillConfig) -> tuple[str, ...]:
         ("--fault-start", cfg.fault_start, 1, MAX_STEPS),
         ("--fault-steps", cfg.fault_steps, 1, MAX_STEPS),
         ("--delay-steps", cfg.delay_steps, 1, MAX_STEPS),
+        ("--action-delay-steps", cfg.action_delay_steps, 0, MAX_STEPS),
         ("--fault-dim", cfg.fault_dim, 0, None),
     ):
         if value < least:
@@ -182,7 +190,7 @@ def drill_command(cfg: DrillConfig, log: Callable[[str], None]) -> dict[str, Any
     faults = check_drill(cfg)
     out = saved_path(cfg)
     bundle = open_bundle(cfg.bundle, cfg.trusted_keys, allow_downgrade=cfg.allow_downgrade)
-    spec = bundle.spec
+    spec = bundle.frame_spec  # the env's frame: the runtime assembles any wider policy input
     check_gate(bundle)
     check_action_sizes(cfg.shield, spec.act_dim)  # before the env is made
     env_name = cfg.env or file_env(spec.env_id, str(bundle.path / MANIFEST))
@@ -247,7 +255,7 @@ def _envelope(bundle: Bundle) -> Envelope | None:
     names = bundle.files(ENVELOPE_KIND)
     if not names:
         return None
-    spec = bundle.spec
+    spec = bundle.frame_spec
     return parse_envelope(bundle.read(bundle.path / names[0]), bundle.path / names[0], spec.obs_dim, spec.act_dim)
 
 

@@ -80,7 +80,7 @@ def run_command(cfg: RunConfig, log: Log, on_hang: Callable[[RunSummary], None] 
     bundle = verified_bundle(options)
     env_name = cfg.env or file_env(bundle.spec.env_id, str(bundle.path / MANIFEST))
     env = make_env(env_name)
-    check_env_matches(env, bundle.spec, env_name)
+    check_env_matches(env, bundle.frame_spec, env_name)
     env = shifted(env, parse_shift(cfg.shift))
     return Run(cfg, options, bundle, env, env_name, log, on_hang).execute()
 

@@ -62,6 +62,7 @@ from sac_edge.common.config import config_dict
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.inputs import done_flag, ordered_bounds
 from sac_edge.edge_runtime.backends.base import Backend
+from sac_edge.edge_runtime.control.history import InputHistory
 from sac_edge.edge_runtime.control.loop import ScheduleSummary, ScheduleWindow, StoppedServing, finite_reward
 from sac_edge.edge_runtime.control.safety import plain_array
 from sac_edge.edge_runtime.control.shield import Shield, ShieldOptions, ShieldSummary, guards_summary
@@ -378,6 +379,7 @@ class Runtime:
             raise SacEdgeError(f"Runtime takes RuntimeOptions, got {type(options).__name__}; pass RuntimeOptions(...)")
         self.options = options
         self._bounds = (obs_low, obs_high)
+        self._history: InputHistory | None = None  # the observation contract's, made at open
         self._bundle = bundle
         self._log: Log = log if log is not None else _stderr
         self._caller = caller
@@ -406,9 +408,8 @@ class Runtime:
         resources = contextlib.ExitStack()
         try:
             bundle = verified_bundle(cfg) if self._bundle is None else checked_bundle(self._bundle, cfg)
-            low, high = (
-                _bound(b, bundle.spec.obs_dim, name, fill) for b, name, fill in zip(self._bounds, _NAMES, _FILLS)
-            )
+            self._history = _input_history(bundle, cfg.finetune.enabled)
+            low, high = (_bound(b, bundle.frame_dim, name, fill) for b, name, fill in zip(self._bounds, _NAMES, _FILLS))
             ordered_bounds(low, high)
             weights = resources.enter_context(last_good_weights(cfg))
             self._telemetry = resources.enter_context(TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry))
@@ -419,8 +420,13 @@ class Runtime:
                 resources.callback(parts.tuner.stop)  # before the lock is released: the learner process goes first
             self._parts: Composition = parts
             self._watchdog = InferenceWatchdog(cfg.inference_timeout, self._tripped)
-            self._pipeline = step_pipeline(cfg, bundle, parts, low, high, self._watchdog.running)
-            self._scratch = step_pipeline(cfg, bundle, parts, low, high, self._watchdog.running, scratch=True)
+            history = self._history
+            self._pipeline = step_pipeline(cfg, bundle, parts, low, high, self._watchdog.running, history=history)
+            self._scratch = step_pipeline(
+                cfg, bundle, parts, low, high, self._watchdog.running, scratch=True, history=history
+            )
+            if history is not None and parts.shield is not None:
+                parts.shield.restarted.append(history.restart)
             self._ticker = BudgetTicker(parts, (self._pipeline, self._scratch), cfg.inference_budget, cfg.rate_hz, emit)
             emit(
                 {
@@ -521,7 +527,10 @@ class Runtime:
         if type(obs) is not np.ndarray:
             obs = plain_array(obs)  # type: ignore[assignment]
         try:
-            return self._pipeline.act(obs)
+            action = self._pipeline.act(obs)
+            if self._history is not None:
+                self._history.sent(action)
+            return action
         except BackendFailed as failed:
             self._stopped_by, self._state, self._owner = failed.reason, RuntimeState.STOPPED, _NOBODY
             raise StoppedServing(failed.reason, self.safe_action(), False) from None
@@ -562,10 +571,15 @@ class Runtime:
             terminated, truncated = done_flag(terminated, "terminated"), done_flag(truncated, "truncated")
         counts = self._transitions
         counts.transitions += 1
+        history = self._history
+        if history is not None:  # the action the caller applied is the last action the policy sees
+            history.applied(action)
         if terminated or truncated:
             counts.episodes += 1
             if self._parts.shield is not None:  # the caller resets its plant: a new start for the ramp
-                self._parts.shield.restart()
+                self._parts.shield.restart()  # and for the observation history (its listener)
+            elif history is not None:
+                history.restart()
         tuner = self._parts.tuner
         if tuner is None:
             return
@@ -602,6 +616,11 @@ class Runtime:
             t_s = window.t_s
         return ticker.tick(t_s, window, self._pipeline.counters.steps)
 
+    def last_input(self) -> np.ndarray | None:
+        """What the policy was given at the last inferred step: with an observation contract (``--last-action``,
+        ``--obs-history``) the assembled input (a copy), None for a policy of the frame alone."""
+        return None if self._history is None else self._history.last_input()
+
     def safe_action(self) -> np.ndarray:
         """The configured safe action (a new array): the shield's (``--safe-action``, else the bundle's
         envelope's, else 0, inside the action bounds), or without a shield 0 clipped to the bounds. What a
@@ -627,7 +646,10 @@ class Runtime:
         if _get_ident() != self._owner:
             self._claim("hold")
         observed = plain_array(obs) if obs is not None else None
-        return self._pipeline.hold(observed if type(observed) is np.ndarray else None)
+        action = self._pipeline.hold(observed if type(observed) is np.ndarray else None)
+        if self._history is not None:
+            self._history.sent(action)
+        return action
 
     # -- any thread ----------------------------------------------------------------------------------
     def summary(self) -> RuntimeSummary:
@@ -720,6 +742,19 @@ class Runtime:
             torch_imported="torch" in sys.modules,
             closed=closed,
         )
+
+
+def _input_history(bundle: Bundle, finetune: bool) -> InputHistory | None:
+    """The observation history a bundle's contract asks the runtime to keep (None: the frame alone)."""
+    contract = bundle.observation
+    if contract is None or contract.plain:
+        return None
+    if finetune:
+        raise SacEdgeError(
+            f"{bundle.path}: on-device fine-tuning takes the frame alone; this policy's input adds last actions or a "
+            "history (--last-action, --obs-history): run it without --finetune"
+        )
+    return InputHistory(contract, bundle.spec.action_low, bundle.spec.action_high)
 
 
 def _stderr(message: str) -> None:

@@ -37,6 +37,7 @@ from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.io_layout import load_layout
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.manifest import MAX_MANIFEST_BYTES, files_table, is_sac_edge_manifest, write_manifest
+from sac_edge.common.obs_history import ObsContract
 from sac_edge.common.releases import RELEASE, new_release
 from sac_edge.common.signing import Ed25519PrivateKey, sign_bundle
 from sac_edge.common.tolerance import tolerance
@@ -52,12 +53,14 @@ from sac_edge.common.versions import installed_version
 from sac_edge.train.checkpoint import save_tensors
 
 from .config import ExportConfig
+from .delay_margin import delay_returns
 from .envelope import envelope_for
 from .fp16_onnx import write_fp16
 from .onnx_export import INPUT, OUTPUT, OnnxInfo, check_tensorrt_ops, export_policy
 from .parity import (
     GATE_STATES,
     Parity,
+    derived_tolerance,
     held_out_states,
     measure_parity,
     onnx_actions,
@@ -111,8 +114,16 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
     out = Path(cfg.out)
     check_out(cfg)
     layout = load_layout(cfg.layout) if cfg.layout is not None else None
+    contract = ObsContract.from_dict(source.observation, "observation") if source.observation else None
+    if contract is not None and cfg.int8:
+        raise SacEdgeError(
+            f"{source.path}: --int8 calibrates on rollouts of the frame alone; a policy with an observation contract "
+            "(--last-action, --obs-history) is exported without it for now: drop --int8"
+        )
     if layout is not None:  # before the slow work: a layout that does not fit the policy is refused at once
-        layout.check_dims(source.spec.obs_dim, source.spec.act_dim, f"--layout {cfg.layout}")
+        # The layout describes the env's frame, the first values of a wider policy input (obs_history.py).
+        frame_dim = source.spec.obs_dim if contract is None else contract.frame_dim
+        layout.check_dims(frame_dim, source.spec.act_dim, f"--layout {cfg.layout}")
         layout.check_commands(source.spec.action_low, source.spec.action_high, f"--layout {cfg.layout}")
     with atomic_dir(out, replace=cfg.force) as stage:
         if layout is not None:
@@ -121,9 +132,8 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
         states, origin = held_out_states(
             source.replay_states, stage / POLICY_ONNX, source.spec, cfg.parity_states, cfg.seed, source.states_name
         )
-        parity = measure_parity(
-            stage / POLICY_ONNX, source.reference, source.reference_name, states, origin, cfg.parity_tol
-        )
+        tol = cfg.parity_tol or derived_tolerance(source.policy, states)
+        parity = measure_parity(stage / POLICY_ONNX, source.reference, source.reference_name, states, origin, tol)
         require_parity(parity)
         np.save(stage / PARITY_STATES, states[:GATE_STATES])
         envelope = _envelope(cfg, source, stage)
@@ -148,7 +158,8 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
 def _envelope(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any] | None:
     """``envelope.json`` from the training states and rollouts (``envelope.py``); its threshold and facts
     for the manifest, or None with ``--no-envelope`` or nothing to fit it on."""
-    if not cfg.envelope:
+    if not cfg.envelope or source.observation is not None:  # the shield checks frames: an envelope of the
+        # assembled input (frames, last actions, history) would not describe what it sees
         return None
     envelope = envelope_for(
         source.replay_states,
@@ -247,6 +258,17 @@ def _versions() -> dict[str, str]:
     return {package: version for package in packages if (version := installed_version(package))}
 
 
+def _delay_record(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any] | None:
+    """The delay the policy trained under and the graph's returns at its median, p99 and 2x p99
+    (``delay_margin.py``; ``--gate-episodes`` episodes each), None without one."""
+    if source.action_delay is None:
+        return None
+    returns = delay_returns(
+        stage / POLICY_ONNX, source.spec, source.observation, source.action_delay, cfg.gate_episodes, cfg.seed
+    )
+    return {**source.action_delay, "returns": returns}
+
+
 def _manifest(
     cfg: ExportConfig,
     source: PolicySource,
@@ -267,6 +289,8 @@ def _manifest(
             "input_shape": ["batch", spec.obs_dim],
             "output_shape": ["batch", spec.act_dim],
         },
+        "observation": source.observation,
+        "action_delay": _delay_record(cfg, source, stage),
         "onnx": {"opset": onnx_info.opset, "ops": list(onnx_info.ops), "initializers": list(onnx_info.initializers)},
         "source": {
             "kind": source.kind,

@@ -86,8 +86,8 @@ def _check_flags(cfg: ExportConfig) -> None:
         raise SacEdgeError(f"--envelope-fpr must be a rate in (0, 0.5), got {cfg.envelope_fpr}")
     if cfg.envelope_episodes < 0:
         raise SacEdgeError(f"--envelope-episodes must be >= 0 (got {cfg.envelope_episodes})")
-    if not cfg.parity_tol > 0:
-        raise SacEdgeError(f"--parity-tol must be > 0 (got {cfg.parity_tol})")
+    if not cfg.parity_tol >= 0:
+        raise SacEdgeError(f"--parity-tol must be 0 (derived) or more (got {cfg.parity_tol})")
 
 
 def report(result: ExportResult) -> str:
@@ -111,6 +111,10 @@ def report(result: ExportResult) -> str:
             else engine["reason"] + (f"; {engine['build']}" if "build" in engine else "")
         )
         lines.append(f"engine {precision}: {status} ({detail})")
+    delay = m.get("action_delay")
+    if delay:
+        shown = ", ".join(f"{k} {v['steps']} steps: {v['mean_return']:.1f}" for k, v in delay["returns"].items())
+        lines.append(f"return under the trained action delay ({delay['source']}): {shown}")
     if result.int8 is not None:
         lines.append(result.int8.get("table", ""))
     return "\n".join(lines)
@@ -127,6 +131,8 @@ def summary(result: ExportResult) -> dict[str, Any]:
         "files": {name: entry["bytes"] for name, entry in m["files"].items()},
         "engines": {p: e["status"] for p, e in m["tensorrt"].items()},
     }
+    delay = m.get("action_delay")  # the return at the trained delay's median, p99 and 2x p99 (delay_margin.py)
+    out["delay_returns"] = delay["returns"] if delay else None
     gate = m.get("gate")
     if gate:
         out["int8"] = {k: gate.get(k) for k in GATE_SUMMARY}

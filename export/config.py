@@ -43,7 +43,14 @@ class ExportConfig:
     )
     gate_episodes: int = field(default=5, metadata={"help": "seeded episodes per precision in the INT8 gate"})
     parity_states: int = field(default=10_000, metadata={"help": "held-out states for the ONNX vs PyTorch parity"})
-    parity_tol: float = field(default=1e-5, metadata={"help": "max abs action error allowed by the parity check"})
+    parity_tol: float = field(
+        default=0.0,
+        metadata={
+            "help": "max abs action error (env units) the parity check allows; 0: derived from the network: twice "
+            "the rigorous float32 error bound of its action on the parity states (layer widths, weights, inputs; "
+            "export/parity.py)"
+        },
+    )
     envelope: bool = field(
         default=True,
         metadata={

@@ -14,10 +14,12 @@ import numpy as np
 import torch
 
 from sac_edge.common.bounded import safetensors_shapes
+from sac_edge.common.delay import DelayDistribution
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.manifest import sha256_file
+from sac_edge.common.obs_history import ObsContract
 from sac_edge.common.spec import PolicySpec
 from sac_edge.train.checkpoint import (
     CALIB_STATES,
@@ -51,6 +53,8 @@ class PolicySource(NamedTuple):
     reference_name: str
     provenance: dict[str, Any]
     states_name: str = "calib_states"  # what ``replay_states`` are, for the reports
+    observation: dict[str, Any] | None = None  # the run's observation contract (common/obs_history.py), if any
+    action_delay: dict[str, Any] | None = None  # the delay it trained under (common/delay.py), if any
 
 
 def load_source(run: str, env: str = "", vecnormalize: str = "") -> PolicySource:
@@ -121,6 +125,8 @@ def _load_run_dir(path: Path, env: str) -> PolicySource:
         torch_reference(policy),
         "torch",
         provenance,
+        observation=_observation(run.config, spec, path),
+        action_delay=_action_delay(run.config, path),
     )
 
 
@@ -136,6 +142,23 @@ def _check_finite(learner: dict[str, torch.Tensor], path: Path) -> None:
                 f"{path}: {name} holds NaN or values infinite in float32 (the run diverged); export an earlier "
                 "checkpoint of the run"
             )
+
+
+def _action_delay(config: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """The action delay the run trained under, checked (None: none)."""
+    if "delay" not in config:
+        return None
+    return DelayDistribution.from_dict(config["delay"], str(path / CONFIG)).to_dict()
+
+
+def _observation(config: dict[str, Any], spec: PolicySpec, path: Path) -> dict[str, Any] | None:
+    """The run's observation contract, checked against its spec (None: the frame alone)."""
+    if "observation" not in config:
+        return None
+    contract = ObsContract.from_dict(config["observation"], str(path / CONFIG))
+    if contract.obs_dim != spec.obs_dim or contract.act_dim != spec.act_dim:
+        raise SacEdgeError(f"{path / CONFIG}: its observation contract does not fit its spec; retrain or restore it")
+    return contract.to_dict()
 
 
 #: The most Q-networks a checkpoint's critic ensemble may hold (sac-train writes 2; REDQ-style ensembles 10).

@@ -65,6 +65,38 @@ class TrainConfig:
             "(BENCHMARKS.md, 'Working memory and gradient checkpointing')"
         },
     )
+    last_action: bool = field(
+        default=False,
+        metadata={
+            "help": "the policy also sees the action it sent last (in its own units, [-1, 1]); the run dir and "
+            "the bundle record it and the runtime assembles it (docs/CONTRACTS.md, 'Observation contract')"
+        },
+    )
+    obs_history: int = field(
+        default=0,
+        metadata={
+            "help": "the policy also sees the N env frames before the current one, oldest first, recorded and "
+            "assembled as --last-action (0: none)"
+        },
+    )
+    action_delay: str = field(
+        default="",
+        metadata={
+            "help": "train with each action applied K control steps late (A-B: a delay drawn per episode from "
+            "A..B); turns --last-action on with the K most recent actions (K the largest delay); recorded in the "
+            "run dir and the bundle",
+            "metavar": "K|A-B",
+        },
+    )
+    delay_profile: str = field(
+        default="",
+        metadata={
+            "help": "train under the delay measured on the device: FILE is the --json of sac-edge bench or "
+            "sac-edge run, or the ROS 2 node's summary; its latency becomes a delay distribution in control steps "
+            "at the env's period, drawn per episode (as --action-delay)",
+            "metavar": "FILE",
+        },
+    )
     gamma: float = field(default=0.99, metadata={"help": "discount factor"})
     tau: float = field(default=0.005, metadata={"help": "soft target update rate"})
     actor_lr: float = field(default=3e-4, metadata={"help": "actor learning rate"})
@@ -123,7 +155,7 @@ FRACTIONS = ("gamma", "tau")
 #: Counts that must be at least 1, and those that may also be 0 (off, or all).
 AT_LEAST_ONE = ("total_steps", "num_envs", "batch_size", "buffer_size", "critic_layers", "utd", "eval_episodes")
 NOT_NEGATIVE: tuple[str, ...] = ("seed", "learning_starts", "eval_every", "checkpoint_every", "calib_states", "threads")
-NOT_NEGATIVE += ("log_every", "profile")
+NOT_NEGATIVE += ("log_every", "profile", "obs_history")
 #: Upper bounds on sizes that are allocated or started up front: past them a run failed after minutes (an
 #: allocation of the replay buffer or a batch), never started (100000 envs, 100000 critic layers) or crashed
 #: (100000 torch threads); they are far above what a run needs. ``threads``: the CPUs this process may use.
@@ -135,6 +167,7 @@ AT_MOST = {
     "utd": 1000,
     "eval_episodes": 10**5,
     "calib_states": 10**7,
+    "obs_history": 64,  # common/obs_history.MAX_STEPS: each frame of history widens the input by a frame
     "seed": 2**63 - 1,  # torch's and numpy's seeds are 64-bit; a larger one was an OverflowError, exit 1
 }
 
@@ -164,5 +197,11 @@ def check_values(cfg: TrainConfig) -> None:
         problem = value_error(name, getattr(cfg, name))
         if problem:
             raise SacEdgeError(f"--{name.replace('_', '-')} {problem}")
+    if cfg.action_delay and cfg.delay_profile:
+        raise SacEdgeError("--action-delay and --delay-profile both set the delay: pass one")
+    if cfg.action_delay:
+        from sac_edge.common.delay import parse_action_delay
+
+        parse_action_delay(cfg.action_delay)
     if cfg.grad_checkpoint and cfg.critic_layers < 2:  # the first layer is never checkpointed
         raise SacEdgeError("--grad-checkpoint has no layer to checkpoint with --critic-layers 1: drop it")

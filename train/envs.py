@@ -19,18 +19,22 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from sac_edge.common.delay import ActionDelay, DelayDistribution
 from sac_edge.common.envs import make_env
 from sac_edge.common.spec import PolicySpec
 
 _MUJOCO_FIELDS = ("qpos", "qvel", "act", "qacc_warmstart")
 
 
-def make_vector_env(env_id: str, num_envs: int, mode: str = "sync") -> gym.vector.VectorEnv:
-    """``num_envs`` copies of ``env_id`` with same-step autoreset (checked before workers start)."""
+def make_vector_env(
+    env_id: str, num_envs: int, mode: str = "sync", delay: DelayDistribution | None = None
+) -> gym.vector.VectorEnv:
+    """``num_envs`` copies of ``env_id`` with same-step autoreset (checked before workers start), each
+    applying its actions ``delay`` steps late when given (``common/delay.py``)."""
     make_env(env_id).close()  # one-line errors for bad ids/spaces before any worker process starts
-    fns = [partial(make_env, env_id) for _ in range(num_envs)]
+    fns = [partial(delayed_env, env_id, delay) for _ in range(num_envs)]
     if mode == "async":
-        workers = [partial(_one_thread_env, env_id) for _ in range(num_envs)]
+        workers = [partial(_one_thread_env, env_id, delay) for _ in range(num_envs)]
         return gym.vector.AsyncVectorEnv(workers, autoreset_mode=AutoresetMode.SAME_STEP)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
 
@@ -39,14 +43,20 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync") -> gym.vecto
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-def _one_thread_env(env_id: str) -> gym.Env:
+def delayed_env(env_id: str, delay: DelayDistribution | None) -> gym.Env:
+    """``make_env(env_id)``, its actions applied late by ``delay`` (None: on time)."""
+    env = make_env(env_id)
+    return env if delay is None else ActionDelay(env, delay)
+
+
+def _one_thread_env(env_id: str, delay: DelayDistribution | None = None) -> gym.Env:
     """``make_env`` in an async worker process, with one intra-op thread for whatever math library the env
     uses: K workers beside the learner's threads must not each start a pool the size of the machine."""
     for var in THREAD_VARS:
         os.environ[var] = "1"
     if "torch" in sys.modules:  # a forked worker inherits the learner's pool size
         sys.modules["torch"].set_num_threads(1)
-    return make_env(env_id)
+    return delayed_env(env_id, delay)
 
 
 def policy_spec(env_id: str, env: gym.Env | gym.vector.VectorEnv, hidden: tuple[int, ...]) -> PolicySpec:
@@ -89,6 +99,8 @@ def env_state(vec: gym.vector.VectorEnv) -> list[dict[str, Any]] | None:
             state["mujoco"]["time"] = float(data.time)
         elif hasattr(raw, "state"):
             state["state"] = np.asarray(raw.state).tolist()
+        if isinstance(env, ActionDelay):
+            state["action_delay"] = env.state()
         states.append(state)
     return states
 
@@ -99,6 +111,8 @@ def restore_env_state(vec: gym.vector.VectorEnv, states: list[dict[str, Any]]) -
         return False
     for env, state in zip(vec.envs, states):
         raw: Any = env.unwrapped
+        if isinstance(env, ActionDelay) and "action_delay" in state:
+            env.load_state(state["action_delay"])
         raw.np_random.bit_generator.state = state["rng"]
         limit = _time_limit(env)
         if limit is not None and "elapsed_steps" in state:

@@ -183,7 +183,7 @@ class ManualUpdate:
         # gradient sums and Adam stay float32 on float32 weights.
         self.dtype = torch.bfloat16 if sac.cfg.amp == "bf16" else torch.float32
         self._compiled_core_at: Callable[[Tensor, Tensor, Tensor, Tensor | None], UpdateMetrics] | None = None
-        self._guards_checked = False
+        self._guards_checked_at = 0  # torch's thread count at the last call with the guards in full (0: none)
         self._adam_steps: list[float] | None = None  # host mirror of each param group's Adam step
 
     def compile(self) -> None:
@@ -193,7 +193,7 @@ class ManualUpdate:
     def recheck_guards(self) -> None:
         """Evaluate the compiled graph's guards in full on the next call, and read the step counts again
         (after the state was replaced)."""
-        self._guards_checked = False
+        self._guards_checked_at = 0
         self._adam_steps = None
 
     def corrections(self) -> Tensor:
@@ -234,13 +234,24 @@ class ManualUpdate:
         if self._compiled_core_at is None:
             return self.core_at(rows, next_noise, noise)
         corrections = self.corrections()
-        if not self._guards_checked:
-            self._guards_checked = True
+        threads = torch.get_num_threads()
+        if self._guards_checked_at != threads:
+            # The first call, and the first after a change of torch's thread count (part of dynamo's global
+            # state guard: the thread watch moves it beside busy neighbours): the guards in full, which
+            # compile the update once for a count not seen before and pick the cached graph of one seen.
+            self._guards_checked_at = threads
             return self._compiled_core_at(rows, next_noise, noise, corrections)
         # Every later call passes the same guards: shapes and dtypes are fixed by the frozen config and the
         # hyperparameters never change within a run, so dynamo's per-call guard tree (a sizeable share of
         # a small update) is skipped, as set_stance documents for warmed-up graphs.
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+        try:
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                return self._compiled_core_at(rows, next_noise, noise, corrections)
+        except RuntimeError as err:
+            # Some other global state changed under the caller (grad mode, a torch flag): dynamo refuses
+            # before the graph runs, so the same call goes again with the guards in full.
+            if "skip_guard_eval_unsafe" not in str(err):
+                raise
             return self._compiled_core_at(rows, next_noise, noise, corrections)
 
     def core_at(

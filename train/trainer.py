@@ -25,9 +25,11 @@ from tqdm import tqdm
 import sac_edge
 from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
 from sac_edge.common.config import check_fields, config_dict
+from sac_edge.common.delay import ActionDelay, DelayDistribution, delay_from_profile, env_dt, parse_action_delay
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.jsonfile import read_json
+from sac_edge.common.obs_history import ObsAssembler, ObsContract
 from sac_edge.common.spec import PolicySpec
 
 from . import checkpoint as ckpt
@@ -151,8 +153,16 @@ class Trainer:
         for reason in speed.reasons:  # beside the summary line (stderr under --json, which owns stdout)
             print(f"sac-train: {reason}", file=sys.stderr if cfg.json else sys.stdout)
         self.eval_env = make_env(cfg.env)  # fails fast with a one-line error on a bad id or space
-        self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode)
-        self.spec: PolicySpec = policy_spec(cfg.env, self.envs, cfg.hidden)
+        self.delay = self._delay()
+        if self.delay is not None:  # evaluated under the delay it trains under
+            self.eval_env = ActionDelay(self.eval_env, self.delay)
+        self.envs = make_vector_env(cfg.env, cfg.num_envs, cfg.vector_mode, self.delay)
+        frame_spec = policy_spec(cfg.env, self.envs, cfg.hidden)
+        last = int(cfg.last_action) if self.delay is None else max(1, self.delay.largest)
+        self.contract = ObsContract(frame_spec.obs_dim, frame_spec.act_dim, last, cfg.obs_history)
+        # The networks take the assembled input; the env, the layout and the bounds describe the frame.
+        self.spec: PolicySpec = dataclasses.replace(frame_spec, obs_dim=self.contract.obs_dim)
+        self.history = None if self.contract.plain else self._assembler(cfg.num_envs)
         self.choices = {**speed.choices, "threads": self._choose_threads()}  # before the learner: see there
         if cfg.device == "cpu" and cfg.amp == "bf16" and not cpu_bf16_flags():
             print(
@@ -170,7 +180,8 @@ class Trainer:
         self.compile_s: float | None = None
         self.wall_before = 0.0  # the run's seconds before this process (up to the checkpoint resumed)
         obs, _ = self.envs.reset(seed=cfg.seed)
-        self.obs = np.asarray(obs, dtype=np.float32)
+        self.frames = np.asarray(obs, dtype=np.float32)
+        self.obs = self._policy_obs(self.frames)
         resume_step = self._load() if cfg.resume else None
         check_fits(cfg, self.step)
         enable_ranges(self.device.type == "cuda", nvtx=True)  # NVTX for Nsight Systems (nsys profile sac-train)
@@ -181,6 +192,33 @@ class Trainer:
         self.metrics = MetricsLog(self.run, resume_step)
         if not cfg.resume and self.cfg.normalize_obs:
             self.sac.obs_norm.update(torch.as_tensor(self.obs, device=self.device))
+
+    def _delay(self) -> DelayDistribution | None:
+        """The action delay to train under (``--action-delay``, ``--delay-profile``; on ``--resume`` the run's
+        record), said in one line with the last actions it turns on."""
+        cfg = self.cfg
+        saved = read_json(self.run / ckpt.CONFIG, "run config", "").get("delay") if cfg.resume else None
+        if saved is not None:
+            return DelayDistribution.from_dict(saved, str(self.run / ckpt.CONFIG))
+        if cfg.action_delay:
+            delay = parse_action_delay(cfg.action_delay)
+        elif cfg.delay_profile:
+            delay = delay_from_profile(cfg.delay_profile, env_dt(self.eval_env))
+        else:
+            return None
+        shown = ", ".join(f"{s}: {p:.2f}" for s, p in zip(delay.steps, delay.probs))
+        self._say(
+            f"{delay.source} -> action delay in control steps (probability) {shown}, drawn per episode; "
+            f"--last-action on: the policy sees the {max(1, delay.largest)} most recent actions"
+        )
+        return delay
+
+    def _assembler(self, n: int) -> ObsAssembler:
+        return ObsAssembler(self.contract, self.spec.action_low, self.spec.action_high, n)
+
+    def _policy_obs(self, frames: np.ndarray) -> np.ndarray:
+        """The policy's observations for the envs' current ``frames`` (the frames alone without a contract)."""
+        return frames if self.history is None else self.history.assemble(frames).copy()
 
     def _choose_threads(self) -> dict[str, Any]:
         """The thread count (torch left at it; the probe reseeds torch, so this comes before the learner),
@@ -204,6 +242,10 @@ class Trainer:
         """``config.json``, atomically: the resolved flags, the spec, versions and what auto chose on this
         machine and why (rewritten when the thread watch keeps a change)."""
         config = {**config_dict(self.cfg), "spec": self.spec.to_dict(), "versions": _versions()}
+        if self.history is not None:
+            config["observation"] = self.contract.to_dict()
+        if self.delay is not None:
+            config["delay"] = self.delay.to_dict()  # beside the flag's text, "action_delay"
         atomic_write_json(self.run / ckpt.CONFIG, {**config, "choices": self.choices})
 
     def _trainer_state(self) -> dict[str, Any]:
@@ -216,7 +258,8 @@ class Trainer:
             "last_eval": self.last_eval,
             "numpy_rng": self.np_rng.bit_generator.state,
             "env_state": env_state(self.envs),
-            "obs": self.obs.tolist(),
+            "obs": self.frames.tolist(),
+            "obs_history": None if self.history is None else self.history.state(),
             "wall_s": self.wall_before + self._session_s(),
         }
 
@@ -250,7 +293,10 @@ class Trainer:
         if state["env_state"] is None or not restore_env_state(self.envs, state["env_state"]):
             print("sac-train: warning: env state not restorable (async envs); episodes restart", file=sys.stderr)
         else:
-            self.obs = np.asarray(state["obs"], dtype=np.float32)
+            self.frames = np.asarray(state["obs"], dtype=np.float32)
+            if self.history is not None:
+                self.history.load_state(state["obs_history"])
+            self.obs = self._policy_obs(self.frames)
         self.last_good_step = self.step
         return int(self.step)
 
@@ -264,21 +310,26 @@ class Trainer:
             action = self.sac.explore(self.obs)
         low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
         env_action = low + 0.5 * (action + 1.0) * (high - low)
-        next_obs, reward, terminated, truncated, info = self.envs.step(env_action)
-        next_obs = np.asarray(next_obs, dtype=np.float32)
+        next_frames, reward, terminated, truncated, info = self.envs.step(env_action)
+        next_frames = np.asarray(next_frames, dtype=np.float32)
         done = np.logical_or(terminated, truncated)
-        real_next = next_obs.copy()
+        real_next = next_frames.copy()
         if done.any():
             mask = info.get("_final_obs", done)
             for i in np.flatnonzero(mask):
                 real_next[i] = info["final_obs"][i]
+        if self.history is not None:  # the step's frame and the action sent join the history
+            self.history.advance(self.frames, env_action)
+            real_next = self._policy_obs(real_next)
+            self.history.reset(done)
+        next_obs = self._policy_obs(next_frames)
         self.sac.buffer.add(self.obs, action, reward, real_next, terminated.astype(np.float32))
         self.ep_returns += reward
         for i in np.flatnonzero(done):
             self.recent = [*self.recent, float(self.ep_returns[i])][-RECENT_EPISODES:]
             self.ep_returns[i] = 0.0
             self.episodes += 1
-        self.obs = next_obs
+        self.obs, self.frames = next_obs, next_frames
         if cfg.normalize_obs:
             self.sac.obs_norm.update(torch.as_tensor(next_obs, device=self.device))
         self.step += cfg.num_envs
@@ -291,13 +342,20 @@ class Trainer:
             torch.tensor(self.spec.action_high, device=self.device),
         )
         with torch_threads(1):  # batch-1 acting: too little work per op to share, only barriers to wait at
-            returns = evaluate(policy, self.eval_env, self.cfg.eval_episodes, self.cfg.seed + EVAL_SEED_OFFSET)
+            returns = evaluate(
+                policy,
+                self.eval_env,
+                self.cfg.eval_episodes,
+                self.cfg.seed + EVAL_SEED_OFFSET,
+                None if self.history is None else self._assembler(1),
+            )
         return float(np.mean(returns))
 
     def train(self) -> TrainSummary:
         self._start = time.perf_counter()
         self._finite = torch.ones((), dtype=torch.bool, device=self.device)
         self._fast_ready = False
+        self._compiled_at: dict[int, float] = {}  # thread counts the compiled update ran at: compile seconds
         self.monitor = IntervalMonitor(self.device, self.step)
         bar = self._progress_bar()
         try:
@@ -402,11 +460,18 @@ class Trainer:
         t1 = time.perf_counter()
         metrics = None
         if self.step >= cfg.learning_starts:
-            warm = self._fast_ready  # a first (compiling) update says nothing of the thread count
+            # A compiling update (the first, or the first at a thread count the compiled update has not run
+            # at) says nothing of the thread count: the watch does not see it.
+            warm = self._fast_ready and self._compiled_here()
             with phase("update"):
                 for _ in range(cfg.num_envs * cfg.utd):
                     timer.start()
-                    metrics = self.sac.step() if self._fast_ready else self._first_step()
+                    if not self._fast_ready:
+                        metrics = self._first_step()
+                    elif not self._compiled_here():
+                        metrics = self._recompile_step()
+                    else:
+                        metrics = self.sac.step()
                     timer.stop()
                     self._fast_ready = True
                     self._finite &= metrics.finite
@@ -439,10 +504,31 @@ class Trainer:
         metrics = self.sac.step()
         if self.cfg.compile == "on":
             self.compile_s = time.perf_counter() - t0
+            self._compiled_at[torch.get_num_threads()] = round(self.compile_s, 2)
             print(
                 f"sac-train: compiled the update in {self.compile_s:.1f} s",
                 file=sys.stderr if self.cfg.json else sys.stdout,
             )
+        return metrics
+
+    def _compiled_here(self) -> bool:
+        """Whether the update runs without compiling at torch's thread count now (always, uncompiled)."""
+        return self.cfg.compile != "on" or torch.get_num_threads() in self._compiled_at
+
+    def _recompile_step(self) -> UpdateMetrics:
+        """The first compiled update at a thread count not run at before in this process (the thread watch
+        moved it, or a caller did): compiled again once (the count is part of the compiled graph's guards;
+        a count seen before reuses its graph), logged and timed in ``config.json``'s
+        ``choices.threads.compile_s``, the cost of a thread change."""
+        threads = torch.get_num_threads()
+        t0 = time.perf_counter()
+        metrics = self.sac.step()
+        seconds = time.perf_counter() - t0
+        self._compiled_at[threads] = round(seconds, 2)
+        self._say(f"compiled the update again for {threads} threads in {seconds:.1f} s (a thread change)", flush=True)
+        compile_s = {str(n): s for n, s in self._compiled_at.items()}
+        self.choices["threads"] = {**self.choices["threads"], "compile_s": compile_s}
+        self._write_config()
         return metrics
 
     def _watch_threads(self, updates: int, seconds: float) -> None:

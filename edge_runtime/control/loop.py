@@ -159,6 +159,12 @@ class ScheduleSummary:
     histogram_us: dict[str, Any]
     stopped_by: str | None
     env_error: dict[str, str] | None
+    episode_returns: list[float]
+    """The undiscounted return of each episode that ended (the first ``MAX_RETURNS``)."""
+
+
+#: The most episode returns a summary keeps (a run of any length allocates no more).
+MAX_RETURNS = 10_000
 
 
 class Schedule:
@@ -248,6 +254,7 @@ class ControlLoop:
         self.env, self.runtime, self.settings, self.status = env, runtime, settings, status
         self.stop_reason: str | None = None
         self.env_error: dict[str, str] | None = None
+        self.episode_returns: list[float] = []
         """What the environment raised, if it ended the run: call, type, message (reported after the summary)."""
         self._schedule: Schedule | None = None
         self._hung_summary: ScheduleSummary | None = None
@@ -293,6 +300,7 @@ class ControlLoop:
         add_jitter, add_env, add_step = stats.jitter.append, stats.env.append, stats.step.append
         infer, causes = stats.infer, stats.causes
         act, observe = runtime.act, runtime.observe
+        episode_return = 0.0
         warmer = CacheWarmer(runtime.warm_up) if s.warm_cache else None
         obs = self._reset(s.seed)  # on failure the run has stopped already
         schedule = self._schedule = Schedule(clock(), s.rate_hz, s.duration_s)
@@ -325,7 +333,11 @@ class ControlLoop:
                 break
             next_obs, reward, terminated, truncated = outcome
             observe(obs, action, reward, next_obs, terminated, truncated)
+            episode_return += finite_reward(reward) or 0.0
             if terminated or truncated:
+                if len(self.episode_returns) < MAX_RETURNS:
+                    self.episode_returns.append(round(episode_return, 6))
+                episode_return = 0.0
                 t_env = timer()
                 next_obs = self._reset()
                 if next_obs is _ENV_FAILED:
@@ -409,6 +421,7 @@ class ControlLoop:
             histogram_us=run["histogram_us"],
             stopped_by=self.stop_reason,
             env_error=self.env_error,
+            episode_returns=list(self.episode_returns),
         )
 
     def _env_failed(self, call: str, err: BaseException, stop: bool = True) -> None:

@@ -280,6 +280,8 @@ class Shield:
         self._fallback: list[float] = []
         self._outside = self._clear = 0
         self._falling_back = False
+        self.restarted: list[Callable[[], None]] = []
+        """Called by each ``restart`` (the runtime's observation history starts anew with the ramp)."""
         self.restart()
 
     # -- per step ------------------------------------------------------------------------------------
@@ -425,6 +427,8 @@ class Shield:
                     start[i] = hi if v > hi else lo if v < lo else float(v)
         self._sent = self._last_clear = start
         self.ramp.start(start)
+        for listener in self.restarted:
+            listener()
         self.stuck.reset()
         self._outside = self._clear = 0
         self._falling_back = False

@@ -73,6 +73,7 @@ class StepPipeline:
         running: dict[int, bool],
         max_backend_errors: int,
         describe_error: Callable[[BaseException], str],
+        inputs: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.obs_guard, self.act_guard, self.shield = obs_guard, act_guard, shield
         self.explore = explore
@@ -85,6 +86,8 @@ class StepPipeline:
         self.budget_ns = 0
         """An inference slower than this is stale: the last safe action is sent (``serve``)."""
         self._infer: Callable[[np.ndarray], np.ndarray] | None = None
+        self._inputs = inputs
+        """The policy input from the checked frame (``InputHistory.inputs``; None: the frame itself)."""
         self._describe = describe_error
         # the stages' entry points, looked up once (the step runs at the control rate)
         self._check, self._take, self._apply = obs_guard.check, act_guard.take, act_guard.apply
@@ -109,7 +112,7 @@ class StepPipeline:
         t0 = _timer()
         running[t0] = True
         try:
-            raw = self._infer(safe)  # type: ignore[misc]
+            raw = self._infer(safe if self._inputs is None else self._inputs(safe))  # type: ignore[misc]
         except Exception as err:  # the backend is foreign code: hold, count, stop at the limit
             return self._failed(err, observed, t0)
         took = _timer() - t0

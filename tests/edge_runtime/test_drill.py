@@ -65,3 +65,29 @@ def test_the_runtime_ramps_in_with_the_shield_and_not_in_guards_mode(enveloped_b
         assert np.isfinite(nan).all()
     summary = runtime.summary().shield
     assert summary["mode"] == "on" and summary["envelope"] and summary["out_of_envelope"] >= 1
+
+
+def test_the_delay_fault_applies_actions_late_from_the_onset() -> None:
+    """``--action-delay-steps K``: from ``--fault-start`` the env gets the action sent K steps before (issue 51),
+    on top of the observation delay."""
+    import gymnasium as gym
+
+    from sac_edge.edge_runtime.config import DrillConfig
+    from sac_edge.edge_runtime.drill import FaultInjector
+
+    class Applied(gym.Wrapper):
+        def __init__(self, env: gym.Env) -> None:
+            super().__init__(env)
+            self.applied: list[float] = []
+
+        def step(self, action):
+            self.applied.append(float(np.asarray(action)[0]))
+            return self.env.step(action)
+
+    inner = Applied(gym.make("Pendulum-v1"))
+    cfg = DrillConfig("unused", fault_start=3, action_delay_steps=2)
+    env = FaultInjector(inner, "delay", cfg, np.ones(3), np.random.default_rng(0))
+    env.reset(seed=0)
+    for t in range(7):
+        env.step(np.array([t / 10], np.float32))
+    assert inner.applied == pytest.approx([0.0, 0.1, 0.2, 0.1, 0.2, 0.3, 0.4])

@@ -41,3 +41,41 @@ def test_parity_passes_and_a_wrong_graph_fails(pendulum_run: Path, tmp_path: Pat
     with pytest.raises(InternalError, match="parity failed") as exc:
         require_parity(bad)
     assert exc.value.exit_code == 1
+
+
+def _wide_policy(obs_dim: int, seed: int):
+    """A 256x256 actor on a wide input (3 frame values, 3 last actions, 3 frames of history: 15), with a
+    normaliser whose small deviations blow inputs up to the clip: where a fixed 1e-5 refused correct exports."""
+    import torch
+
+    from sac_edge.train.policies import OBS_CLIP, Actor, InferencePolicy, ObsNormalizer
+
+    torch.manual_seed(seed)
+    norm = ObsNormalizer(obs_dim, clip=OBS_CLIP)
+    norm.update(torch.randn(512, obs_dim) * torch.linspace(0.01, 3.0, obs_dim))
+    return InferencePolicy(Actor(obs_dim, 1, (256, 256)), norm, torch.tensor([-2.0]), torch.tensor([2.0]))
+
+
+def test_the_derived_tolerance_passes_correct_wide_exports_and_refuses_wrong_ones(tmp_path: Path) -> None:
+    """Issue 51: the tolerance follows the network (widths, weights, inputs), so every correct export of a
+    wide-input policy passes with room, and an export that is off (its fp16 graph, a normaliser off by a
+    thousandth of a deviation) is still refused."""
+    from sac_edge.export.fp16_onnx import write_fp16
+    from sac_edge.export.parity import derived_tolerance
+    from sac_edge.export.source import torch_reference
+
+    rng = np.random.default_rng(0)
+    for seed in range(3):
+        policy = _wide_policy(15, seed)
+        onnx_path = tmp_path / f"policy{seed}.onnx"
+        export_policy(policy, 15, onnx_path)
+        states = (rng.standard_normal((2_000, 15)) * 3).astype(np.float32)
+        tol = derived_tolerance(policy, states)
+        good = measure_parity(onnx_path, torch_reference(policy), "torch", states, "test", tol)
+        assert good.passed and good.max_abs * 5 <= tol, (good.max_abs, tol)
+    write_fp16(onnx_path, tmp_path / "fp16.onnx", "obs", "action")
+    fp16 = measure_parity(tmp_path / "fp16.onnx", torch_reference(policy), "torch", states, "test", tol)
+    assert not fp16.passed
+    policy.obs_mean += 1e-3 / policy.obs_inv_std  # the normaliser off by a thousandth of a deviation
+    shifted = measure_parity(onnx_path, torch_reference(policy), "torch", states, "test", tol)
+    assert not shifted.passed

@@ -137,18 +137,26 @@ def test_a_dtype_rebuilt_under_its_array_never_reaches_numpy(tmp_path: Path) -> 
 
 HOSTILE: dict[str, tuple[bytes, str]] = {
     "object dtype": (
-        _vecnormalize(_array(_dtype("O", 1000, (3, "|", None, None, None, -1, -1, 63)), (3,), [0.0, 1.0, 2.0]),
-                      _array(_get(1000), (3,), [1.0, 1.0, 1.0])),
+        _vecnormalize(
+            _array(_dtype("O", 1000, (3, "|", None, None, None, -1, -1, 63)), (3,), [0.0, 1.0, 2.0]),
+            _array(_get(1000), (3,), [1.0, 1.0, 1.0]),
+        ),
         "dtype",
     ),
     "structured dtype": (
-        _vecnormalize(_array(_dtype("V8", 1000, (3, "|", None, ("a",), {"a": (np.dtype("f8"), 0)}, 8, 1, 16)),
-                             (3,), F8.tobytes()), _array(_get(1000), (3,), F8.tobytes())),
+        _vecnormalize(
+            _array(
+                _dtype("V8", 1000, (3, "|", None, ("a",), {"a": (np.dtype("f8"), 0)}, 8, 1, 16)), (3,), F8.tobytes()
+            ),
+            _array(_get(1000), (3,), F8.tobytes()),
+        ),
         "plain dtypes",
     ),
     "dtype built twice": (
-        _vecnormalize(_array(_dtype("f8", 1000) + _plain(PLAIN_STATE) + pickle.BUILD, (3,), F8.tobytes()),
-                      _array(_get(1000), (3,), F8.tobytes())),
+        _vecnormalize(
+            _array(_dtype("f8", 1000) + _plain(PLAIN_STATE) + pickle.BUILD, (3,), F8.tobytes()),
+            _array(_get(1000), (3,), F8.tobytes()),
+        ),
         "built once",
     ),
     "huge shape": (

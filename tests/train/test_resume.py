@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -25,10 +26,15 @@ ARGS = [
 ]
 
 
-def test_resume_matches_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--obs-history", "2", "--action-delay", "1-2"]],
+    ids=["frame", "history-and-delay"],  # the assembled history and the delayed actions in flight resume too
+)
+def test_resume_matches_uninterrupted_run(tmp_path, extra):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    assert main([*ARGS, "--total-steps", "500", "--out", str(straight)]) == 0
-    assert main([*ARGS, "--total-steps", "300", "--out", str(split)]) == 0
+    assert main([*ARGS, *extra, "--total-steps", "500", "--out", str(straight)]) == 0
+    assert main([*ARGS, *extra, "--total-steps", "300", "--out", str(split)]) == 0
     assert main(["--resume", "--total-steps", "500", "--out", str(split), "--no-progress", "--threads", "1"]) == 0
     a = load_file(str(straight / "checkpoint.safetensors"))
     b = load_file(str(split / "checkpoint.safetensors"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 
 from sac_edge.common.config import parse_config
 from sac_edge.train import threads
+from sac_edge.train import trainer as trainer_module
 from sac_edge.train.cli import main
 from sac_edge.train.config import TrainConfig
 from sac_edge.train.threads import ThreadWatch, UsableCpus
@@ -200,3 +202,56 @@ def test_a_resumed_run_keeps_the_thread_record_before_it(tmp_path: Path, capsys)
     assert main(["--resume", "--total-steps", "200", "--out", str(run), "--no-progress", "--threads", "1"]) == 0
     record = json.loads((run / "config.json").read_text())["choices"]["threads"]
     assert record == {"threads": 1, "mode": "forced", "usable_cpus": threads.usable_cpus().n, "earlier": first}
+
+
+class _Neighbour(ThreadWatch):
+    """The thread watch of a run beside a neighbour that arrives, then leaves, scripted by window: from 2
+    threads, the process's CPU affinity narrows to one CPU (and widens back), the count goes down to 1 (a real
+    ``torch.set_num_threads`` through the watch's own setter, a count the compiled update has not run at),
+    back up to 2 (the neighbour left), down to 1 again, and Ctrl-C comes while it is still there."""
+
+    def __init__(self, threads: int, ceiling: int) -> None:
+        super().__init__(2, 2, window_s=0.0)
+        self.script: dict[int, str | int] = {2: "narrow", 3: 1, 4: "widen", 6: 2, 8: 1, 10: "sigint"}
+        torch.set_num_threads(2)
+        self.windows = 0
+        self.cpus = os.sched_getaffinity(0)
+
+    def observe(self, updates: int, seconds: float) -> str | None:
+        self.windows += 1
+        what = self.script.get(self.windows)
+        if what == "narrow":
+            os.sched_setaffinity(0, {min(self.cpus)})
+        elif what == "widen":
+            os.sched_setaffinity(0, self.cpus)
+        elif what == "sigint":
+            os.kill(os.getpid(), signal.SIGINT)
+        elif isinstance(what, int):
+            self._set(what)
+        return None
+
+
+def test_a_thread_change_under_the_compiled_update_never_ends_the_run(tmp_path: Path, capsys, monkeypatch):
+    """Issue 51: on 27d6dc3 the first compiled update after the watch changed the thread count ended the run
+    (exit 1, "Recompilation triggered with skip_guard_eval_unsafe stance"). Now each new count compiles once
+    (timed in config.json), a count seen before reuses its graph, Ctrl-C in the busy spell checkpoints
+    (exit 130) and --resume finishes the run."""
+    run = tmp_path / "run"
+    monkeypatch.setattr(trainer_module, "ThreadWatch", _Neighbour)
+    saved_cpus = os.sched_getaffinity(0)
+    try:
+        code = main([*ARGS, "--total-steps", "400", "--compile", "on", "--out", str(run)])
+    finally:
+        os.sched_setaffinity(0, saved_cpus)
+    out = capsys.readouterr()
+    assert code == 130, out.err
+    assert "compiled the update again for 1 threads in" in out.out
+    assert out.out.count("compiled the update again") == 1  # back at 2, and at 1 again: the graphs kept
+    assert "stopped by SIGINT at step" in out.err and "--resume" in out.err
+    state = json.loads((run / "trainer_state.json").read_text())
+    assert 100 < state["step"] < 400
+    record = json.loads((run / "config.json").read_text())["choices"]["threads"]
+    assert set(record["compile_s"]) == {"1", "2"} and all(s > 0 for s in record["compile_s"].values())
+    monkeypatch.setattr(trainer_module, "ThreadWatch", ThreadWatch)
+    assert main(["--resume", "--total-steps", "400", "--out", str(run), "--no-progress"]) == 0
+    assert json.loads((run / "trainer_state.json").read_text())["step"] == 400

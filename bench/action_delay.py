@@ -1,0 +1,111 @@
+"""Delay-aware training against plain training, each evaluated under an action delay and at delay 0.
+
+For each seed: one plain ``sac-train`` run (no delay, the frame alone) and one ``sac-train --action-delay K``
+run per delay K (the last K actions in the policy's input, recorded in the run dir); every run is then
+evaluated deterministically on the same ``--episodes`` seeded episodes with each action applied K steps
+late (``common/delay.py``'s wrapper, the one training used) and on time. Runs already finished in
+``--out`` are reused, so the trainings can run first (in the background) and the table later.
+
+    nice -n 5 python bench/action_delay.py --out runs/delay                     # Pendulum, delays 1-3, 3 seeds
+    python bench/action_delay.py --env HalfCheetah-v5 --steps 20000 --seeds 0 --delays 1 --out runs/delay-hc
+
+Prints a markdown table (per delay and seed: plain at delay K, delay-aware at delay K, both at delay 0) and
+one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sac_edge.common.delay import ActionDelay, parse_action_delay
+from sac_edge.common.envs import make_env
+from sac_edge.common.obs_history import ObsAssembler, ObsContract
+from sac_edge.export.source import load_source
+from sac_edge.train.cli import main as sac_train
+from sac_edge.train.evaluate import evaluate
+
+EVAL_SEED = 20_000
+
+
+def trained(out: Path, env_id: str, steps: int, seed: int, delay: int, extra: list[str]) -> Path:
+    """The run dir of one training (reused when it finished before)."""
+    run = out / (f"aware_d{delay}_s{seed}" if delay else f"plain_s{seed}")
+    state = run / "trainer_state.json"
+    if state.is_file() and json.loads(state.read_text()).get("step", 0) >= steps:
+        return run
+    args = ["--env", env_id, "--total-steps", str(steps), "--seed", str(seed), "--out", str(run), "--force",
+            "--no-progress", "--eval-every", "0", *extra]  # fmt: skip
+    if delay:
+        args += ["--action-delay", str(delay)]
+    if sac_train(args) != 0:
+        raise SystemExit(f"sac-train failed: {shlex.join(args)}")
+    return run
+
+
+def returns(run: Path, env_id: str, delay: int, episodes: int) -> list[float]:
+    """Deterministic returns of ``run``'s policy on ``episodes`` seeded episodes, actions ``delay`` steps late."""
+    source = load_source(str(run))
+    env = make_env(env_id)
+    if delay:
+        env = ActionDelay(env, parse_action_delay(str(delay)))
+    history = None
+    if source.observation is not None:
+        contract = ObsContract.from_dict(source.observation, str(run))
+        history = ObsAssembler(contract, source.spec.action_low, source.spec.action_high)
+    return evaluate(source.policy, env, episodes, EVAL_SEED, history)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="Pendulum-v1")
+    parser.add_argument("--steps", type=int, default=15_000)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--delays", default="1,2,3")
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--out", default="runs/action-delay")
+    parser.add_argument("--train-args", default="", help="more sac-train flags for every run")
+    parser.add_argument("--train-only", action="store_true", help="train, print nothing")
+    args = parser.parse_args()
+    out, extra = Path(args.out), shlex.split(args.train_args)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    delays = [int(d) for d in args.delays.split(",")]
+    runs = {(0, s): trained(out, args.env, args.steps, s, 0, extra) for s in seeds}
+    runs.update({(d, s): trained(out, args.env, args.steps, s, d, extra) for d in delays for s in seeds})
+    if args.train_only:
+        return
+    torch.set_num_threads(1)  # batch-1 acting: more threads only wait at barriers (worse beside neighbours)
+    rows: list[dict[str, Any]] = []
+    print(f"{args.env}, {args.steps} steps, mean return over {args.episodes} seeded episodes (seeds {EVAL_SEED}+)")
+    print("| delay | seed | plain at delay | delay-aware at delay | gain | plain at 0 | delay-aware at 0 |")
+    print("|---|---|---|---|---|---|---|")
+    for d in delays:
+        for s in seeds:
+            plain, aware = runs[(0, s)], runs[(d, s)]
+            row = {
+                "delay": d,
+                "seed": s,
+                "plain_at_delay": float(np.mean(returns(plain, args.env, d, args.episodes))),
+                "aware_at_delay": float(np.mean(returns(aware, args.env, d, args.episodes))),
+                "plain_at_0": float(np.mean(returns(plain, args.env, 0, args.episodes))),
+                "aware_at_0": float(np.mean(returns(aware, args.env, 0, args.episodes))),
+            }
+            rows.append(row)
+            gain = row["aware_at_delay"] - row["plain_at_delay"]
+            print(f"| {d} | {s} | {row['plain_at_delay']:.1f} | {row['aware_at_delay']:.1f} | {gain:+.1f} | "
+                  f"{row['plain_at_0']:.1f} | {row['aware_at_0']:.1f} |")  # fmt: skip
+    medians = {
+        d: statistics.median(r["aware_at_delay"] - r["plain_at_delay"] for r in rows if r["delay"] == d) for d in delays
+    }
+    print(json.dumps({"env": args.env, "steps": args.steps, "rows": rows, "median_gain": medians}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Action delay (common/delay.py): ``--action-delay K | A-B``, a device profile turned into control steps, and
+the wrapper that applies actions late, drawn per episode from the reset's seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from sac_edge.common.delay import ActionDelay, DelayDistribution, delay_from_profile, parse_action_delay
+from sac_edge.common.errors import SacEdgeError
+
+
+def test_a_fixed_delay_and_a_range():
+    fixed = parse_action_delay("3")
+    assert fixed.steps == (3,) and fixed.probs == (1.0,) and fixed.largest == 3
+    spread = parse_action_delay("1-3")
+    assert spread.steps == (1, 2, 3) and spread.quantile(0.5) == 2 and spread.quantile(0.99) == 3
+    assert DelayDistribution.from_dict(spread.to_dict(), "x") == spread
+    for bad in ("", "3-1", "a", "1-65", "-2"):
+        with pytest.raises(SacEdgeError, match="--action-delay"):
+            parse_action_delay(bad)
+
+
+def test_a_device_profile_becomes_steps_at_the_env_period(tmp_path: Path):
+    run = tmp_path / "run.json"  # sac-edge run --json: latency and the step start's lateness
+    run.write_text(json.dumps({"latency_us": {"p50": 20_000, "p99": 40_000, "max": 90_000, "mean": 21_000},
+                               "jitter_us": {"p50": 4_000, "p99": 20_000, "max": 30_000}}))  # fmt: skip
+    delay = delay_from_profile(str(run), dt=0.05)  # 24, 60, 120 ms at 50 ms a step: 0, 1, 2 steps
+    assert delay.steps == (0, 1, 2) and delay.probs == pytest.approx((0.5, 0.49, 0.01))
+    assert "p50/p99/max 24000/60000/120000 us" in delay.source
+    bench = tmp_path / "bench.json"  # sac-edge bench --json: the fastest batch-1 row
+    bench.write_text(json.dumps({"rows": [{"batch": 1, "latency_us": {"p50": 80_000, "p99": 90_000}},
+                                          {"batch": 1, "latency_us": {"p50": 60_000, "p99": 70_000}},
+                                          {"batch": 64, "latency_us": {"p50": 1, "p99": 2}}]}))  # fmt: skip
+    assert delay_from_profile(str(bench), dt=0.05).steps == (1,)
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    with pytest.raises(SacEdgeError, match="no step latency"):
+        delay_from_profile(str(empty), dt=0.05)
+
+
+class _Applied(gym.Wrapper):
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.applied: list[float] = []
+
+    def step(self, action):
+        self.applied.append(float(np.asarray(action)[0]))
+        return self.env.step(action)
+
+
+def test_actions_arrive_late_by_a_delay_drawn_per_seeded_episode():
+    inner = _Applied(gym.make("Pendulum-v1"))
+    env = ActionDelay(inner, parse_action_delay("2"))
+    env.reset(seed=0)
+    for t in range(4):
+        env.step(np.array([0.5 * (t + 1)], np.float32))
+    assert inner.applied == [0.0, 0.0, 0.5, 1.0]  # the middle of the bounds until the first action arrives
+    spread = ActionDelay(gym.make("Pendulum-v1"), parse_action_delay("0-5"))
+    drawn = []
+    for seed in range(6):
+        spread.reset(seed=seed)
+        drawn.append(spread.steps)
+    again = []
+    for seed in range(6):
+        spread.reset(seed=seed)
+        again.append(spread.steps)
+    assert drawn == again and len(set(drawn)) > 1
+    state = spread.state()
+    spread.reset()
+    spread.load_state(state)
+    assert spread.state() == state

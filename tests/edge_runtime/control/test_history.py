@@ -1,0 +1,109 @@
+"""``sac-train --last-action --obs-history 3`` through to the device: the runtime assembles the policy's
+input from the current frame alone, bit for bit as the trainer did (replayed from the trainer's own replay
+rows), and ``sac-edge run`` of the bundle returns what the trainer's evaluation returns on the same seed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sac_edge.common.envs import make_env
+from sac_edge.common.obs_history import ObsAssembler, ObsContract
+from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
+from sac_edge.export.source import load_source
+from sac_edge.train.evaluate import evaluate
+
+BIN = Path(sys.executable).parent
+EPISODE = 200  # Pendulum-v1's time limit: the trainer's episodes end every 200 steps (num_envs 1)
+
+
+@pytest.fixture(scope="module")
+def history_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("history")
+    run, bundle = root / "run", root / "bundle"
+    train = [str(BIN / "sac-train"), "--env", "Pendulum-v1", "--total-steps", "500",
+             "--learning-starts", "100", "--hidden", "16,16", "--batch-size", "32", "--threads", "1",
+             "--compile", "off", "--eval-every", "0", "--no-progress", "--last-action", "--obs-history", "3",
+             "--out", str(run)]  # fmt: skip
+    subprocess.run(train, check=True, capture_output=True)
+    export = [str(BIN / "sac-export"), str(run), "--out", str(bundle), "--engine", "never"]
+    subprocess.run(export, check=True, capture_output=True)
+    return run, bundle
+
+
+def test_a_layout_describes_the_frame_of_a_wider_input(history_run: tuple[Path, Path], tmp_path: Path):
+    """The layout of the env's 3 values fits a policy of 13 inputs: the runtime assembles the other 10."""
+    from sac_edge.common.bundle import open_bundle
+    from sac_edge.common.io_layout import bundle_layout
+
+    run, _ = history_run
+    layout = Path(__file__).resolve().parents[3] / "docs" / "examples" / "pendulum.layout.json"
+    out = tmp_path / "bundle"
+    export = [str(BIN / "sac-export"), str(run), "--out", str(out), "--engine", "never", "--layout", str(layout)]
+    subprocess.run(export, check=True, capture_output=True)
+    loaded = bundle_layout(open_bundle(out))
+    assert loaded is not None and loaded.obs_dim == 3
+
+
+def test_the_contract_is_recorded_in_the_run_dir_and_the_bundle(history_run: tuple[Path, Path]):
+    run, bundle = history_run
+    config = json.loads((run / "config.json").read_text())
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    expected = {"frame_dim": 3, "act_dim": 1, "last_actions": 1, "history": 3, "obs_dim": 13}
+    for record in (config["observation"], manifest["observation"]):
+        assert {k: record[k] for k in expected} == expected
+    assert config["spec"]["obs_dim"] == manifest["spec"]["obs_dim"] == 13
+
+
+def test_the_runtime_assembles_what_the_trainer_assembled(history_run: tuple[Path, Path]):
+    """The trainer's replay rows (its assembled observations and its actions, in order) replayed through
+    ``Runtime``: each frame to ``act``, each action the trainer sent to ``observe`` as the one applied."""
+    run, bundle = history_run
+    from safetensors.numpy import load_file
+
+    tensors = load_file(run / "checkpoint.safetensors")
+    rows = int(json.loads((run / "trainer_state.json").read_text())["step"])
+    obs, actions = tensors["replay.obs"][:rows], tensors["replay.actions"][:rows]
+    low, high = np.array([-2.0]), np.array([2.0])
+    with Runtime(RuntimeOptions(str(bundle), rate_hz=50)) as runtime:
+        for t in range(rows):
+            frame = obs[t, :3]
+            runtime.act(frame)
+            assert np.array_equal(runtime.last_input(), obs[t]), f"step {t}"
+            sent = low + 0.5 * (actions[t] + 1.0) * (high - low)  # the trainer's scaling to the bounds
+            end = (t + 1) % EPISODE == 0
+            runtime.observe(frame, sent, 0.0, frame, False, end)
+
+
+def test_sac_edge_run_returns_what_the_trainer_evaluates(history_run: tuple[Path, Path]):
+    run, bundle = history_run
+    source = load_source(str(run))
+    assert source.observation is not None
+    contract = ObsContract.from_dict(source.observation, "run")
+    history = ObsAssembler(contract, source.spec.action_low, source.spec.action_high)
+    for seed in (3, 4):
+        (expected,) = evaluate(source.policy, make_env("Pendulum-v1"), 1, seed, history)
+        cli = [str(BIN / "sac-edge"), "run", str(bundle), "--seed", str(seed),
+               "--rate-hz", "1000", "--duration", "5", "--json"]  # fmt: skip
+        done = subprocess.run(cli, check=True, capture_output=True, text=True)
+        returns = json.loads(done.stdout.strip().splitlines()[-1])["episode_returns"]
+        # ONNX float32 against torch: the same actions to ~1e-6, a return within a fraction of a percent.
+        assert returns and returns[0] == pytest.approx(expected, rel=5e-3), (seed, returns, expected)
+
+
+def test_a_malformed_applied_action_keeps_the_one_sent():
+    from sac_edge.edge_runtime.control.history import InputHistory
+
+    history = InputHistory(ObsContract(1, 1, 1, 0), [-2.0], [2.0])
+    history.inputs(np.array([0.5], np.float32))
+    history.sent(np.array([1.0]))
+    for bad in (np.array([np.nan]), np.array([1.0, 2.0]), "x", None):
+        history.applied(bad)
+    assert history.peek(np.array([0.5], np.float32)).tolist() == [0.5, 0.5]  # 1.0 of [-2, 2] is 0.5
+    history.applied(np.array([-2.0]))
+    assert history.peek(np.array([0.5], np.float32)).tolist() == [0.5, -1.0]
