@@ -4,6 +4,7 @@ so, docs/TESTING.md lists each change, and ``HOST_SETUP=0`` runs the suite witho
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,35 @@ def test_host_setup_0_reaches_prepare() -> None:
         ["make", "-n", "test-aarch64", "HOST_SETUP=0"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert "aarch64.py prepare --no-host-setup" in recipe.stdout, recipe.stdout[-500:]
+
+
+HOST_CHANGERS = ("apt-get", "apt", "dpkg", "update-binfmts", "mount", "umount", "mmdebstrap")
+"""What the aarch64 set-up runs (or could) to change the host."""
+
+
+@needs_make
+@pytest.mark.parametrize("target", ["test-aarch64", "test"])
+def test_a_dry_run_of_make_changes_nothing_on_the_host(tmp_path: Path, target: str) -> None:
+    """``make -n`` (a preview, and what the tests that read recipes run) under a PATH whose apt-get,
+    update-binfmts, mount ... only record their calls, as root (a user namespace's when not root): none is
+    called. Make runs a recipe line holding ``$(MAKE)`` even under ``-n``; on 27d6dc3 that line also ran
+    ``aarch64.py prepare``, which installed qemu with apt-get and enabled binfmt_misc's handler from pytest."""
+    stubs, calls = tmp_path / "bin", tmp_path / "calls"
+    stubs.mkdir()
+    for name in HOST_CHANGERS:
+        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexit 1\n')
+        (stubs / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
+    as_root = [] if os.geteuid() == 0 or shutil.which("unshare") is None else ["unshare", "--map-root-user"]
+    if as_root and subprocess.run([*as_root, "true"], capture_output=True, check=False).returncode != 0:
+        as_root = []  # no user namespaces here: prepare stops at "needs root", before any set-up
+    dry = subprocess.run(
+        [*as_root, "make", "-n", target, f"PY={sys.executable}"], cwd=ROOT, env=env, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "scripts/aarch64.py prepare" in dry.stdout  # printed, not run
+    assert not calls.exists(), f"make -n {target} ran: {calls.read_text()}"
 
 
 def test_prepare_without_host_setup_changes_nothing(
