@@ -87,6 +87,12 @@ class StatusLine:
         self.stream.flush()
         self._width = len(text)
 
+    def clear(self) -> None:
+        """Blank the line (before a log line is written; the next status rewrites it)."""
+        if self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self._width = 0
+
     def finish(self) -> None:
         if self._width:
             self.stream.write("\n")
