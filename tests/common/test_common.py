@@ -1,5 +1,8 @@
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +108,30 @@ def test_importing_signing_prints_nothing() -> None:
         [sys.executable, "-W", "default", "-c", "import sac_edge.common.signing"], capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("blocked", "module", "argv", "extra"),
+    [
+        ("torch", "sac_edge.export.cli", ["runs/none", "--out", "{tmp}/bundle"], "train"),
+        ("torch", "sac_edge.train.cli", ["--env", "Pendulum-v1", "--out", "{tmp}/run"], "train"),
+        ("tqdm", "sac_edge.train.cli", ["--env", "Pendulum-v1", "--out", "{tmp}/run"], "train"),
+        ("ray", "sac_edge.sweep.cli", ["--env", "Pendulum-v1", "--seeds", "1", "--out", "{tmp}/sweep"], "sweep"),
+        ("torch", "sac_edge.edge_runtime.cli", ["run", "runs/none", "--finetune"], "finetune"),
+    ],
+)
+def test_a_command_without_its_extra_names_it_in_one_line(
+    tmp_path: Path, blocked: str, module: str, argv: list[str], extra: str
+) -> None:
+    """As in the torch-free installs (``pip install sac-edge`` on the device, .venv-ros2): on 27d6dc3 sac-export
+    printed a traceback (torch imported with its module) and sac-train an internal error naming no extra."""
+    code = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"  # import fails, find_spec says absent
+        f"from {module} import main\n"
+        f"sys.exit(main({[a.format(tmp=tmp_path) for a in argv]!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"sac-edge[{extra}]" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []  # refused before any work
