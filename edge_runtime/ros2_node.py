@@ -26,7 +26,6 @@ module imports it, so import it only where ROS 2 is sourced; ``sac-edge ros2`` s
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import sys
@@ -51,6 +50,7 @@ from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.config import flag_of, options, parse_value
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.io_layout import IoLayout, bundle_layout
+from sac_edge.common.summary import strict_json
 from sac_edge.edge_runtime.control.loop import StoppedServing
 from sac_edge.edge_runtime.control.realtime import PM_QOS_MAX_US, enter_realtime, hold_idle_latency
 from sac_edge.edge_runtime.ros2 import diagnostics
@@ -508,7 +508,7 @@ class SacEdgeNode(LifecycleNode):
         if runtime is not None:
             self._summary = runtime.close()
             status = self.status_report()
-            self.get_logger().info("summary: " + json.dumps(status, default=str))
+            self.get_logger().info("summary: " + strict_json(status))
             path = str(self._param("summary"))
             if path:
                 atomic_write_json(path, {"node": status, "runtime": self._summary.to_dict()})
@@ -835,6 +835,6 @@ def main(argv: Sequence[str]) -> int:
     why = signal.Signals(stop[0]).name if stop else "ROS shutdown"
     print(f"sac-edge ros2: stopped by {why} after {status['steps']} steps", flush=True)
     record = {"stopped_by_signal": why, "node": status, "runtime": summary.to_dict() if summary else None}
-    print(json.dumps(record, default=str), flush=True)
+    print(strict_json(record), flush=True)
     sys.stdout.flush()
     return 0

@@ -7,12 +7,12 @@ kept here so that a device without the ``.msg`` files still records."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.summary import strict_json
 
 _SEP = "\n" + "=" * 80 + "\n"
 _TIME = "MSG: builtin_interfaces/Time\nint32 sec\nuint32 nanosec"
@@ -65,7 +65,7 @@ class Recorder:
         self.messages += 1
 
     def event(self, record: dict[str, Any], t_ns: int) -> None:
-        self.write(EVENTS_TOPIC, "std_msgs/msg/String", {"data": json.dumps(record, default=str)}, t_ns)
+        self.write(EVENTS_TOPIC, "std_msgs/msg/String", {"data": strict_json(record)}, t_ns)
 
     def close(self) -> None:
         self._writer.finish()

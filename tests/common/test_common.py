@@ -11,7 +11,7 @@ from sac_edge.common.atomic import atomic_dir, atomic_path, atomic_write_json
 from sac_edge.common.config import build_parser, parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
 from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
-from sac_edge.common.summary import emit_json, json_safe
+from sac_edge.common.summary import emit_json, json_safe, strict_json
 from sac_edge.train.config import TrainConfig
 
 
@@ -135,3 +135,18 @@ def test_a_command_without_its_extra_names_it_in_one_line(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"sac-edge[{extra}]" in lines[0], lines
     assert list(tmp_path.iterdir()) == []  # refused before any work
+
+
+def test_strict_json_writes_null_for_every_missing_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``sac-edge ros2`` after 0 steps printed ``"step_p50_us": NaN`` (what jq, JavaScript and Go reject)."""
+    value = {"p50": float("nan"), "rows": [np.float32("inf"), -math.inf, (1, np.float64("nan"))], "ok": 1.5}
+    expected = {"p50": None, "rows": [None, None, [1, None]], "ok": 1.5}
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(constant)
+
+    assert json.loads(strict_json(value), parse_constant=refuse) == expected
+    emit_json(value)
+    assert json.loads(capsys.readouterr().out, parse_constant=refuse) == expected
+    atomic_write_json(tmp_path / "s.json", value)
+    assert json.loads((tmp_path / "s.json").read_text(), parse_constant=refuse) == expected

@@ -149,7 +149,9 @@ class Procs:
         return (self.log_dir / f"{name}.{stream}").read_text()
 
     def json_lines(self, name: str) -> list[dict]:
-        return [json.loads(line) for line in self.text(name).splitlines() if line.startswith("{")]
+        """The JSON lines of its stdout, parsed as strict parsers (jq, JavaScript, Go) do: NaN or Infinity fails."""
+        lines = self.text(name).splitlines()
+        return [json.loads(line, parse_constant=_not_json) for line in lines if line.startswith("{")]
 
     def pids(self) -> list[int]:
         return [p.pid for p, _, _ in self.procs.values() if p.poll() is None]
@@ -160,6 +162,10 @@ class Procs:
             _, out, err = self.procs[name]
             out.close()
             err.close()
+
+
+def _not_json(constant: str) -> None:
+    raise AssertionError(f"{constant} in a JSON line: not JSON (a missing figure is null)")
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
