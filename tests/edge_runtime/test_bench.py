@@ -73,7 +73,12 @@ def test_auto_picks_the_lowest_p99_among_gated_candidates(rejected_bundle: Path)
     assert (chosen.name, chosen.precision) == ("onnxruntime", "fp32")
     assert chosen.act(__import__("numpy").zeros(3, "float32")).shape == (1,)
     assert any("int8" in line and "rejected" in line for line in lines)
-    assert lines[-1].startswith("auto: chose onnxruntime/fp32")
+    assert lines[-1].startswith("auto: chose onnxruntime/fp32 (p99 ")
+    # every start printed a line per candidate (7 on a CPU-only machine): now the findings and the choice,
+    # what does not exist here named in the choice's line
+    assert len(lines) == 1 + sum(m.refusal is not None and "rejected" in m.refusal for m in measured), lines
+    absent = {m.backend for m in measured if m.refusal is not None and "unavailable" in m.refusal}
+    assert all(name in lines[-1].split("not here: ")[1] for name in absent), lines[-1]
     best = min(timed, key=lambda m: m.p99_us or 0.0)
     assert best.backend == chosen.name and best.precision == chosen.precision
 
