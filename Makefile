@@ -51,14 +51,15 @@ ROS2_PINS := "ros-rclpy[fastrtps]==9.1.2" ros-std-msgs==5.5.1 ros-sensor-msgs==5
 	ros-lifecycle-msgs==2.3.0 ros-trajectory-msgs==5.5.1 mcap==1.6.0 mcap-ros2-support==0.6.0
 ROS2_HASHED = requirements/ros2-$(shell $(PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])').txt
 
-# One pip step of the ROS venv, announced, with the packages it has collected every 15 s: $(1) what it installs,
-# $(2) pip's arguments. Its output goes to the log; a failure shows the log's tail and one line, removes the
-# half-built venv and fails.
+# One pip step of the ROS venv, announced, with the packages collected and pip's last line every 15 s:
+# $(1) what it installs, $(2) pip's arguments. Its output goes to the log; a failure shows the log's tail and
+# one line, removes the half-built venv and fails.
 define ros2_pip
 	@echo "venv-ros2: [$$(($$(date +%s) - $$(cat $(ROS2)/.started))) s] $(1)"
 	@$(ROS2)/bin/python -m pip install --progress-bar off $(2) >> $(ROS2_LOG) 2>&1 & pip=$$!; n=0; \
 	while sleep 1 && kill -0 $$pip 2>/dev/null; do n=$$((n + 1)); [ $$((n % 15)) -ne 0 ] || \
-		echo "venv-ros2: [$$(($$(date +%s) - $$(cat $(ROS2)/.started))) s] $$(grep -c '^Collecting' $(ROS2_LOG)) packages collected"; done; \
+		echo "venv-ros2: [$$(($$(date +%s) - $$(cat $(ROS2)/.started))) s] $$(grep -c '^Collecting' $(ROS2_LOG)) packages" \
+			"collected; pip: $$(grep -v 'is ignored' $(ROS2_LOG) | tail -n 1 | cut -c 1-60)"; done; \
 	wait $$pip || { tail -n 25 $(ROS2_LOG); rm -rf $(ROS2); echo "venv-ros2: FAILED: $(1) (pip's output: $(ROS2_LOG))"; exit 1; }
 endef
 
