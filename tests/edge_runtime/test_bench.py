@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -83,6 +84,7 @@ def test_auto_picks_the_lowest_p99_among_gated_candidates(rejected_bundle: Path)
     assert best.backend == chosen.name and best.precision == chosen.precision
 
 
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="no matplotlib (the device install)")
 @pytest.mark.parametrize(
     ("measured", "source", "panels"), [(True, "ina3221-hwmon", 2), (False, "estimate:generic-host", 1)]
 )
