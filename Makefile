@@ -36,31 +36,52 @@ test: lint typecheck venv-ros2 unit test-device test-aarch64
 
 # Real ROS 2 for tests/ros2 (the node, a simulated robot and a lifecycle driver in their own processes): the
 # PyPI wheels of ROS 2 Kilted (x86_64, CPython 3.10+) in a venv of their own, never in .venv or .venv-device
-# (their .pth re-executes every interpreter of the venv), with sac-edge itself torch-free. Where they cannot be
-# installed it says why in one line and the ROS tests skip with that reason (tests/ros2/harness.py).
+# (their .pth re-executes every interpreter of the venv), with sac-edge itself torch-free. Where the wheels
+# cannot exist (another machine or an older Python) it says why in one line and the ROS tests skip with that
+# reason (tests/ros2/harness.py); where they can, a failed install fails the target (and `make test`) with
+# the tail of pip's log (.venv-ros2.log). Each step is announced as it starts (a cold download takes minutes).
 # Every file pip downloads is checked against its sha256 (--require-hashes) from requirements/ros2-cpXY.txt, the
 # pins and all they pull in for this CPython (scripts/pin_hashes.py writes it: docs/TESTING.md); a Python without
-# one installs the same pins by version alone and says so (.venv-ros2.log).
+# one installs the same pins by version alone and says so. The pinned build tools (setuptools, wheel) go in
+# first: empy is an sdist, built in this venv (--no-build-isolation: nothing fetched outside the hash file).
 ROS2 := .venv-ros2
 ROS2_STAMP := $(ROS2)/.installed-stamp
+ROS2_LOG := .venv-ros2.log
 ROS2_PINS := "ros-rclpy[fastrtps]==9.1.2" ros-std-msgs==5.5.1 ros-sensor-msgs==5.5.1 ros-diagnostic-msgs==5.5.1 \
 	ros-lifecycle-msgs==2.3.0 ros-trajectory-msgs==5.5.1 mcap==1.6.0 mcap-ros2-support==0.6.0
 ROS2_HASHED = requirements/ros2-$(shell $(PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])').txt
 
+# One pip step of the ROS venv, announced, with the packages collected and pip's last line every 15 s:
+# $(1) what it installs, $(2) pip's arguments. Its output goes to the log; a failure shows the log's tail and
+# one line, removes the half-built venv and fails.
+define ros2_pip
+	@echo "venv-ros2: [$$(($$(date +%s) - $$(cat $(ROS2)/.started))) s] $(1)"
+	@$(ROS2)/bin/python -m pip install --progress-bar off $(2) >> $(ROS2_LOG) 2>&1 & pip=$$!; n=0; \
+	while sleep 1 && kill -0 $$pip 2>/dev/null; do n=$$((n + 1)); [ $$((n % 15)) -ne 0 ] || \
+		echo "venv-ros2: [$$(($$(date +%s) - $$(cat $(ROS2)/.started))) s] $$(grep -c '^Collecting' $(ROS2_LOG)) packages" \
+			"collected; pip: $$(grep -v 'is ignored' $(ROS2_LOG) | tail -n 1 | cut -c 1-60)"; done; \
+	wait $$pip || { tail -n 25 $(ROS2_LOG); rm -rf $(ROS2); echo "venv-ros2: FAILED: $(1) (pip's output: $(ROS2_LOG))"; exit 1; }
+endef
+
 $(ROS2_STAMP): pyproject.toml $(wildcard requirements/ros2-*.txt)
-	rm -rf $(ROS2) && $(PY) -m venv $(ROS2)
-	if [ -f $(ROS2_HASHED) ]; then \
-		$(ROS2)/bin/python -m pip install -q --require-hashes --no-deps --no-build-isolation -r $(ROS2_HASHED) && \
-		$(ROS2)/bin/python -m pip install -q --no-deps --no-build-isolation -e .; \
-	else echo "venv-ros2: no $(ROS2_HASHED): the pins are installed by version, their files not hash-checked"; \
-		$(ROS2)/bin/python -m pip install -q $(ROS2_PINS) -e .; fi
+	@echo "venv-ros2: building $(ROS2) (ROS 2 Kilted's PyPI wheels; pip's output: $(ROS2_LOG))"
+	rm -rf $(ROS2) $(ROS2_LOG) && $(PY) -m venv $(ROS2) && date +%s > $(ROS2)/.started
+ifneq (,$(wildcard $(ROS2_HASHED)))
+	awk '/^[^ ]/ { keep = ($$1 ~ /^(setuptools|wheel)==/) } keep' $(ROS2_HASHED) > $(ROS2)/build-tools.txt
+	$(call ros2_pip,the build tools: setuptools and wheel from $(ROS2_HASHED),--require-hashes --no-deps -r $(ROS2)/build-tools.txt)
+	$(call ros2_pip,ROS 2 and all it pulls in: $(ROS2_HASHED) (hash-checked),--require-hashes --no-deps --no-build-isolation -r $(ROS2_HASHED))
+	$(call ros2_pip,sac-edge itself (editable and torch-free),--no-deps --no-build-isolation -e .)
+else
+	@echo "venv-ros2: no $(ROS2_HASHED) for this Python: the pins are installed by version, their files not hash-checked"
+	$(call ros2_pip,ROS 2 and sac-edge (by version),$(ROS2_PINS) -e .)
+endif
+	@echo "venv-ros2: [$$(($$(date +%s) - $$(cat $(ROS2)/.started))) s] ready"
 	touch $(ROS2_STAMP)
 
 venv-ros2:
 	@if [ "$$(uname -m)" != x86_64 ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then \
 		echo "venv-ros2: skipped: ROS 2's PyPI wheels need x86_64 and Python >= 3.10 (tests/ros2 skip)"; \
-	else $(MAKE) --no-print-directory $(ROS2_STAMP) > .venv-ros2.log 2>&1 || \
-		{ rm -rf $(ROS2); echo "venv-ros2: skipped: installing ROS 2's wheels failed (.venv-ros2.log; tests/ros2 skip)"; }; fi
+	else $(MAKE) --no-print-directory $(ROS2_STAMP); fi
 
 # The JetPack 5 generation (Xavier NX): Python 3.8 and `pip install .` as a user would (no torch; checked),
 # onnxruntime 1.16.3 (the oldest JetPack 5 onnxruntime-gpu build) and pyproject's other floors, then the
@@ -110,12 +131,17 @@ device-suite: $(DEVICE_STAMP)
 # actions against x86_64's by the parity gate's rule. Where it cannot run (not root on Debian, no qemu),
 # `prepare` says why in one line and it succeeds.
 # As root on Debian this changes the host: apt-get installs qemu-user-static, binfmt-support and mmdebstrap,
-# and binfmt_misc's qemu-aarch64 handler is enabled (docs/TESTING.md). HOST_SETUP=0 changes nothing.
+# and binfmt_misc's qemu-aarch64 handler is enabled, each announced before it runs (docs/TESTING.md).
+# HOST_SETUP=0 changes nothing. `prepare` has a line of its own, without $(MAKE): `make -n` (a preview, or a
+# test reading the recipe) then prints it instead of running it; the suite's sub-make only runs after it
+# left its mark.
 AARCH64_WORK := runs/aarch64
+AARCH64_READY := $(AARCH64_WORK)/.prepared
 HOST_SETUP ?= 1
 test-aarch64: venv
-	@$(BIN)/python scripts/aarch64.py prepare $(if $(filter 0,$(HOST_SETUP)),--no-host-setup); rc=$$?; if [ $$rc -eq 3 ]; then exit 0; fi; \
-	if [ $$rc -ne 0 ]; then exit $$rc; fi; $(MAKE) --no-print-directory aarch64-suite
+	@rm -f $(AARCH64_READY); $(BIN)/python scripts/aarch64.py prepare $(if $(filter 0,$(HOST_SETUP)),--no-host-setup); \
+	rc=$$?; if [ $$rc -eq 0 ]; then mkdir -p $(AARCH64_WORK) && touch $(AARCH64_READY); elif [ $$rc -ne 3 ]; then exit $$rc; fi
+	@if [ -f $(AARCH64_READY) ]; then $(MAKE) --no-print-directory aarch64-suite; fi
 
 aarch64-suite: venv
 	$(call device_bundles,$(AARCH64_WORK),--int8 --fp16)
@@ -128,7 +154,7 @@ demo: venv
 	$(BIN)/sac-train --env Pendulum-v1 --total-steps 12000 --learning-starts 2000 --eval-every 4000 --out $(DEMO) --force
 	$(BIN)/sac-export $(DEMO) --out $(DEMO_BUNDLE) --int8 --force --discard-finetuned
 	$(BIN)/sac-edge run $(DEMO_BUNDLE) --rate-hz 200 --duration 10 --mem-budget-mb 400 --power-budget-w 15 --telemetry runs/demo-telemetry.jsonl --overwrite-telemetry
-	$(BIN)/sac-edge bench $(DEMO_BUNDLE) --batch 1,8,64 --out runs/demo-bench.json --plot runs/demo-bench.png
+	$(BIN)/sac-edge bench $(DEMO_BUNDLE) --batch 1,8,64 --out runs/demo-bench.json --plot runs/demo-bench.png --overwrite
 	$(BIN)/sac-edge run $(DEMO_BUNDLE) --finetune --shift g=13 --rate-hz 100 --duration 45 --telemetry runs/demo-finetune.jsonl --overwrite-telemetry
 
 bench: venv

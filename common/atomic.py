@@ -14,7 +14,6 @@ import contextlib
 import ctypes
 import errno
 import glob
-import json
 import os
 import shutil
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SacEdgeError
+from .summary import strict_json
 
 
 def check_output_path(path: str | os.PathLike[str], flag: str, *, directory: bool = False) -> None:
@@ -172,8 +172,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, *, replace: bool 
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, replace: bool = True) -> None:
-    """Write ``obj`` as indented JSON atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", replace=replace)
+    """Write ``obj`` as indented strict JSON atomically (a missing figure is null)."""
+    atomic_write_text(path, strict_json(obj, indent=2, sort_keys=True) + "\n", replace=replace)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

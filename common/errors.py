@@ -19,6 +19,19 @@ class InternalError(SacEdgeError):
     exit_code = 1
 
 
+def require_extra(what: str, extra: str, modules: Sequence[str]) -> None:
+    """Refuse in one line (exit 2) when a module ``what`` needs is not installed, naming pyproject's extra that
+    brings it: the device install (``pip install sac-edge``) and the ROS venv have no torch. Call it before
+    importing them."""
+    import importlib.util
+
+    missing = next((m for m in modules if importlib.util.find_spec(m) is None), None)
+    if missing is not None:
+        raise SacEdgeError(
+            f"{what} needs the '{extra}' extra ({missing} is not installed): pip install 'sac-edge[{extra}]'"
+        )
+
+
 def run_cli(prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:
     """Run a command's main and turn every failure into one line on stderr plus an exit code.
 

@@ -14,6 +14,8 @@ import base64
 import binascii
 import hashlib
 import os
+import shutil
+import subprocess
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -64,14 +66,13 @@ def key_id(public: Ed25519PublicKey) -> str:
 def generate_keypair(out: str | Path) -> tuple[Path, Path]:
     """Write a new Ed25519 private key to ``out`` (PEM, mode 0600) and its public key to ``out.pub``.
 
-    Refuses to overwrite either file (a lost signing key cannot be recovered)."""
+    Refuses to overwrite either file (a lost signing key cannot be recovered); creates missing folders (0700)."""
     private_path = Path(out)
     public_path = private_path.with_name(private_path.name + PUBLIC_SUFFIX)
     for path in (private_path, public_path):
         if os.path.lexists(path):  # a dangling symlink too: never written through
             raise SacEdgeError(f"{path} already exists; choose another name (keys are never overwritten)")
-    if not private_path.parent.is_dir():
-        raise SacEdgeError(f"{private_path.parent} is not a directory; create it first")
+    _make_parents(private_path.parent)
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8, ser.NoEncryption())
     public_pem = key.public_key().public_bytes(ser.Encoding.PEM, ser.PublicFormat.SubjectPublicKeyInfo)
@@ -84,6 +85,33 @@ def generate_keypair(out: str | Path) -> tuple[Path, Path]:
         private_path.unlink()
         raise
     return private_path, public_path
+
+
+def _make_parents(folder: Path) -> None:
+    """Create the missing folders above a new key, each 0700 (only its owner may list a folder of keys);
+    one that exists and is not a folder (a symlink to a file, a dangling one) is refused in one line."""
+    missing = []
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SacEdgeError(f"{folder} is not a directory; choose another place for the keys")
+    for made in reversed(missing):
+        os.mkdir(made, 0o700)
+
+
+def unignored_work_tree(path: Path) -> Path | None:
+    """The git work tree ``path`` lies in when git does not ignore it (a commit would publish it), else None:
+    outside any work tree, ignored, or no git to ask."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    where = ["-C", str(path.parent)]
+    top = subprocess.run([git, *where, "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=False)
+    if top.returncode != 0:
+        return None
+    ignored = subprocess.run([git, *where, "check-ignore", "-q", "--", path.name], capture_output=True, check=False)
+    return Path(top.stdout.strip()) if ignored.returncode == 1 else None
 
 
 def _write_new_file(path: Path, data: bytes, mode: int) -> None:

@@ -21,7 +21,13 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def strict_json(value: Any, **options: Any) -> str:
+    """``value`` as strict JSON (RFC 8259, what jq, JavaScript and Go parse): a missing figure (NaN, inf) is
+    null; anything else JSON lacks is its ``str``."""
+    return json.dumps(json_safe(value), allow_nan=False, default=str, **options)
+
+
 def emit_json(summary: dict[str, Any]) -> None:
     """Print ``summary`` as the final stdout line and flush, so scripts can ``tail -n 1`` it."""
-    sys.stdout.write(json.dumps(json_safe(summary), sort_keys=True, default=str) + "\n")
+    sys.stdout.write(strict_json(summary, sort_keys=True) + "\n")
     sys.stdout.flush()

@@ -87,7 +87,9 @@ def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any
     if cfg.out:
         atomic_write_json(cfg.out, result, replace=cfg.overwrite)
     if cfg.plot:
-        plot(rows.samples, rows.power, Path(cfg.plot), meter.sensor.measured, replace=cfg.overwrite)
+        plot(
+            rows.samples, rows.power, Path(cfg.plot), meter.sensor.measured, meter.sensor.source, replace=cfg.overwrite
+        )
     return result
 
 
@@ -181,31 +183,46 @@ def plot(
     power: list[tuple[float, float, str]],
     path: Path,
     measured: bool,
+    source: str = "",
     *,
     replace: bool = False,
 ) -> None:
-    """Latency distributions per row (log scale) and power over the whole bench, written atomically (an
-    existing ``path`` replaced only with ``replace``)."""
+    """Latency distributions per row (log scale) and, where a sensor measured it, power over the bench (seconds
+    from its first sample), written atomically (an existing ``path`` replaced only with ``replace``). An
+    estimate is no measurement: it is left out, and the title says so."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_lat, ax_pow) = plt.subplots(2, 1, figsize=(10, 8))
+    drawn = measured and bool(power)
+    fig, axes = plt.subplots(2 if drawn else 1, 1, figsize=(10, 8 if drawn else 4.5), squeeze=False)
+    ax_lat = axes[0][0]
     labels = list(samples)
     ax_lat.boxplot([samples[k] for k in labels], whis=(1, 99), showfliers=False)
     ax_lat.set_xticks(range(1, len(labels) + 1), labels, rotation=30, ha="right", fontsize=8)
     ax_lat.set_yscale("log")
     ax_lat.set_ylabel("latency per call (us), whiskers p1-p99")
-    ax_lat.set_title("sac-edge bench: latency per backend / precision / batch")
-    for label in labels:
-        pts = [(t, w) for t, w, lab in power if lab == label]
-        if pts:
-            ax_pow.plot(*zip(*pts), marker=".", label=label)
-    ax_pow.set_xlabel("time (s)")
-    ax_pow.set_ylabel("power (W, " + ("measured" if measured else "ESTIMATED") + ")")
-    ax_pow.legend(fontsize=7, ncol=2)
+    unplotted = "" if drawn else f"\npower not plotted: {_no_power(measured, source)}"
+    ax_lat.set_title(f"sac-edge bench: latency per backend / precision / batch{unplotted}", fontsize=10)
+    if drawn:
+        ax_pow, t0 = axes[1][0], min(t for t, _, _ in power)
+        for label in labels:
+            pts = [(t - t0, w) for t, w, lab in power if lab == label]
+            if pts:
+                ax_pow.plot(*zip(*pts), marker=".", label=label)
+        ax_pow.set_xlabel("time since the first power sample (s)")
+        ax_pow.set_ylabel("power (W)")
+        ax_pow.set_title(f"power, measured by {source}", fontsize=10)
+        ax_pow.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     with atomic_path(path, replace=replace) as tmp:
         fig.savefig(tmp, format="png", dpi=90)
     plt.close(fig)
+
+
+def _no_power(measured: bool, source: str) -> str:
+    """Why a plot has no power panel."""
+    if not measured and source not in ("", "none"):
+        return f"{source} is an estimate, not a measurement (bench.json keeps it, labelled)"
+    return "no power sensor" if not measured else "no power sample was taken"

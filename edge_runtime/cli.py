@@ -32,7 +32,7 @@ USAGE = f"""usage: {PROG} {{run,bench,drill,doctor}} BUNDLE [options] | {PROG} r
   ros2    the bundle's policy as a ROS 2 lifecycle node on the robot's topics (the system's rclpy, Humble
           or newer; settings are ROS parameters: docs/ROS2.md)
   keygen  write an Ed25519 key pair: NAME (private, for sac-export --sign-key) and NAME.pub (for a
-          --trusted-keys directory)
+          --trusted-keys directory); missing folders are made 0700; a warning where git would commit NAME
 
 '{PROG} COMMAND --help' lists a command's options."""
 
@@ -109,13 +109,18 @@ def _replay(argv: Sequence[str]) -> int:
 
 
 def _keygen(argv: Sequence[str]) -> int:
-    from sac_edge.common.signing import generate_keypair, key_id, load_private_key
+    from sac_edge.common.signing import generate_keypair, key_id, load_private_key, unignored_work_tree
 
     if len(argv) != 1 or argv[0].startswith("-"):
-        raise SacEdgeError(f"usage: {PROG} keygen NAME (writes NAME and NAME.pub)")
+        raise SacEdgeError(f"usage: {PROG} keygen NAME (writes NAME and NAME.pub; missing folders are made 0700)")
     private, public = generate_keypair(argv[0])
     kid = key_id(load_private_key(private).public_key())
     print(f"key {kid}: private {private} (keep it secret), public {public} (copy it into --trusted-keys DIRs)")
+    tree = unignored_work_tree(private)
+    if tree is not None:
+        print(f"{PROG} keygen: warning: the private key {private} is in the git work tree {tree}, which does not "
+              "ignore it: a commit would publish it (add it to .gitignore, or keep keys outside the clone, e.g. "
+              "~/.config/sac-edge/keys/)", file=sys.stderr)  # fmt: skip
     return 0
 
 

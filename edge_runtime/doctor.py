@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import sys
 import typing
 from collections.abc import Iterable
@@ -348,10 +349,14 @@ def doctor_command(cfg: DoctorConfig) -> list[Row]:
     return [row for probe in PROBES for row in probe(ctx)]
 
 
-def doctor_table(rows: list[Row]) -> str:
-    """The report as a table (stdout)."""
+def doctor_table(rows: list[Row], width: int | None = None) -> str:
+    """The report as a table (stdout) within ``width`` columns (default: the terminal's, else 120): the value
+    wrapped, the fix on a line of its own below it."""
+    width = width or shutil.get_terminal_size((120, 24)).columns
     return format_table(
-        [(r.section, r.item, r.status, r.value, r.fix) for r in rows], ("section", "item", "status", "value", "fix")
+        [(r.section, r.item, r.status, r.value + (f"\nfix: {r.fix}" if r.fix else "")) for r in rows],
+        ("section", "item", "status", "value / fix"),
+        width=max(width, 80),
     )
 
 

@@ -104,10 +104,10 @@ class Run:
         self._shift = getattr(env, "shift", None)
         space = env.observation_space
         caller = Caller("sac-edge run", config_dict(cfg), env_name, self._shift)
-        self._runtime = Runtime(
-            options, obs_low=space.low, obs_high=space.high, bundle=bundle, log=log, hang=self, caller=caller
-        )
         self._status = StatusLine() if sys.stderr.isatty() else None
+        self._runtime = Runtime(
+            options, obs_low=space.low, obs_high=space.high, bundle=bundle, log=self._say, hang=self, caller=caller
+        )
         loop = cfg.loop
         settings = LoopSettings(loop.rate_hz, loop.duration, loop.spin_us, cfg.seed, loop.warm_cache)
         self._loop = ControlLoop(env, self._runtime, settings, self._status)
@@ -129,6 +129,12 @@ class Run:
                 self._abandon()
                 raise
         return self.finish(schedule)
+
+    def _say(self, message: str) -> None:
+        """The runtime's log lines (a governor event), on a line of their own beside the status line."""
+        if self._status is not None:
+            self._status.clear()
+        self._log(message)
 
     def hung(self, reason: str) -> None:
         """The hang policy (``runtime.HangPolicy``), on the watchdog's thread: the env gets the last safe

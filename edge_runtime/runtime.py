@@ -62,6 +62,7 @@ from sac_edge.common.config import config_dict
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.inputs import done_flag, ordered_bounds
 from sac_edge.edge_runtime.backends.base import Backend
+from sac_edge.edge_runtime.budget.governor import event_line
 from sac_edge.edge_runtime.control.history import InputHistory
 from sac_edge.edge_runtime.control.loop import ScheduleSummary, ScheduleWindow, StoppedServing, finite_reward
 from sac_edge.edge_runtime.control.safety import plain_array
@@ -259,8 +260,9 @@ class BudgetTicker:
         inference_budget: float,
         rate_hz: float,
         emit: Emit,
+        log: Log,
     ) -> None:
-        self._parts, self._pipelines, self._emit = parts, pipelines, emit
+        self._parts, self._pipelines, self._emit, self._log = parts, pipelines, emit, log
         self._inference_budget = inference_budget
         self.rate_hz = rate_hz
         self.switches = 0
@@ -297,6 +299,7 @@ class BudgetTicker:
         for event in tick.events:
             self.events.append(event)
             self._emit({"type": "event", "t_s": t_s, **event})
+            self._log(event_line(event))  # a budget never changes the run without a word on the terminal
         if tick.rate_hz is not None and not math.isclose(tick.rate_hz, self.rate_hz):
             self.rate_hz = float(tick.rate_hz)
             self.serve(self.precision)  # the budget is a fraction of the new period
@@ -427,7 +430,9 @@ class Runtime:
             )
             if history is not None and parts.shield is not None:
                 parts.shield.restarted.append(history.restart)
-            self._ticker = BudgetTicker(parts, (self._pipeline, self._scratch), cfg.inference_budget, cfg.rate_hz, emit)
+            self._ticker = BudgetTicker(
+                parts, (self._pipeline, self._scratch), cfg.inference_budget, cfg.rate_hz, emit, self._log
+            )
             emit(
                 {
                     "type": "config",

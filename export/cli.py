@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sac_edge.common.config import parse_config
-from sac_edge.common.errors import SacEdgeError, run_cli
+from sac_edge.common.errors import SacEdgeError, require_extra, run_cli
 from sac_edge.common.io_layout import load_layout
 from sac_edge.common.signing import load_private_key
 from sac_edge.common.summary import emit_json
 from sac_edge.common.trt.builder import tensorrt_unavailable
 
-from .bundle import ExportResult, check_out, write_bundle
 from .config import ExportConfig
-from .source import load_source
+
+if TYPE_CHECKING:
+    from .bundle import ExportResult
+
+NEEDS = ("torch", "onnxslim")
+"""What exporting imports beyond the device install: pyproject's ``train`` extra."""
 
 PROG = "sac-export"
 GATE_SUMMARY = (
@@ -39,6 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     cfg = parse_config(ExportConfig, argv, PROG, DESCRIPTION, positional=["run"])
     _check_flags(cfg)
+    require_extra(PROG, "train", NEEDS)
+    from .bundle import check_out, write_bundle  # torch loads here, after the flags and the extra are checked
+    from .source import load_source
+
     if cfg.engine == "always":
         reason = tensorrt_unavailable()
         if reason is not None:

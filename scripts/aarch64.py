@@ -356,6 +356,10 @@ def load_actions(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 # --- the host side ------------------------------------------------------------------------------------
 
 
+HOST_SETUP_0 = " (make test HOST_SETUP=0 skips it)"
+"""Said with each change to the host, before it is made."""
+
+
 def say(message: str) -> None:
     print(f"test-aarch64: {message}", flush=True)
 
@@ -394,7 +398,7 @@ def _install_tools() -> tuple[str, ...]:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         if attempt == "update":
             subprocess.run(["apt-get", "update", "-q"], capture_output=True, check=False, env=env)
-        say(f"apt-get install {' '.join(missing())}")
+        say(f"host set-up{HOST_SETUP_0}: apt-get install {' '.join(missing())}")
         subprocess.run(
             ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing()],
             capture_output=True, check=False, env=env,
@@ -406,11 +410,14 @@ def _register_binfmt(setup: bool = True) -> str | None:
     """Mount binfmt_misc and enable qemu-aarch64 where needed (only with ``setup``); why arm64 programs
     cannot run, or None."""
     if setup and not (BINFMT / "register").exists():
-        say(f"mount -t binfmt_misc binfmt_misc {BINFMT}")
+        say(f"host set-up{HOST_SETUP_0}: mount -t binfmt_misc binfmt_misc {BINFMT}")
         subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], capture_output=True, check=False)
     entry = BINFMT / "qemu-aarch64"
     if setup and not entry.exists() and (BINFMT / "register").exists():
-        say("update-binfmts --enable qemu-aarch64 (this machine then runs arm64 programs through qemu)")
+        say(
+            f"host set-up{HOST_SETUP_0}: update-binfmts --enable qemu-aarch64 (this machine then runs arm64 programs "
+            "through qemu)"
+        )
         subprocess.run(["update-binfmts", "--enable", "qemu-aarch64"], capture_output=True, check=False)
     try:
         return binfmt_problem(entry.read_text())

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -30,10 +31,34 @@ NEEDS_PROFILE = {"profile"}
 NEEDS_CUDA = {"cuda_max_allocated_mb", "cuda_max_reserved_mb", "gpu_util_pct", "gpu_power_w"}
 
 
+def _refuse(constant: str) -> None:
+    raise AssertionError(f"{constant} is not JSON (jq, JavaScript and Go reject it): a missing figure is null")
+
+
+def strict(text: str) -> Any:
+    """``json.loads`` as strict parsers read: NaN, Infinity and -Infinity refused."""
+    return json.loads(text, parse_constant=_refuse)
+
+
 def _json(cmd: list[str], tmp_path: Path) -> dict:
+    """The command's ``--json`` line; every line of its stdout that is JSON is strict JSON."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = [strict(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return lines[-1]
+
+
+def _all_strict(folder: Path) -> int:
+    """Every JSON and JSON-lines file under ``folder`` parsed strictly; how many there were."""
+    files = [p for p in folder.rglob("*") if p.suffix in (".json", ".jsonl") and p.is_file()]
+    for path in files:
+        text = path.read_text()
+        for doc in text.splitlines() if path.suffix == ".jsonl" else [text]:
+            try:
+                strict(doc)
+            except AssertionError as err:
+                raise AssertionError(f"{path}: {err}") from None
+    return len(files)
 
 
 def _both_ways(produced: set[str], heading: str, absent_here: set[str] = frozenset()) -> None:
@@ -126,7 +151,7 @@ def test_train_export_run_bench_doctor_keep_the_contracts(tmp_path: Path) -> Non
         "--trusted-keys", str(trusted), "--telemetry", str(tmp_path / "t.jsonl"), "--json",
     ], tmp_path)  # fmt: skip
     _both_ways(set(summary), "sac-edge run --json", NEEDS_FINETUNE)
-    record = json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])
+    record = strict((tmp_path / "t.jsonl").read_text().splitlines()[0])
     assert record["type"] == "config" and record["config"]["loop"]["rate_hz"] == 100
     _config_documented(record["config"], "sac-edge run config")
     slots = summary["steps"] + summary["skipped_slots"]  # 50 scheduled; a late last step may skip past the end
@@ -137,7 +162,9 @@ def test_train_export_run_bench_doctor_keep_the_contracts(tmp_path: Path) -> Non
 
     bench = _json([
         str(BIN / "sac-edge"), "bench", str(bundle), "--batch", "1", "--calls", "20", "--warmup", "5", "--json",
+        "--out", str(tmp_path / "bench.json"),
     ], tmp_path)  # fmt: skip
     _both_ways(set(bench), "sac-edge bench --json")
     doctor = _json([str(BIN / "sac-edge"), "doctor", str(bundle), "--json"], tmp_path)
     _both_ways(set(doctor), "sac-edge doctor --json")
+    assert _all_strict(tmp_path) >= 6  # the run dir's, the bundle's, the telemetry, bench.json

@@ -6,17 +6,20 @@ import sys
 from collections.abc import Sequence
 
 from sac_edge.common.config import parse_config
-from sac_edge.common.errors import run_cli
+from sac_edge.common.errors import require_extra, run_cli
 from sac_edge.common.summary import emit_json
 
 from .config import TrainConfig, check_values
 
 PROG = "sac-train"
+NEEDS = ("torch", "tqdm")
+"""What training imports beyond the device install: pyproject's ``train`` extra."""
 
 
 def _main(argv: Sequence[str] | None) -> int:
     cfg = parse_config(TrainConfig, argv, PROG, __doc__ or "")
     check_values(cfg)  # before torch loads
+    require_extra(PROG, "train", NEEDS)
     from .stopping import Stopped
     from .trainer import Trainer  # torch and gymnasium load after the flags parse (fast --help)
 

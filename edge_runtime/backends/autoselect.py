@@ -36,6 +36,24 @@ class Measurement(NamedTuple):
         return f"{self.backend}/{self.precision}: p50 {self.p50_us:.1f} us, p99 {self.p99_us:.1f} us"
 
 
+def _absent(refusal: str) -> bool:
+    """A candidate that does not exist here (a backend not installed, a precision not in the bundle)."""
+    return "unavailable" in refusal or "not in the bundle" in refusal
+
+
+def chosen_line(chosen: Backend, measurements: Sequence[Measurement]) -> str:
+    """The choice in one line: the winner's timing, the others timed, and what does not exist here (named once
+    per backend; ``sac-edge doctor`` says why). Every start prints it: one line, not one per candidate."""
+    timed = [m for m in measurements if m.refusal is None]
+    won = next(m for m in timed if (m.backend, m.precision) == (chosen.name, chosen.precision))
+    said = f"auto: chose {chosen.name}/{chosen.precision} (p99 {won.p99_us:.1f} us, the lowest of {len(timed)} timed"
+    others = [f"{m.backend}/{m.precision} {m.p99_us:.1f}" for m in timed if m is not won]
+    said += (": " + ", ".join(others) + " us)") if others else ")"
+    absent = list(dict.fromkeys(m.backend if "unavailable" in (m.refusal or "") else f"{m.backend}/{m.precision}"
+                                for m in measurements if m.refusal is not None and _absent(m.refusal)))  # fmt: skip
+    return said + (f"; not here: {', '.join(absent)} (sac-edge doctor says why)" if absent else "")
+
+
 def probe_observations(obs_dim: int, count: int = 64, seed: int = 0) -> np.ndarray:
     """Fixed pseudo-random observations to time on (timing does not depend on their values)."""
     return np.random.default_rng(seed).standard_normal((count, obs_dim)).astype(np.float32)
@@ -81,16 +99,13 @@ def autoselect(
             best = (lat["p99"], backend)
         else:
             backend.close()
-    logged = set()
-    for m in measurements:
-        if (m.backend, m.refusal) in logged and m.refusal is not None:
-            continue  # e.g. "not installed", once per backend rather than once per precision
-        logged.add((m.backend, m.refusal))
-        log("auto: " + m.line())
     if best is None:
         raise SacEdgeError(
             "--backend auto: no backend can run this bundle here (" + "; ".join(m.line() for m in measurements) + ")"
         )
     chosen = best[1]
-    log(f"auto: chose {chosen.name}/{chosen.precision} (lowest p99 of {sum(m.refusal is None for m in measurements)})")
+    for m in measurements:
+        if m.refusal is not None and not _absent(m.refusal):
+            log("auto: " + m.line())  # a finding (a failed gate, a rejected precision): a line of its own
+    log(chosen_line(chosen, measurements))
     return chosen, measurements

@@ -177,6 +177,23 @@ class GovernorEvent:
         return {"event": "governor", **asdict(self)}
 
 
+def event_line(event: dict[str, Any]) -> str:
+    """One line for the terminal from an event's telemetry record: what changed, which budget, the readings,
+    and, when an estimated power reading was over its budget, that it is an estimate and what to do."""
+    if event["kind"] == "unmeetable":
+        said = f"governor: {event['reason']}"
+    else:
+        verb = "lowered" if event["kind"] == "degrade" else "restored"
+        said = f"governor {verb} {event['knob']} {event['old_value']} -> {event['new_value']}: {event['reason']}"
+    power, budget = event.get("power_w"), event.get("power_budget_w")
+    if event["kind"] != "recover" and event.get("power_measured") is False and power and budget and power > budget:
+        said += (
+            " (an estimate from the CPU load of the whole machine, other processes included, not a measurement:"
+            " raise --power-budget-w or leave it out where no power sensor is present)"
+        )
+    return said
+
+
 class _Check(NamedTuple):
     """One enforced budget and this sample's reading for it (None: unknown)."""
 

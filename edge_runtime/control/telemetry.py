@@ -10,7 +10,6 @@ matters more than its log.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import IO, Any
 
 from sac_edge.common.bounded import open_regular
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.common.summary import json_safe
+from sac_edge.common.summary import strict_json
 
 
 class TelemetryWriter:
@@ -47,7 +46,7 @@ class TelemetryWriter:
     def write(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             return
-        data = (json.dumps(json_safe(record), sort_keys=True, default=str) + "\n").encode()
+        data = (strict_json(record, sort_keys=True) + "\n").encode()
         fd = self._fh.fileno()
         try:  # one system call a record, past the file object's buffer: a refused record leaves nothing behind
             done = 0
@@ -86,6 +85,12 @@ class StatusLine:
         self.stream.write("\r" + text.ljust(self._width))
         self.stream.flush()
         self._width = len(text)
+
+    def clear(self) -> None:
+        """Blank the line (before a log line is written; the next status rewrites it)."""
+        if self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self._width = 0
 
     def finish(self) -> None:
         if self._width:

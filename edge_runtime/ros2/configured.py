@@ -6,7 +6,6 @@ it created removed), so that a retry starts clean."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 import time
@@ -17,6 +16,7 @@ from typing import Any
 from sac_edge.common.atomic import atomic_write_json
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.io_layout import IoLayout, bundle_layout
+from sac_edge.common.summary import strict_json
 from sac_edge.edge_runtime.compose import verified_bundle
 from sac_edge.edge_runtime.config import RealtimeSection
 from sac_edge.edge_runtime.control.realtime import enter_realtime, hold_idle_latency
@@ -450,7 +450,7 @@ class Configured:
             status = self.report(state, summary)
         except Exception as err:  # the close goes on: the runtime is closed already
             status = {"state": state, "report_failed": f"{type(err).__name__}: {err}".splitlines()[0]}
-        node.get_logger().info("summary: " + json.dumps(status, default=str))
+        node.get_logger().info("summary: " + strict_json(status))
         if self.params.summary:
             try:
                 output_file(self.params.summary, self.params.summary_overwrite, "summary")

@@ -14,13 +14,13 @@ in every state). What configure builds is one ``Configured`` record that cleanup
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.summary import strict_json
 
 from .configured import Configured, configure
 from .diagnostics import NodeDiagnostics
@@ -276,5 +276,5 @@ def main(argv: Sequence[str]) -> int:
     why = signal.Signals(stop[0]).name if stop else (failure or "ROS shutdown")
     print(f"sac-edge ros2: stopped by {why} after {status.get('steps', 0)} steps", flush=True)
     record = {"stopped_by_signal": why, "node": status, "runtime": summary.to_dict() if summary else None}
-    print(json.dumps(record, default=str), flush=True)
+    print(strict_json(record), flush=True)
     return 1 if failure else 0

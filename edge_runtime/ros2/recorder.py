@@ -8,13 +8,13 @@ kept here so that a device without the ``.msg`` files still records."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.summary import strict_json
 
 _SEP = "\n" + "=" * 80 + "\n"
 _TIME = "MSG: builtin_interfaces/Time\nint32 sec\nuint32 nanosec"
@@ -112,7 +112,7 @@ class Recorder:
             self._flushed_ns = t_ns
 
     def event(self, record: dict[str, Any]) -> None:
-        self.write(EVENTS_TOPIC, "std_msgs/msg/String", {"data": json.dumps(record, default=str)})
+        self.write(EVENTS_TOPIC, "std_msgs/msg/String", {"data": strict_json(record)})
 
     def close(self) -> None:
         try:

@@ -1,5 +1,10 @@
+from __future__ import annotations
+
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,7 +13,7 @@ from sac_edge.common.atomic import atomic_dir, atomic_path, atomic_write_json
 from sac_edge.common.config import build_parser, parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
 from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
-from sac_edge.common.summary import emit_json, json_safe
+from sac_edge.common.summary import emit_json, json_safe, strict_json
 from sac_edge.train.config import TrainConfig
 
 
@@ -105,3 +110,45 @@ def test_importing_signing_prints_nothing() -> None:
         [sys.executable, "-W", "default", "-c", "import sac_edge.common.signing"], capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("blocked", "module", "argv", "extra"),
+    [
+        ("torch", "sac_edge.export.cli", ["runs/none", "--out", "{tmp}/bundle"], "train"),
+        ("torch", "sac_edge.train.cli", ["--env", "Pendulum-v1", "--out", "{tmp}/run"], "train"),
+        ("tqdm", "sac_edge.train.cli", ["--env", "Pendulum-v1", "--out", "{tmp}/run"], "train"),
+        ("ray", "sac_edge.sweep.cli", ["--env", "Pendulum-v1", "--seeds", "1", "--out", "{tmp}/sweep"], "sweep"),
+        ("torch", "sac_edge.edge_runtime.cli", ["run", "runs/none", "--finetune"], "finetune"),
+    ],
+)
+def test_a_command_without_its_extra_names_it_in_one_line(
+    tmp_path: Path, blocked: str, module: str, argv: list[str], extra: str
+) -> None:
+    """As in the torch-free installs (``pip install sac-edge`` on the device, .venv-ros2): on 27d6dc3 sac-export
+    printed a traceback (torch imported with its module) and sac-train an internal error naming no extra."""
+    code = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"  # import fails, find_spec says absent
+        f"from {module} import main\n"
+        f"sys.exit(main({[a.format(tmp=tmp_path) for a in argv]!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"sac-edge[{extra}]" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []  # refused before any work
+
+
+def test_strict_json_writes_null_for_every_missing_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``sac-edge ros2`` after 0 steps printed ``"step_p50_us": NaN`` (what jq, JavaScript and Go reject)."""
+    value = {"p50": float("nan"), "rows": [np.float32("inf"), -math.inf, (1, np.float64("nan"))], "ok": 1.5}
+    expected = {"p50": None, "rows": [None, None, [1, None]], "ok": 1.5}
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(constant)
+
+    assert json.loads(strict_json(value), parse_constant=refuse) == expected
+    emit_json(value)
+    assert json.loads(capsys.readouterr().out, parse_constant=refuse) == expected
+    atomic_write_json(tmp_path / "s.json", value)
+    assert json.loads((tmp_path / "s.json").read_text(), parse_constant=refuse) == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -73,6 +74,35 @@ def test_auto_picks_the_lowest_p99_among_gated_candidates(rejected_bundle: Path)
     assert (chosen.name, chosen.precision) == ("onnxruntime", "fp32")
     assert chosen.act(__import__("numpy").zeros(3, "float32")).shape == (1,)
     assert any("int8" in line and "rejected" in line for line in lines)
-    assert lines[-1].startswith("auto: chose onnxruntime/fp32")
+    assert lines[-1].startswith("auto: chose onnxruntime/fp32 (p99 ")
+    # every start printed a line per candidate (7 on a CPU-only machine): now the findings and the choice,
+    # what does not exist here named in the choice's line
+    assert len(lines) == 1 + sum(m.refusal is not None and "rejected" in m.refusal for m in measured), lines
+    absent = {m.backend for m in measured if m.refusal is not None and "unavailable" in m.refusal}
+    assert all(name in lines[-1].split("not here: ")[1] for name in absent), lines[-1]
     best = min(timed, key=lambda m: m.p99_us or 0.0)
     assert best.backend == chosen.name and best.precision == chosen.precision
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="no matplotlib (the device install)")
+@pytest.mark.parametrize(
+    ("measured", "source", "panels"), [(True, "ina3221-hwmon", 2), (False, "estimate:generic-host", 1)]
+)
+def test_the_plot_draws_power_only_where_a_sensor_measured_it(
+    tmp_path: Path, measured: bool, source: str, panels: int
+) -> None:
+    """The power half was flat ESTIMATED 18 W lines (a model of the whole machine's load): an estimate is left
+    out and the title says so; a measured one gets its panel, named by its source."""
+    import struct
+
+    import numpy as np
+
+    from sac_edge.edge_runtime.bench import plot
+
+    rng = np.random.default_rng(0)
+    samples = {"onnxruntime/fp32/b1": rng.uniform(50, 80, 200), "onnxruntime/int8/b1": rng.uniform(40, 70, 200)}
+    power = [(100.0 + t / 10, 5.0 + t / 100, label) for label in samples for t in range(20)]
+    png = tmp_path / "bench.png"
+    plot(samples, power, png, measured, source)
+    width, height = struct.unpack(">II", png.read_bytes()[16:24])  # the PNG's IHDR
+    assert (width, height) == (900, 360 * panels + (45 if panels == 1 else 0))

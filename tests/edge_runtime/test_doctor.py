@@ -10,7 +10,7 @@ import pytest
 
 from sac_edge.edge_runtime.cli import main
 from sac_edge.edge_runtime.config import DoctorConfig
-from sac_edge.edge_runtime.doctor import OK, Row, doctor_command
+from sac_edge.edge_runtime.doctor import OK, Row, doctor_command, doctor_table
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -75,6 +75,26 @@ def test_cli_table_and_json(pendulum_bundle: Path, capsys: pytest.CaptureFixture
         "fix": "",
     } in report["rows"]
     assert main(["doctor", "--sensor-root", str(FIXTURES / "nope")]) == 2
+
+
+@pytest.mark.parametrize("width", [100, 120])
+def test_the_table_fits_the_terminal_with_each_fix_on_its_own_line(pendulum_bundle: Path, width: int) -> None:
+    """The table was 304 columns wide (the longest value beside the longest fix) wherever it was read."""
+    rows = doctor_command(DoctorConfig(bundle=str(pendulum_bundle)))
+    lines = doctor_table(rows, width).splitlines()
+    item, status, column = (lines[0].index(name) for name in ("item", "status", "value / fix"))
+    too_wide = [line for line in lines if len(line) > width and " " in line[column:].strip()]
+    assert too_wide == []  # only a single word longer than the room (a path) may run past the edge
+    for row in rows:
+        first = next(
+            i
+            for i, line in enumerate(lines)
+            if (line[:item].strip(), line[item:status].strip()) == (row.section, row.item)
+        )
+        assert lines[first][column:].startswith(row.value.split()[0])
+        if row.fix:
+            fix = next(line for line in lines[first + 1 :] if line[column:].startswith("fix: "))
+            assert fix[:column].strip() == "" and fix[column + 5 :].startswith(row.fix.split()[0])
 
 
 def test_signature_and_engine_parity_rows(pendulum_bundle: Path, tmp_path: Path) -> None:

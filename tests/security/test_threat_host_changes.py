@@ -4,6 +4,8 @@ so, docs/TESTING.md lists each change, and ``HOST_SETUP=0`` runs the suite witho
 
 from __future__ import annotations
 
+import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -35,6 +37,35 @@ def test_host_setup_0_reaches_prepare() -> None:
         ["make", "-n", "test-aarch64", "HOST_SETUP=0"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert "aarch64.py prepare --no-host-setup" in recipe.stdout, recipe.stdout[-500:]
+
+
+HOST_CHANGERS = ("apt-get", "apt", "dpkg", "update-binfmts", "mount", "umount", "mmdebstrap")
+"""What the aarch64 set-up runs (or could) to change the host."""
+
+
+@needs_make
+@pytest.mark.parametrize("target", ["test-aarch64", "test"])
+def test_a_dry_run_of_make_changes_nothing_on_the_host(tmp_path: Path, target: str) -> None:
+    """``make -n`` (a preview, and what the tests that read recipes run) under a PATH whose apt-get,
+    update-binfmts, mount ... only record their calls, as root (a user namespace's when not root): none is
+    called. Make runs a recipe line holding ``$(MAKE)`` even under ``-n``; on 27d6dc3 that line also ran
+    ``aarch64.py prepare``, which installed qemu with apt-get and enabled binfmt_misc's handler from pytest."""
+    stubs, calls = tmp_path / "bin", tmp_path / "calls"
+    stubs.mkdir()
+    for name in HOST_CHANGERS:
+        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexit 1\n')
+        (stubs / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
+    as_root = [] if os.geteuid() == 0 or shutil.which("unshare") is None else ["unshare", "--map-root-user"]
+    if as_root and subprocess.run([*as_root, "true"], capture_output=True, check=False).returncode != 0:
+        as_root = []  # no user namespaces here: prepare stops at "needs root", before any set-up
+    dry = subprocess.run(
+        [*as_root, "make", "-n", target, f"PY={sys.executable}"], cwd=ROOT, env=env, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "scripts/aarch64.py prepare" in dry.stdout  # printed, not run
+    assert not calls.exists(), f"make -n {target} ran: {calls.read_text()}"
 
 
 def test_prepare_without_host_setup_changes_nothing(
@@ -101,6 +132,34 @@ def test_the_ros2_venv_installs_only_hash_checked_files() -> None:
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     assert f"--require-hashes --no-deps --no-build-isolation -r requirements/ros2-{tag}.txt" in recipe, recipe
     assert "--no-deps --no-build-isolation -e ." in recipe, recipe
+
+
+@needs_make
+@pytest.mark.skipif(
+    platform.machine() != "x86_64" or sys.version_info < (3, 10), reason="ROS 2's wheels install only on x86_64, 3.10+"
+)
+def test_a_failed_ros2_venv_fails_make_with_the_logs_tail(tmp_path: Path) -> None:
+    """Where ROS 2's wheels can install, a failed install fails ``make venv-ros2`` (so ``make test``) and shows
+    why. On 27d6dc3 it printed "skipped" and exited 0 (empy's sdist could not build without a pip cache), and
+    ``make test`` passed with tests/ros2 skipped. Here the venv is made without pip (fast), so the first pip
+    step fails."""
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\nif [ "$1 $2" = "-m venv" ]; then shift 2; exec {sys.executable} -m venv --without-pip "$@"; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    venv, log = tmp_path / "venv-ros2", tmp_path / "venv-ros2.log"
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "venv-ros2", f"PY={python}", f"ROS2={venv}", f"ROS2_LOG={log}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    out = proc.stdout.splitlines()
+    assert any(line.startswith("venv-ros2: [0 s] ") for line in out), out  # each step announced
+    assert out[-1].startswith("venv-ros2: FAILED: ") and str(log) in out[-1], out[-5:]
+    assert "No module named pip" in proc.stdout  # the log's tail, shown
+    assert "skipped" not in proc.stdout and not venv.exists()  # no half-built venv for the tests to find
 
 
 def test_the_aarch64_pins_install_is_hash_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ from sac_edge.edge_runtime import cli as edge_cli
 from sac_edge.edge_runtime import run as edge_run
 from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
 from sac_edge.export import cli as export_cli
+from sac_edge.export import source as export_source
 from sac_edge.sweep import cli as sweep_cli
 from sac_edge.train import cli as train_cli
 from sac_edge.train.config import TrainConfig
@@ -342,7 +343,7 @@ def test_an_export_count_past_any_export_is_one_line_before_the_source(
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the source was read before the flags were checked")
 
-    monkeypatch.setattr(export_cli, "load_source", refuse)
+    monkeypatch.setattr(export_source, "load_source", refuse)  # sac-export imports it after the checks
     argv = [str(tmp_path / "run"), "--out", str(tmp_path / "out"), *flags]
     assert message in refused(export_cli.main, argv, prog="sac-export")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import replace
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sac_edge.common.errors import SacEdgeError
-from sac_edge.edge_runtime.budget.governor import Governor, GovernorConfig, Knobs, build_ladder
+from sac_edge.edge_runtime.budget.governor import Governor, GovernorConfig, Knobs, build_ladder, event_line
 from sac_edge.edge_runtime.budget.sensors import Ina3221HwmonSensor, PowerReading
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -150,6 +151,24 @@ def test_memory_budget_and_estimated_power_are_named_in_the_reason(tmp_path: Pat
     both = governor(mem_budget_mb=300.0)
     events = [e for t in range(3) for e in both.tick(float(t), estimate, 100.0)]
     assert "(ESTIMATED, estimate:generic-host)" in events[0].reason
+
+
+def test_an_estimate_over_its_budget_says_so_on_the_terminal_line(tmp_path: Path) -> None:
+    """The demo's run at 200 Hz ran at 50 after an estimated 18 W passed its 15 W budget, and the terminal said
+    only "(now 50)": each event's line says what changed, the reading and budget, and that it is an estimate."""
+    gov = Governor(GovernorConfig(power_budget_w=15.0), build_ladder(200.0))
+    estimate = PowerReading(18.2, {"cpu": 18.2}, False, "estimate:generic-host", 0.0)
+    events = [e.to_dict() for t in range(3) for e in gov.tick(float(t), estimate, 100.0)]
+    line = event_line(events[0])
+    assert line.startswith("governor lowered rate_hz 200.0 -> 100.0: power over budget for 3 samples: power 18.20 W")
+    assert "(ESTIMATED, estimate:generic-host) vs budget 15 W" in line and "not a measurement" in line
+    assert "\n" not in line
+    board, measured = Board(tmp_path), governor()
+    events = [e.to_dict() for _ in range(3) for e in board.tick(measured, 7.5)]
+    assert "measured" in event_line(events[0]) and "not a measurement" not in event_line(events[0])
+    low = dataclasses.replace(estimate, total_w=1.0)
+    cheap = [e.to_dict() for t in range(5) for e in gov.tick(10.0 + t, low, 100.0)]
+    assert event_line(cheap[0]).startswith("governor restored rate_hz 100.0 -> 200.0: under budget")
 
 
 def test_missing_readings_neither_degrade_nor_recover(tmp_path: Path) -> None:
