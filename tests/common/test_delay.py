@@ -9,6 +9,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from applied_actions import AppliedActions
 
 from sac_edge.common.delay import ActionDelay, DelayDistribution, delay_from_profile, parse_action_delay
 from sac_edge.common.errors import SacEdgeError
@@ -43,18 +44,8 @@ def test_a_device_profile_becomes_steps_at_the_env_period(tmp_path: Path):
         delay_from_profile(str(empty), dt=0.05)
 
 
-class _Applied(gym.Wrapper):
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        self.applied: list[float] = []
-
-    def step(self, action):
-        self.applied.append(float(np.asarray(action)[0]))
-        return self.env.step(action)
-
-
 def test_actions_arrive_late_by_a_delay_drawn_per_seeded_episode():
-    inner = _Applied(gym.make("Pendulum-v1"))
+    inner = AppliedActions(gym.make("Pendulum-v1"))
     env = ActionDelay(inner, parse_action_delay("2"))
     env.reset(seed=0)
     for t in range(4):

@@ -71,20 +71,12 @@ def test_the_delay_fault_applies_actions_late_from_the_onset() -> None:
     """``--action-delay-steps K``: from ``--fault-start`` the env gets the action sent K steps before (issue 51),
     on top of the observation delay."""
     import gymnasium as gym
+    from applied_actions import AppliedActions
 
     from sac_edge.edge_runtime.config import DrillConfig
     from sac_edge.edge_runtime.drill import FaultInjector
 
-    class Applied(gym.Wrapper):
-        def __init__(self, env: gym.Env) -> None:
-            super().__init__(env)
-            self.applied: list[float] = []
-
-        def step(self, action):
-            self.applied.append(float(np.asarray(action)[0]))
-            return self.env.step(action)
-
-    inner = Applied(gym.make("Pendulum-v1"))
+    inner = AppliedActions(gym.make("Pendulum-v1"))
     cfg = DrillConfig("unused", fault_start=3, action_delay_steps=2)
     env = FaultInjector(inner, "delay", cfg, np.ones(3), np.random.default_rng(0))
     env.reset(seed=0)
