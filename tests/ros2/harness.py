@@ -12,8 +12,8 @@ import contextlib
 import fcntl
 import json
 import os
-import resource
 import re
+import resource
 import signal
 import subprocess
 import tempfile
