@@ -15,8 +15,9 @@ import pytest
 from sac_edge.common.envs import make_env
 from sac_edge.common.obs_history import ObsAssembler, ObsContract
 from sac_edge.edge_runtime.runtime import Runtime, RuntimeOptions
-from sac_edge.export.source import load_source
-from sac_edge.train.evaluate import evaluate
+
+# The run is trained and exported here: the device suite (no torch) leaves these out.
+pytestmark = pytest.mark.torch
 
 BIN = Path(sys.executable).parent
 EPISODE = 200  # Pendulum-v1's time limit: the trainer's episodes end every 200 steps (num_envs 1)
@@ -81,6 +82,9 @@ def test_the_runtime_assembles_what_the_trainer_assembled(history_run: tuple[Pat
 
 
 def test_sac_edge_run_returns_what_the_trainer_evaluates(history_run: tuple[Path, Path]):
+    from sac_edge.export.source import load_source
+    from sac_edge.train.evaluate import evaluate
+
     run, bundle = history_run
     source = load_source(str(run))
     assert source.observation is not None
