@@ -130,8 +130,11 @@ def open_backends(cfg: RuntimeOptions, bundle: Bundle, log: Log) -> tuple[dict[s
     return backends, measurements
 
 
-def make_governor(cfg: RuntimeOptions, precisions: Sequence[str], finetune_batch: int | None) -> Governor | None:
-    """The governor for ``cfg``'s budgets over ``precisions`` (serving one first), or None without budgets."""
+def make_governor(
+    cfg: RuntimeOptions, precisions: Sequence[str], finetune_batch: int | None, power_budget_w: float | None
+) -> Governor | None:
+    """The governor for ``cfg``'s budgets over ``precisions`` (serving one first), or None without budgets;
+    ``power_budget_w`` is the power budget it enforces (``enforced_power_budget``)."""
     if not cfg.budget.any:
         return None
     ladder = build_ladder(
@@ -141,7 +144,28 @@ def make_governor(cfg: RuntimeOptions, precisions: Sequence[str], finetune_batch
         finetune_batch=finetune_batch,
         min_finetune_batch=min(32, finetune_batch or 32),
     )
-    return Governor(GovernorConfig(cfg.budget.mem_budget_mb, cfg.budget.power_budget_w), ladder)
+    return Governor(GovernorConfig(cfg.budget.mem_budget_mb, power_budget_w), ladder)
+
+
+def power_sensor(cfg: RuntimeOptions, log: Log) -> tuple[PowerSensor | None, float | None]:
+    """The power sensor a run reads (None: none is read or none is present) and the power budget the governor
+    enforces on it: ``--power-budget-w`` on a measured reading, on an estimate only with
+    ``--enforce-estimated-power`` (an estimate models the whole machine's CPU load: another process's work
+    would lower this loop's rate). A budget that is not enforced is said in one line at the start."""
+    root, watts = Path(cfg.budget.sensor_root), cfg.budget.power_budget_w
+    sensor = detect_power_sensor(root) if cfg.telemetry or watts is not None else None
+    if isinstance(sensor, NoPowerSensor):
+        if watts is not None:
+            log(f"sac-edge run: --power-budget-w {watts:g} cannot be enforced: {sensor.reason}")
+        return None, None
+    if sensor is None or watts is None or sensor.measured or cfg.budget.enforce_estimated_power:
+        return sensor, watts
+    log(
+        f"sac-edge run: --power-budget-w {watts:g} is not enforced: no power sensor is readable here, only an "
+        f"estimate ({sensor.source}, from the whole machine's CPU load), recorded in telemetry; "
+        "--enforce-estimated-power enforces it on the estimate"
+    )
+    return sensor, None
 
 
 def make_shield(cfg: RuntimeOptions, bundle: Bundle, emit: Emit) -> Shield | None:
@@ -212,29 +236,24 @@ def compose(
     last = weights.last
     precisions = list(backends)
     tuner, resumed = None, None
-    if cfg.finetune.enabled:
-        tuner, resumed = build_finetuner(TunerSetup(
-            finetune_settings(cfg), bundle, backends, probe, last, cfg.finetune.rules(),
-            lambda batch: make_governor(cfg, precisions, batch),
-            listeners=[shield.weights_swapped] if shield is not None else [], store=weights.store,
-        ), emit, log)  # fmt: skip
-        governor = tuner.governor
-    else:
-        governor = make_governor(cfg, precisions, None)
-        if last is not None:
-            resumed = install_last_good(WeightSwapper(backends, bundle), last)[1]
+    sensor, watts = power_sensor(cfg, log)
     try:
-        root, watts = Path(cfg.budget.sensor_root), cfg.budget.power_budget_w
-        sensor = detect_power_sensor(root) if cfg.telemetry or watts is not None else None
-        if isinstance(sensor, NoPowerSensor):
-            if watts is not None:
-                log(f"sac-edge run: --power-budget-w {watts:g} cannot be enforced: {sensor.reason}")
-            sensor = None
-        monitor = BudgetMonitor(probe, sensor, governor)
+        if cfg.finetune.enabled:
+            tuner, resumed = build_finetuner(TunerSetup(
+                finetune_settings(cfg), bundle, backends, probe, last, cfg.finetune.rules(),
+                lambda batch: make_governor(cfg, precisions, batch, watts),
+                listeners=[shield.weights_swapped] if shield is not None else [], store=weights.store,
+            ), emit, log)  # fmt: skip
+            governor = tuner.governor
+        else:
+            governor = make_governor(cfg, precisions, None, watts)
+            if last is not None:
+                resumed = install_last_good(WeightSwapper(backends, bundle), last)[1]
     except BaseException:
-        if tuner is not None:
-            tuner.stop()
+        if sensor is not None:
+            sensor.close()
         raise
+    monitor = BudgetMonitor(probe, sensor, governor)
     return Composition(backends, measurements, probe, shield, tuner, resumed, governor, sensor, monitor)
 
 

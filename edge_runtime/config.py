@@ -213,7 +213,19 @@ class BudgetSection:
     """Memory and power budgets the governor enforces, and where their sensors are read."""
 
     mem_budget_mb: float | None = field(default=None, metadata={"help": "memory budget enforced by the governor"})
-    power_budget_w: float | None = field(default=None, metadata={"help": "power budget enforced by the governor"})
+    power_budget_w: float | None = field(
+        default=None,
+        metadata={
+            "help": "power budget enforced by the governor on a measured reading (see --enforce-estimated-power)"
+        },
+    )
+    enforce_estimated_power: bool = field(
+        default=False,
+        metadata={
+            "help": "enforce --power-budget-w on the estimate where no power sensor is readable (a model of the "
+            "whole machine's CPU load, other processes included); without it the estimate is only recorded"
+        },
+    )
     sensor_root: str = field(default="/", metadata={"help": "filesystem root the power/memory sensors read"})
 
     @property

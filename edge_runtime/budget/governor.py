@@ -189,7 +189,7 @@ def event_line(event: dict[str, Any]) -> str:
     if event["kind"] != "recover" and event.get("power_measured") is False and power and budget and power > budget:
         said += (
             " (an estimate from the CPU load of the whole machine, other processes included, not a measurement:"
-            " raise --power-budget-w or leave it out where no power sensor is present)"
+            " enforced because --enforce-estimated-power is set)"
         )
     return said
 

@@ -87,6 +87,12 @@ BAD: dict[str, list[tuple[str, str]]] = {
     # budget
     "--mem-budget-mb": [("{bundle} --mem-budget-mb 0", "--mem-budget-mb must be a positive number")],
     "--power-budget-w": [("{bundle} --power-budget-w=-1", "--power-budget-w must be a positive number")],
+    "--enforce-estimated-power": [
+        (
+            "{bundle} --enforce-estimated-power=yes",
+            "--enforce-estimated-power/--no-enforce-estimated-power: ignored explicit argument 'yes'",
+        )
+    ],
     "--sensor-root": [("{bundle} --sensor-root {absent}", "--sensor-root '{absent}' is not a directory")],
     # fine-tuning
     "--finetune": [("{bundle} --finetune (no torch)", "--finetune needs the Python package 'torch'")],
