@@ -12,7 +12,7 @@ Peak memory is the process's resident high-water mark after the row.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from sac_edge.common.cpus import check_threads
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.latency import latency_us, time_calls
 from sac_edge.common.table import format_table
-from sac_edge.edge_runtime.backends.autoselect import probe_observations
+from sac_edge.edge_runtime.backends.autoselect import is_absent, probe_observations
 from sac_edge.edge_runtime.backends.base import Backend, BackendOptions
 from sac_edge.edge_runtime.backends.registry import Candidate, candidates, check_precision, kind, open_backend
 from sac_edge.edge_runtime.budget.memory import MemoryProbe
@@ -94,20 +94,34 @@ def bench_command(cfg: BenchConfig, log: Callable[[str], None]) -> dict[str, Any
 
 
 def _usable(cfg: BenchConfig, bundle: Bundle, log: Callable[[str], None]) -> list[Candidate]:
-    """The backend x precision pairs that can run here; the others logged once per backend and reason, or
-    refused (one line) when ``--backend`` and ``--precision`` named exactly what to run."""
-    usable, logged = [], set()
+    """The backend x precision pairs that can run here, or a refusal (one line) when ``--backend`` and
+    ``--precision`` named exactly what to run. What does not exist here is one line (``skipped_line``); a
+    refusal that is a finding (a precision the gate rejected) is a line of its own."""
+    usable, skipped = [], []
     for cand in candidates(bundle, cfg.backends or None, cfg.precisions or None):
         if cand.refusal is None:
             usable.append(cand)
         elif cfg.backends and cfg.precisions:
             raise SacEdgeError(cand.refusal)
-        elif (cand.backend, cand.refusal) not in logged:  # "not installed" once per backend
-            logged.add((cand.backend, cand.refusal))
+        elif is_absent(cand.refusal):
+            skipped.append(cand)
+        else:
             log(f"bench: skipping {cand.backend}/{cand.precision}: {cand.refusal}")
+    if skipped:
+        log(skipped_line(skipped))
     if not usable:
         raise SacEdgeError("bench: no backend x precision can run this bundle here")
     return usable
+
+
+def skipped_line(skipped: Sequence[Candidate]) -> str:
+    """One line for the candidates that do not exist here: the backends not installed (each once), then the
+    backend/precision pairs the bundle has no graph for."""
+    absent = list(dict.fromkeys(c.backend for c in skipped if "unavailable" in (c.refusal or "")))
+    missing = [f"{c.backend}/{c.precision}" for c in skipped if c.backend not in absent]
+    parts = [f"{', '.join(absent)} (not installed here: sac-edge doctor says why)"] if absent else []
+    parts += [f"{', '.join(missing)} (not in the bundle)"] if missing else []
+    return "bench: skipping " + "; ".join(parts)
 
 
 class _Rows:

@@ -36,7 +36,7 @@ class Measurement(NamedTuple):
         return f"{self.backend}/{self.precision}: p50 {self.p50_us:.1f} us, p99 {self.p99_us:.1f} us"
 
 
-def _absent(refusal: str) -> bool:
+def is_absent(refusal: str) -> bool:
     """A candidate that does not exist here (a backend not installed, a precision not in the bundle)."""
     return "unavailable" in refusal or "not in the bundle" in refusal
 
@@ -50,7 +50,7 @@ def chosen_line(chosen: Backend, measurements: Sequence[Measurement]) -> str:
     others = [f"{m.backend}/{m.precision} {m.p99_us:.1f}" for m in timed if m is not won]
     said += (": " + ", ".join(others) + " us)") if others else ")"
     absent = list(dict.fromkeys(m.backend if "unavailable" in (m.refusal or "") else f"{m.backend}/{m.precision}"
-                                for m in measurements if m.refusal is not None and _absent(m.refusal)))  # fmt: skip
+                                for m in measurements if m.refusal is not None and is_absent(m.refusal)))  # fmt: skip
     return said + (f"; not here: {', '.join(absent)} (sac-edge doctor says why)" if absent else "")
 
 
@@ -105,7 +105,7 @@ def autoselect(
         )
     chosen = best[1]
     for m in measurements:
-        if m.refusal is not None and not _absent(m.refusal):
+        if m.refusal is not None and not is_absent(m.refusal):
             log("auto: " + m.line())  # a finding (a failed gate, a rejected precision): a line of its own
     log(chosen_line(chosen, measurements))
     return chosen, measurements

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from sac_edge.common.bundle import open_bundle
+from sac_edge.common.bundle_format import FP32
 from sac_edge.edge_runtime.backends.autoselect import autoselect
 from sac_edge.edge_runtime.backends.base import BackendOptions
+from sac_edge.edge_runtime.backends.registry import Candidate
+from sac_edge.edge_runtime.bench import skipped_line
 from sac_edge.edge_runtime.cli import main
 
 
@@ -37,8 +40,12 @@ def test_bench_table_json_and_plot(pendulum_bundle: Path, tmp_path: Path, capsys
         ]
     )
     assert rc == 0
-    stdout = capsys.readouterr().out
+    stdout, stderr = capsys.readouterr()
     summary = json.loads(stdout.strip().splitlines()[-1])
+    # what does not exist here is one line, not one per backend x precision
+    assert [line for line in stderr.splitlines() if "skipping" in line] == [
+        "bench: skipping onnxruntime/fp16, torch/fp16, torch/int8 (not in the bundle)"
+    ], stderr
     assert "mJ/inf" in stdout
     rows = summary["rows"]
     assert {(r["backend"], r["precision"], r["batch"]) for r in rows} == {
@@ -106,3 +113,23 @@ def test_the_plot_draws_power_only_where_a_sensor_measured_it(
     plot(samples, power, png, measured, source)
     width, height = struct.unpack(">II", png.read_bytes()[16:24])  # the PNG's IHDR
     assert (width, height) == (900, 360 * panels + (45 if panels == 1 else 0))
+
+
+def test_what_is_not_here_is_one_line() -> None:
+    """``sac-edge bench`` printed six "skipping" lines per run on a machine without TensorRT or CUDA."""
+    skipped = [
+        Candidate(
+            "tensorrt", FP32, "backend 'tensorrt' is unavailable: the Python package 'tensorrt' is not installed"
+        ),
+        Candidate(
+            "tensorrt", "fp16", "backend 'tensorrt' is unavailable: the Python package 'tensorrt' is not installed"
+        ),
+        Candidate("onnxruntime-cuda", FP32, "backend 'onnxruntime-cuda' is unavailable: no CUDAExecutionProvider"),
+        Candidate("onnxruntime", "fp16", "precision fp16 is not in the bundle for backend 'onnxruntime'"),
+        Candidate("torch", "int8", "precision int8 is not in the bundle for backend 'torch'"),
+    ]
+    assert skipped_line(skipped) == (
+        "bench: skipping tensorrt, onnxruntime-cuda (not installed here: sac-edge doctor says why); "
+        "onnxruntime/fp16, torch/int8 (not in the bundle)"
+    )
+    assert skipped_line(skipped[:1]) == "bench: skipping tensorrt (not installed here: sac-edge doctor says why)"
