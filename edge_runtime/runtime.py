@@ -12,12 +12,15 @@ action on an overrun, memory and power budgets with the governor, fine-tuning wi
     options = RuntimeOptions("bundles/pend", rate_hz=100, finetune=FinetuneSection(enabled=True))
     with Runtime(options) as runtime:
         obs = robot.read()
-        while robot.ok():
-            action = runtime.act(obs)
-            next_obs, reward, terminated, truncated = robot.apply(action)
-            runtime.observe(obs, action, reward, next_obs, terminated, truncated)
-            obs = robot.reset() if terminated or truncated else next_obs
-            runtime.tick()  # budgets once a second; its rate_hz is the rate the governor asks for
+        try:
+            while robot.ok():
+                action = runtime.act(obs)
+                next_obs, reward, terminated, truncated = robot.apply(action)
+                runtime.observe(obs, action, reward, next_obs, terminated, truncated)
+                obs = robot.reset() if terminated or truncated else next_obs
+                runtime.tick()  # budgets once a second; its rate_hz is the rate the governor asks for
+        finally:  # every way the loop ends (its end, a signal, an error) ends in the configured safe command
+            robot.apply(runtime.safe_action())
     print(runtime.summary())
 
 Options are ``RuntimeOptions`` (``config.py``): what the runtime works from and nothing else, checked with

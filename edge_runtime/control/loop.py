@@ -26,6 +26,12 @@ summary to this step, since the control thread is still inside the call.
 next slot is taken in slices of at most ``SLEEP_SLICE_S``, so at any rate a stop is seen that soon. The
 summary is always produced.
 
+Every way the loop ends sends the env the configured safe action last (``Runtime.safe_action``): the
+duration reached, a stop or signal, the env's error (tried once more, on the env that raised: a failed
+sensor read leaves the actuators reachable), an exception of the loop's own (sent, then re-raised), the
+runtime stopping serving (the step itself sends it), a hung call (the watchdog's thread sends it). The
+summary's ``safe_action_sent`` says whether the env took it.
+
 Once a second, off the per-step path: the youngest GC generation, the runtime's ``tick`` with the second's
 steps and misses (it reads memory and power and ticks the governor, which may switch precision or lower the
 rate: the schedule re-anchors; one telemetry record), and a live status line on a terminal.
@@ -161,6 +167,9 @@ class ScheduleSummary:
     env_error: dict[str, str] | None
     episode_returns: list[float]
     """The undiscounted return of each episode that ended (the first ``MAX_RETURNS``)."""
+    safe_action_sent: bool
+    """Whether the env took the configured safe action as the run's last command (False when its
+    ``step`` raised then too: the error is in ``env_error``)."""
 
 
 #: The most episode returns a summary keeps (a run of any length allocates no more).
@@ -259,6 +268,8 @@ class ControlLoop:
         self._schedule: Schedule | None = None
         self._hung_summary: ScheduleSummary | None = None
         self._hang_handled = threading.Event()
+        self._safe_sent = False
+        """Whether the last command the env took was the configured safe action."""
 
     def stop(self, reason: str = "stopped") -> None:
         """Ask the loop to end after the current step (safe from a signal handler; a stop asked before
@@ -276,20 +287,23 @@ class ControlLoop:
             if schedule is None:
                 return None
             self.stop_reason = self.runtime.stopped_by  # over any other reason: this is why the run ends
-            try:
-                self.env.step(self.runtime.safe_action())
-            except BaseException as err:  # the env is foreign code
-                self._env_failed("step", err, stop=False)
+            self._send_safe()
             self._hung_summary = self._finish(schedule)
             return self._hung_summary
         finally:
             self._hang_handled.set()
 
     def run(self) -> ScheduleSummary:
-        """Run (once) until the duration ends or ``stop``; the cyclic GC is paused meanwhile (see
-        ``paused_gc``)."""
+        """Run (once) until the duration ends or ``stop``, then send the safe action (module docstring); the
+        cyclic GC is paused meanwhile (see ``paused_gc``)."""
         with paused_gc():
-            return self._run()
+            try:
+                return self._run()
+            except BaseException:
+                if self._schedule is not None and not self._hang_handled.is_set():
+                    with contextlib.suppress(BaseException):  # the loop's own error is the one to report
+                        self._send_safe()
+                raise
 
     def _run(self) -> ScheduleSummary:
         """Each slot: wait (warming the caches), the step (act, env, observe), its timings, once a second the
@@ -305,6 +319,7 @@ class ControlLoop:
         obs = self._reset(s.seed)  # on failure the run has stopped already
         schedule = self._schedule = Schedule(clock(), s.rate_hz, s.duration_s)
         taken = False  # whether the inference watchdog took the run
+        ending = False  # whether this step sends the safe action because the runtime stopped serving
         while self.stop_reason is None:
             slot = schedule.slot()
             if schedule.end is not None and slot >= schedule.end:
@@ -326,11 +341,14 @@ class ControlLoop:
                     break
                 action = stopped.action  # the configured safe action for this step, then the loop ends
                 self.stop(stopped.reason)
+                ending = True
             t_env = timer()
             outcome = self._env_step(action)
             env_ns = timer() - t_env
             if outcome is None:
                 break
+            if ending:
+                self._safe_sent = True  # the env took the safe action as this last step's
             next_obs, reward, terminated, truncated = outcome
             observe(obs, action, reward, next_obs, terminated, truncated)
             episode_return += finite_reward(reward) or 0.0
@@ -358,7 +376,22 @@ class ControlLoop:
             self._hang_handled.wait()  # the call came back after all: the run, and the summary, are the watchdog's
             assert self._hung_summary is not None
             return self._hung_summary
+        if not self._safe_sent:
+            self._send_safe()
         return self._finish(schedule)
+
+    def _send_safe(self) -> None:
+        """The configured safe action to the env as the run's last command (outside the schedule: not a
+        step); what the env raises is kept unless it raised before."""
+        action = self.runtime.safe_action()
+        try:
+            self.env.step(action)
+        except BaseException as err:  # the env is foreign code
+            self._safe_sent = False
+            if self.env_error is None:
+                self._env_failed("step", err, stop=False)
+            return
+        self._safe_sent = True
 
     def _sleep_until(self, wake: int) -> bool:
         """Sleep until ``wake`` in slices, so that a stop is seen soon at any rate; False on a stop."""
@@ -422,6 +455,7 @@ class ControlLoop:
             stopped_by=self.stop_reason,
             env_error=self.env_error,
             episode_returns=list(self.episode_returns),
+            safe_action_sent=self._safe_sent,
         )
 
     def _env_failed(self, call: str, err: BaseException, stop: bool = True) -> None:

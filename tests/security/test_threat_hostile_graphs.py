@@ -75,7 +75,7 @@ def test_a_failing_inference_holds_the_safe_action_and_ends_the_run_after_the_li
     assert "backend error x5: RuntimeError:" in err and "Reshape" in err and "the summary above" in err
     summary = json.loads(out.strip().splitlines()[-1])
     # each failed call held the last safe action for its step, and the fifth ended the run
-    assert summary["backend_errors"] == 5 == summary["steps"]
+    assert summary["backend_errors"] == 5 == summary["steps"] and summary["safe_action_sent"] is True
     assert summary["backend_error"]["type"] == "RuntimeError" and summary["action_clipped"] == 0
     record = json.loads(telemetry.read_text().splitlines()[-1])
     assert record["type"] == "summary" and record["backend_errors"] == 5
@@ -97,6 +97,7 @@ def test_an_inference_that_does_not_return_ends_the_run_with_its_summary(bundle:
     assert "inference watchdog: a onnxruntime call ran" in err and "--inference-timeout" in err
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["stopped_by"].startswith("inference watchdog") and "sac-edge run" in done.stdout
+    assert summary["safe_action_sent"] is True  # sent from the watchdog's thread
     hang = summary["inference_hang"]
     assert hang["backend"] == "onnxruntime" and hang["limit_s"] == 1 and hang["call_s"] >= 1
     record = json.loads(telemetry.read_text().splitlines()[-1])

@@ -211,7 +211,7 @@ def test_sigterm_stops_cleanly_with_a_summary(pendulum_bundle: Path, tmp_path: P
     assert proc.returncode == 0, err
     summary = _json_line(out)
     # signalled after the first one-second record: at least 200 slots at 200 Hz were stepped or skipped
-    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] > 0
+    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] > 0 and summary["safe_action_sent"] is True
     assert summary["steps"] + summary["skipped_slots"] >= 200
     assert json.loads(telemetry.read_text().splitlines()[-1])["type"] == "summary"
 
@@ -288,6 +288,73 @@ class _ActionLog(gym.Wrapper):
     def step(self, action: np.ndarray):  # type: ignore[no-untyped-def]
         self.actions.append(np.array(action))
         return self.env.step(action)
+
+
+class _Ending(gym.Wrapper):
+    """Records every action the env is sent, and ends the run at its ``at``-th step the way ``ending`` names:
+    a stop (as a signal asks), the env's ``step`` or ``reset`` raising, or the loop's own call raising."""
+
+    def __init__(self, ending: str, at: int = 20) -> None:
+        super().__init__(gym.make("Pendulum-v1", max_episode_steps=at if ending == "reset error" else 200))
+        self.ending, self.at = ending, at
+        self.actions: list[np.ndarray] = []
+        self.resets = 0
+        self.loop: Any = None
+        self.runtime: Any = None
+
+    def watch(self, runtime: Any, loop: Any) -> None:
+        self.runtime, self.loop = runtime, loop
+        if self.ending == "loop error":
+            observe = runtime.observe
+
+            def failing(*args: Any) -> None:
+                if len(self.actions) == self.at:
+                    raise RuntimeError("a bug in the loop")
+                observe(*args)
+
+            runtime.observe = failing  # the loop binds its calls when it starts, after this
+
+    def reset(self, **kwargs: Any):  # type: ignore[no-untyped-def]
+        self.resets += 1
+        if self.ending == "reset error" and self.resets == 2:
+            raise OSError("the robot did not come back to its start pose")
+        return self.env.reset(**kwargs)
+
+    def step(self, action: np.ndarray):  # type: ignore[no-untyped-def]
+        self.actions.append(np.array(action))
+        if len(self.actions) == self.at:
+            if self.ending == "stop":
+                self.loop.stop("SIGTERM")
+            elif self.ending == "step error":
+                raise TimeoutError("a sensor read timed out")
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("ending", ["duration", "stop", "step error", "reset error", "loop error"])
+def test_every_ending_sends_the_safe_action_last(pendulum_bundle: Path, ending: str) -> None:
+    """The brief: every way a run ends ends in the configured safe command. A run that reached its duration
+    or was stopped left the env with the policy's last action. Each ending here sends one more command, the
+    runtime's ``safe_action()``, after the last step, and the summary says the env took it; the env's error
+    stays the first one."""
+    env = _Ending(ending)
+    duration = 0.3 if ending == "duration" else 600.0  # the others end at step 20, however long that takes
+    if ending == "loop error":
+        with pytest.raises(RuntimeError, match="a bug in the loop"):
+            _run_loop(pendulum_bundle, env, 100.0, duration, watch=env.watch)
+        summary = None
+    else:
+        summary = _run_loop(pendulum_bundle, env, 100.0, duration, watch=env.watch)
+    safe = env.runtime.safe_action()
+    assert len(env.actions) >= 2 and not np.array_equal(env.actions[-2], safe)  # the policy's, then the safe one
+    np.testing.assert_array_equal(env.actions[-1], safe)
+    if summary is not None:
+        assert summary["safe_action_sent"] is True
+        # the step that failed, or whose episode's reset failed, is not counted; its action was sent
+        assert len(env.actions) == summary["steps"] + 1 + ("error" in ending)
+        stopped = {"duration": "duration", "stop": "SIGTERM"}.get(ending, "environment error")
+        assert summary["stopped_by"].startswith(stopped), summary["stopped_by"]
+        if "error" in ending:
+            assert summary["env_error"]["call"] == ending.split()[0], summary["env_error"]
 
 
 @pytest.mark.parametrize("warm", [True, False])
@@ -374,12 +441,13 @@ def test_the_loop_sends_what_the_library_returns(pendulum_bundle: Path) -> None:
 
     env = _Transcript(gym.make("Pendulum-v1", max_episode_steps=30), steps=70)  # episodes end: the shield restarts
     summary = _run_loop(pendulum_bundle, env, 50.0, 600.0, watch=env.watch)
-    assert summary["steps"] == len(env.steps) == 70 and summary["stopped_by"] == "enough steps"
+    assert summary["steps"] == len(env.steps) - 1 == 70 and summary["stopped_by"] == "enough steps"
     space = env.observation_space
     options = RuntimeOptions.of(str(pendulum_bundle), backend="onnxruntime", rate_hz=1.0, inference_budget=1.0)
     with Runtime(options, obs_low=space.low, obs_high=space.high) as runtime:  # type: ignore[attr-defined]
         assert runtime.shield is not None  # the default: the shield shapes every action
-        for obs, sent, next_obs, terminated, truncated, overran in env.steps:
+        np.testing.assert_array_equal(env.steps[-1][1], runtime.safe_action())  # the run's last command
+        for obs, sent, next_obs, terminated, truncated, overran in env.steps[:-1]:
             np.testing.assert_array_equal(runtime.hold(obs) if overran else runtime.act(obs), sent)
             runtime.observe(obs, sent, 0.0, next_obs, terminated, truncated)
 
