@@ -226,6 +226,16 @@ def _file_map() -> set[str]:
     return {m.group(1) for line in FILE_MAP.read_text().splitlines() if (m := _MAPPED.match(line))}
 
 
+README_LIMIT = 10_000
+"""Bytes: the README is a quick start (what it is, the demo, one example per command, the library loop and
+where the rest is); detail goes to docs/. It grew past 10 KB twice."""
+
+
+def test_the_readme_stays_a_quick_start() -> None:
+    size = len((ROOT / "README.md").read_bytes())
+    assert size < README_LIMIT, f"README.md is {size} bytes: move detail to docs/ (limit {README_LIMIT})"
+
+
 def test_the_file_map_is_complete() -> None:
     """docs/FILES.md names every module, benchmark and script, and nothing else."""
     packages = {f"{p.parent.relative_to(ROOT)}/" for p in source_files() if p.name == "__init__.py"}
