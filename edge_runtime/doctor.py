@@ -224,7 +224,10 @@ def sensor_rows(ctx: Context) -> Iterable[Row]:
         "power sensor",
         value,
         OK if sensor.measured else WARN,
-        "" if sensor.measured else "run as root (sudo): INA3221 rails, tegrastats and RAPL may be root-only",
+        ""
+        if sensor.measured
+        else "run as root (sudo): INA3221 rails, tegrastats and RAPL may be root-only; on an estimate "
+        "--power-budget-w is enforced only with --enforce-estimated-power",
     )
     try:
         system = read_system_memory(ctx.root)

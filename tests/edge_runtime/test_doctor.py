@@ -50,6 +50,7 @@ def test_jetpack4_tree_and_a_plain_host(tmp_path: Path) -> None:
     bare = _rows(tmp_path)
     assert bare["jetson release"].value == "not a Jetson (no etc/nv_tegra_release)"
     assert bare["power sensor"].status != OK and bare["power sensor"].fix  # estimated, with what to do
+    assert "--power-budget-w is enforced only with --enforce-estimated-power" in bare["power sensor"].fix
 
 
 def test_bundle_entries_say_why_and_how_to_fix(pendulum_bundle: Path, rejected_bundle: Path) -> None:
