@@ -321,8 +321,8 @@ def render_table(report: GateReport) -> str:
         f"{report.mean_action_error_frac * pct:>11.3f}%{report.max_mean_error_frac * pct:>11.2f}%"
         f"  {_mark(report.mean_action_error_frac <= report.max_mean_error_frac)}",
         f"  {'max action error (% of range)':<34}{'':>12}{'':>12}{report.max_action_error_frac * pct:>11.3f}%",
-        f"  {'mean / max action error (env units)':<34}{'':>12}{'':>12}"
-        f"{report.mean_action_error:>12.4g}{report.max_action_error:>12.4g}",
+        f"  {'mean action error (env units)':<34}{'':>12}{'':>12}{report.mean_action_error:>12.4g}",
+        f"  {'max action error (env units)':<34}{'':>12}{'':>12}{report.max_action_error:>12.4g}",
         f"  {f'mean return ({len(report.episode_seeds)} seeded episodes)':<34}"
         + (
             f"{report.fp32_mean_return:>12.2f}{report.int8_mean_return:>12.2f}"

@@ -8,10 +8,12 @@ from typing import Any
 
 
 def _cell(value: Any) -> str:
+    """A value as a table shows it: floats to 4 significant digits, but from 1000 up as whole numbers (never
+    ``1.214e+04`` beside ``321756`` in one column)."""
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.0f}"
+        return f"{value:.4g}" if abs(value) < 999.95 else f"{value:.0f}"
     return str(value)
 
 

@@ -67,6 +67,11 @@ def test_broken_int8_is_rejected(
     assert report.mean_action_error_frac > 0.01
     table = render_table(report)
     assert "REJECTED" in table and "NO" in table
+    # a figure without a limit ends in the value column (the demo's max error in env units read as a limit)
+    value_end = len(table.splitlines()[1].split("limit")[0].rstrip())
+    for name in ("mean action error (env units)", "max action error (env units)"):
+        (line,) = [line for line in table.splitlines() if name in line]
+        assert len(line.rstrip()) == value_end, table
     assert json.loads(json.dumps(report.to_dict()))["verdict"] == "rejected"
 
 

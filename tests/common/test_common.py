@@ -14,6 +14,7 @@ from sac_edge.common.config import build_parser, parse_config
 from sac_edge.common.errors import SacEdgeError, run_cli
 from sac_edge.common.manifest import file_entry, read_manifest, write_manifest
 from sac_edge.common.summary import emit_json, json_safe, strict_json
+from sac_edge.common.table import format_table
 from sac_edge.train.config import TrainConfig
 
 
@@ -152,3 +153,10 @@ def test_strict_json_writes_null_for_every_missing_figure(tmp_path: Path, capsys
     assert json.loads(capsys.readouterr().out, parse_constant=refuse) == expected
     atomic_write_json(tmp_path / "s.json", value)
     assert json.loads((tmp_path / "s.json").read_text(), parse_constant=refuse) == expected
+
+
+def test_a_table_shows_large_floats_as_whole_numbers() -> None:
+    """``make demo``'s bench table mixed ``1.214e+04`` and ``321756`` in one column."""
+    table = format_table([(12140.4, 321756.2, 0.05641, 999.94, None)], ("a", "b", "c", "d", "e"))
+    assert table.splitlines()[-1].split() == ["12140", "321756", "0.05641", "999.9", "-"]
+    assert "e+" not in format_table([(4.4e4, 1e9)], ("x", "y"))
