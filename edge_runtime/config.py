@@ -327,7 +327,19 @@ class RuntimeOptions:
         for section in (self.backend, self.shield, self.budget, self.finetune):
             if section is not None:  # no shield: the guards alone
                 section.check()
+        self._check_memory_source()
         self._check_files()
+
+    def _check_memory_source(self) -> None:
+        """The memory budget and fine-tuning read this process's resident memory under ``--sensor-root``."""
+        if not (self.finetune.enabled or self.budget.mem_budget_mb is not None):
+            return
+        status = os.path.join(self.budget.sensor_root, "proc", str(os.getpid()), "status")
+        if not os.path.isfile(status):
+            raise SacEdgeError(
+                f"--sensor-root {self.budget.sensor_root!r} has no proc/<pid>/status for this process, which "
+                "--mem-budget-mb and --finetune read; leave --sensor-root out (it defaults to /)"
+            )
 
     def _check_files(self) -> None:
         """The telemetry file and, with fine-tuning, its directory: writable, and nothing replaced unasked."""

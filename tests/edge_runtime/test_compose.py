@@ -15,7 +15,8 @@ from sac_edge.edge_runtime.config import RealtimeSection, RunConfig
 
 # Every flag of ``sac-edge run`` (every field of RunConfig and of its sections) -> its bad values, each the
 # arguments after ``run`` and what the one line says. ``{bundle}`` is a good bundle, ``{absent}`` a path that
-# does not exist, ``{file}`` a regular file. All run with ``--backend auto``, which would time every backend.
+# does not exist, ``{file}`` a regular file, ``{empty}`` an empty folder. All run with ``--backend auto``, which
+# would time every backend.
 BAD: dict[str, list[tuple[str, str]]] = {
     "--bundle": [("{absent}", "{absent}")],
     "--env": [("{bundle} --env NoSuchEnv-v9", "NoSuchEnv-v9")],
@@ -93,7 +94,11 @@ BAD: dict[str, list[tuple[str, str]]] = {
             "--enforce-estimated-power/--no-enforce-estimated-power: ignored explicit argument 'yes'",
         )
     ],
-    "--sensor-root": [("{bundle} --sensor-root {absent}", "--sensor-root '{absent}' is not a directory")],
+    "--sensor-root": [
+        ("{bundle} --sensor-root {absent}", "--sensor-root '{absent}' is not a directory"),
+        ("{bundle} --finetune --sensor-root {empty}", "--sensor-root '{empty}' has no proc/<pid>/status"),
+        ("{bundle} --mem-budget-mb 400 --sensor-root {empty}", "--sensor-root '{empty}' has no proc/<pid>/status"),
+    ],
     # fine-tuning
     "--finetune": [("{bundle} --finetune (no torch)", "--finetune needs the Python package 'torch'")],
     "--resume": [("{bundle} --finetune --resume --restart", "--resume and --restart exclude each other")],
@@ -161,7 +166,13 @@ def test_every_bad_flag_is_refused_before_any_backend_opens(pendulum_bundle: Pat
     """Each bad value with a good bundle: refused, and no backend opened. Each again with no bundle at all
     (but for the flags about the bundle and its env): the same refusal, so it came before the bundle."""
     (tmp_path / "file").write_text("a file")
-    where = {"bundle": str(pendulum_bundle), "absent": str(tmp_path / "absent"), "file": str(tmp_path / "file")}
+    (tmp_path / "empty").mkdir()
+    where = {
+        "bundle": str(pendulum_bundle),
+        "absent": str(tmp_path / "absent"),
+        "file": str(tmp_path / "file"),
+        "empty": str(tmp_path / "empty"),
+    }
     cases = [(case.format(**where), message.format(**where)) for bad in BAD.values() for case, message in bad]
     cases += [
         (case.format(**{**where, "bundle": where["absent"]}), message.format(**where))
