@@ -14,6 +14,7 @@ import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.io_layout import JOINT_FIELDS, IoLayout
+from sac_edge.edge_runtime.control.safety import PYTHON_CHECK_MAX
 
 #: Name orders remembered (a robot has one or a few publishers; a hostile one changing its names each
 #: message only costs a map each).
@@ -219,6 +220,18 @@ class _FlatGather:
                  cos: np.ndarray, sin: np.ndarray) -> None:  # fmt: skip
         self.stacked, self.index, self.offset, self.scale, self.cos, self.sin = stacked, index, offset, scale, cos, sin
         self._raw = np.empty(index.size)
+        transform: list[Callable[[float], float] | None] = [None] * index.size
+        for at in cos.tolist():
+            transform[at] = math.cos
+        for at in sin.tolist():
+            transform[at] = math.sin
+        self._slots = list(zip(index.tolist(), offset.tolist(), scale.tolist(), transform))
+        """Per observation slot ``(index, offset, scale, transform)`` as Python values, for ``gather``'s form
+        over Python floats (up to ``PYTHON_CHECK_MAX`` slots; the same float64 arithmetic)."""
+        self.gather: Callable[[np.ndarray], None] = (
+            self._gather_floats if index.size <= PYTHON_CHECK_MAX else self._gather_arrays
+        )
+        """The observation from the merged fields into ``obs`` (float32)."""
 
     @classmethod
     def of(cls, layout: IoLayout, jmap: Any, fields: dict[str, np.ndarray]) -> _FlatGather | None:
@@ -241,7 +254,19 @@ class _FlatGather:
         return cls(stacked, join(index), join(offset), join(scale), np.flatnonzero(join(cos)),
                    np.flatnonzero(join(sin)))  # fmt: skip
 
-    def gather(self, obs: np.ndarray) -> None:
+    def _gather_floats(self, obs: np.ndarray) -> None:
+        """``gather`` over Python floats: one conversion in, one out, no array temporaries (a cold step pays
+        several microseconds per numpy call). A non-finite value's cos or sin is NaN, as numpy's."""
+        raw = self.stacked.tolist()
+        values = []
+        for at, offset, scale, transform in self._slots:
+            v = raw[at] - offset
+            if transform is not None:
+                v = transform(v) if v - v == 0.0 else math.nan  # v - v is NaN for an infinity or NaN
+            values.append(v * scale)
+        obs[:] = values
+
+    def _gather_arrays(self, obs: np.ndarray) -> None:
         raw = np.take(self.stacked, self.index, out=self._raw)
         raw -= self.offset
         if self.cos.size:
