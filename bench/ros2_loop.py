@@ -1,6 +1,8 @@
 """The state-message-to-command path through ROS 2: ``sac-edge ros2`` (message mode) against a bare rclpy echo
-node (the floor for a Python node: subscribe, publish) and against the in-process ``Runtime`` step (the same
-layout gather, ``act`` and command, no ROS), at each rate, in one run.
+node (the floor for a Python node: subscribe, publish), against the same echo running the bare onnxruntime call
+of the bundle's model before each publish (``echo+ort``: the floor of any node that runs the policy), and
+against the in-process ``Runtime`` step (the same layout gather, ``act`` and command, no ROS), at each rate, in
+one run.
 
 A stimulus node in this process publishes a ``JointState`` at each slot of the rate and waits for the command
 it causes (ping-pong, so each reply is matched to its message); latency is publish -> reply as the stimulus
@@ -11,7 +13,9 @@ Run it with the ROS venv's Python (``make venv-ros2``) on a bundle exported with
 
     .venv-ros2/bin/python bench/ros2_loop.py --bundle runs/ros2-bundle --rates 200,1000 --seconds 6
 
-Prints a table and one JSON line (``added_p50_us``/``added_p99_us``: sac-edge minus the echo floor per rate).
+Prints a table, the node against each floor (CPU per step as a ratio and as added microseconds), and one JSON
+line (``over_echo``: per rate, the node minus each floor: ``added_p50_us``, ``added_p99_us``, ``added_cpu_us``,
+``cpu_ratio``).
 """
 
 from __future__ import annotations
@@ -52,9 +56,12 @@ def _qos() -> Any:
     return QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 
-def echo(executor_kind: str, ns: str) -> None:
+def echo(executor_kind: str, ns: str, bundle: str = "") -> None:
     """The floor: a bare rclpy node that answers each JointState with its positions, on rclpy's
-    SingleThreadedExecutor (``single``) or EventsExecutor (``events``), spun with ``spin_once`` as the node is."""
+    SingleThreadedExecutor (``single``) or EventsExecutor (``events``), spun with ``spin_once`` as the node is.
+    With ``bundle``: the floor of any node that runs the policy, the same echo with the bare onnxruntime call
+    (``session.run_with_iobinding`` on the bundle's fp32 model, the backend's own session and bound buffers,
+    as the node's backend builds them) before each publish."""
     import rclpy
     from rclpy.node import Node
     from rclpy.signals import SignalHandlerOptions
@@ -67,12 +74,18 @@ def echo(executor_kind: str, ns: str) -> None:
     node = Node("echo")
     pub = node.create_publisher(Float64MultiArray, ns + COMMAND, _qos())
     out = Float64MultiArray()
+    infer = _bare_inference(bundle) if bundle else None
 
     def on_state(msg: Any) -> None:
         out.data = list(msg.position)
         pub.publish(out)
 
-    node.create_subscription(JointState, ns + STATE, on_state, _qos())
+    def on_state_inferring(msg: Any) -> None:
+        infer()  # type: ignore[misc]
+        out.data = list(msg.position)
+        pub.publish(out)
+
+    node.create_subscription(JointState, ns + STATE, on_state if infer is None else on_state_inferring, _qos())
     from sac_edge.edge_runtime.ros2.node import make_executor
 
     executor = make_executor(executor_kind)
@@ -80,6 +93,16 @@ def echo(executor_kind: str, ns: str) -> None:
     while not stop:
         executor.spin_once(timeout_sec=0.1)
     rclpy.try_shutdown()
+
+
+def _bare_inference(bundle: str) -> Any:
+    """The bundle's fp32 onnxruntime call without the backend's wrapper (``Backend.bare_call``)."""
+    from sac_edge.common.bundle import open_bundle
+    from sac_edge.edge_runtime.backends.registry import open_backend
+
+    call = open_backend(open_bundle(bundle), "onnxruntime", "fp32").bare_call()
+    call()
+    return call
 
 
 def _cpu(pid: int) -> float:
@@ -256,7 +279,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--segment", type=float, default=0.5, help="seconds per segment; the targets alternate")
     ap.add_argument("--logs", default="runs/ros2-loop", help="directory for the target processes' output")
     ap.add_argument("--executors", default="single,events", help="rclpy executors to run each target on")
-    ap.add_argument("--echo", default="", help=argparse.SUPPRESS)  # EXECUTOR,NAMESPACE: run as the echo node
+    ap.add_argument("--echo", default="", help=argparse.SUPPRESS)  # EXECUTOR,NAMESPACE[,BUNDLE]: run as an echo
     return ap
 
 
@@ -274,6 +297,8 @@ def measure_rate(args: argparse.Namespace, rate: int, joints: list[str], env: di
             "-p", f"executor:={kind}",
         ]  # fmt: skip
         starts[f"rclpy echo {kind}"] = ([sys.executable, __file__, "--echo", f"{kind},/echo_{kind}"], f"/echo_{kind}")
+        floor = [sys.executable, __file__, "--echo", f"{kind},/floor_{kind},{args.bundle}"]
+        starts[f"echo+ort {kind}"] = (floor, f"/floor_{kind}")
         starts[f"sac-edge ros2 {kind}"] = (node_cmd, ns)
     stimulus = Node(f"stimulus_{rate}")
     procs, targets = [], []
@@ -289,7 +314,7 @@ def measure_rate(args: argparse.Namespace, rate: int, joints: list[str], env: di
     return [*rows, in_process(args.bundle, rate, args.seconds)]
 
 
-def report(rows: list[dict[str, Any]]) -> None:
+def report(rows: list[dict[str, Any]], load_start: tuple[float, float, float]) -> None:
     """The table, then the JSON line with what the node adds over the echo at each rate."""
     print(f"{'path':<22} {'rate':>6} {'sent/s':>7} {'p50 us':>9} {'seg p50':>8} {'p99 us':>9} {'replies':>8} "
           f"{'lost':>5} {'CPU us/step':>12} {'core %':>7}")  # fmt: skip
@@ -304,24 +329,29 @@ def report(rows: list[dict[str, Any]]) -> None:
         if not path.startswith("sac-edge ros2 "):
             continue
         kind = path.rsplit(" ", 1)[1]
-        for floor_kind in dict.fromkeys((kind, "single")):
-            floor = by.get((f"rclpy echo {floor_kind}", rate))
+        for floor_name in dict.fromkeys((f"rclpy echo {kind}", "rclpy echo single", f"echo+ort {kind}")):
+            floor = by.get((floor_name, rate))
             if floor is not None:
-                added[f"{rate} node {kind} vs echo {floor_kind}"] = {
+                added[f"{rate} node {kind} vs {floor_name}"] = {
                     "added_p50_us": node["p50_us"] - floor["p50_us"],
                     "added_p99_us": node["p99_us"] - floor["p99_us"],
-                    "cpu_ratio_vs_echo": node["cpu_us_per_step"] / floor["cpu_us_per_step"],
+                    "added_cpu_us": node["cpu_us_per_step"] - floor["cpu_us_per_step"],
+                    "cpu_ratio": node["cpu_us_per_step"] / floor["cpu_us_per_step"],
                 }
+    for name, r in added.items():
+        print(f"{name}: CPU per step {r['cpu_ratio']:.2f}x ({r['added_cpu_us']:+.0f} us), p50 "
+              f"{r['added_p50_us']:+.0f} us")
     load = os.getloadavg()
-    print(json.dumps({"bench": "ros2_loop", "rows": rows, "over_echo": added, "loadavg": load}))
+    print(json.dumps({"bench": "ros2_loop", "rows": rows, "over_echo": added, "loadavg_start": load_start,
+                      "loadavg": load}))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = _parser()
     args = ap.parse_args(argv)
     if args.echo:
-        kind, ns = args.echo.split(",")
-        return echo(kind, ns)
+        kind, ns, *bundle = args.echo.split(",", 2)
+        return echo(kind, ns, *bundle)
     if not args.bundle:
         ap.error("--bundle is required")
     import rclpy
@@ -338,11 +368,12 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(env)
     Path(args.logs).mkdir(parents=True, exist_ok=True)
     rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+    load_start = os.getloadavg()
     rows = []
     for rate in (int(r) for r in args.rates.split(",")):
         rows += measure_rate(args, rate, joints, env)
     rclpy.try_shutdown()
-    report(rows)
+    report(rows, load_start)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.io_layout import JOINT_FIELDS, IoLayout
+from sac_edge.edge_runtime.control.safety import PYTHON_CHECK_MAX
 
 #: Name orders remembered (a robot has one or a few publishers; a hostile one changing its names each
 #: message only costs a map each).
@@ -48,9 +49,11 @@ class RobotInputs:
         ))  # fmt: skip
         self._seen_ns: np.ndarray = np.full(n, NEVER, np.int64)
         """When each joint last came (``NEVER``: not yet)."""
+        self._oldest_ns = NEVER
+        """``_seen_ns.min()`` as a Python int, kept by ``on_state``: the step's age check reads it."""
         self._jmap = layout.joint_map(self.joints, self.source)  # one fixed order: the gather is precomputed
         self._flat = _FlatGather.of(layout, self._jmap, self._fields)
-        self._orders: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray] | str] = {}
+        self._orders: dict[tuple[str, ...], _Order | str] = {}
         self._clock_ns = clock_ns
         self.topic_values: dict[str, Any] = dict.fromkeys(layout.topics)
         self.topic_ns: dict[str, int] = dict.fromkeys(layout.topics, NEVER)
@@ -66,7 +69,7 @@ class RobotInputs:
     def on_state(self, msg: Any, now_ns: int) -> str | None:
         """Merge one JointState; its problem (one line, names escaped) when it is invalid, which is dropped."""
         try:
-            src, dst = self._order(tuple(msg.name))
+            order = self._order(tuple(msg.name))
             n = len(msg.name)
             for f in self._needed:
                 values = getattr(msg, f)
@@ -74,17 +77,27 @@ class RobotInputs:
                     raise SacEdgeError(
                         f"{self.source}: its {f} has {len(values)} values for {n} joints; the layout reads {f}"
                     )
-            for f in self._needed:
-                self._fields[f][dst] = np.asarray(getattr(msg, f), dtype=np.float64)[src]
+            if order.same:  # the layout's joints in its order (one driver): copied whole
+                for f in self._needed:
+                    self._fields[f][:] = getattr(msg, f)
+            else:
+                src, dst = order.src, order.dst
+                for f in self._needed:
+                    self._fields[f][dst] = np.asarray(getattr(msg, f), dtype=np.float64)[src]
         except SacEdgeError as err:
             self.invalid += 1
             self.problem = str(err)
             return self.problem
-        self._seen_ns[dst] = now_ns
+        if order.every:  # every layout joint came now: the oldest is now
+            self._seen_ns[:] = now_ns
+            self._oldest_ns = now_ns
+        else:
+            self._seen_ns[order.dst] = now_ns
+            self._oldest_ns = int(self._seen_ns.min())
         self.latest, self.new_data, self.problem = msg, True, None
         return None
 
-    def _order(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    def _order(self, names: tuple[str, ...]) -> _Order:
         """Where a message of this name order's values go; one line on a duplicate or an unknown joint."""
         order = self._orders.get(names)
         if order is None:
@@ -96,7 +109,7 @@ class RobotInputs:
             raise SacEdgeError(order)
         return order
 
-    def _map(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | str:
+    def _map(self, names: tuple[str, ...]) -> _Order | str:
         src, dst, given = [], [], set()
         for i, name in enumerate(names):
             if name in given:
@@ -111,7 +124,7 @@ class RobotInputs:
                     f"{self.source}: joint '{escaped(name)}' is published by the robot but not in the layout; use "
                     "it in the layout or list it under ignore_joints"
                 )
-        return np.array(src, np.intp), np.array(dst, np.intp)
+        return _Order(np.array(src, np.intp), np.array(dst, np.intp), len(names), len(self.joints))
 
     def topic_callback(self, topic: str, source: str) -> Callable[[Any], None]:
         """The subscription callback of an imu or vector topic of the layout."""
@@ -140,12 +153,12 @@ class RobotInputs:
     def seen_ns(self, name: str) -> int:
         """When input ``name`` (``STATE``: the oldest joint) last came; ``NEVER``: not yet."""
         if name == STATE:
-            return int(self._seen_ns.min())
+            return self._oldest_ns
         return self.topic_ns.get(name, NEVER)
 
     def stale(self, now_ns: int, limit_ns: int) -> str | None:
         """The first input missing or older than ``limit_ns`` at ``now_ns``, else None."""
-        if now_ns - int(self._seen_ns.min()) > limit_ns:  # NEVER is older than any limit
+        if now_ns - self._oldest_ns > limit_ns:  # NEVER is older than any limit
             return STATE
         for topic, seen in self.topic_ns.items():
             if now_ns - seen > limit_ns:
@@ -186,6 +199,18 @@ class RobotInputs:
         return out
 
 
+class _Order:
+    """Where the values of a message with one name order (``names`` of them) go: its ``src`` indices into the
+    ``dst`` indices of the layout's joints; ``every``: it names every layout joint; ``same``: it names exactly
+    them, in their order."""
+
+    def __init__(self, src: np.ndarray, dst: np.ndarray, names: int, joints: int) -> None:
+        self.src, self.dst = src, dst
+        self.every = len(np.unique(dst)) == joints
+        in_order = np.arange(joints)
+        self.same = names == joints and self.every and bool((src == in_order).all() and (dst == in_order).all())
+
+
 class _FlatGather:
     """The observation of a layout made of joint_states parts only, as one precomputed gather: the merged
     fields stacked, one index into them, then the parts' offsets, transforms and scales as whole vectors
@@ -195,6 +220,18 @@ class _FlatGather:
                  cos: np.ndarray, sin: np.ndarray) -> None:  # fmt: skip
         self.stacked, self.index, self.offset, self.scale, self.cos, self.sin = stacked, index, offset, scale, cos, sin
         self._raw = np.empty(index.size)
+        transform: list[Callable[[float], float] | None] = [None] * index.size
+        for at in cos.tolist():
+            transform[at] = math.cos
+        for at in sin.tolist():
+            transform[at] = math.sin
+        self._slots = list(zip(index.tolist(), offset.tolist(), scale.tolist(), transform))
+        """Per observation slot ``(index, offset, scale, transform)`` as Python values, for ``gather``'s form
+        over Python floats (up to ``PYTHON_CHECK_MAX`` slots; the same float64 arithmetic)."""
+        self.gather: Callable[[np.ndarray], None] = (
+            self._gather_floats if index.size <= PYTHON_CHECK_MAX else self._gather_arrays
+        )
+        """The observation from the merged fields into ``obs`` (float32)."""
 
     @classmethod
     def of(cls, layout: IoLayout, jmap: Any, fields: dict[str, np.ndarray]) -> _FlatGather | None:
@@ -217,7 +254,19 @@ class _FlatGather:
         return cls(stacked, join(index), join(offset), join(scale), np.flatnonzero(join(cos)),
                    np.flatnonzero(join(sin)))  # fmt: skip
 
-    def gather(self, obs: np.ndarray) -> None:
+    def _gather_floats(self, obs: np.ndarray) -> None:
+        """``gather`` over Python floats: one conversion in, one out, no array temporaries (a cold step pays
+        several microseconds per numpy call). A non-finite value's cos or sin is NaN, as numpy's."""
+        raw = self.stacked.tolist()
+        values = []
+        for at, offset, scale, transform in self._slots:
+            v = raw[at] - offset
+            if transform is not None:
+                v = transform(v) if v - v == 0.0 else math.nan  # v - v is NaN for an infinity or NaN
+            values.append(v * scale)
+        obs[:] = values
+
+    def _gather_arrays(self, obs: np.ndarray) -> None:
         raw = np.take(self.stacked, self.index, out=self._raw)
         raw -= self.offset
         if self.cos.size:

@@ -5,6 +5,7 @@ subscribers acknowledge it (bounded)."""
 
 from __future__ import annotations
 
+import array
 import math
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +40,9 @@ class CommandOutputs:
 
             self._trajectory_pub = make_pub(JointTrajectory, trajectory_topic)
         self._msg = Float64MultiArray()
-        self._cmd: np.ndarray = np.zeros(layout.act_dim, np.float64)
+        self._msg.data = array.array("d", bytes(8 * layout.act_dim))
+        self._data = self._msg.data  # the buffer the message holds (its setter may copy): commands go into it
+        self._terms = layout.command_terms()
         self.period_ns = period_ns
         self.nonfinite = 0
         """Commands that came out non-finite (a layout's scale or offset overflowing): the safe one went instead."""
@@ -47,18 +50,18 @@ class CommandOutputs:
 
     def publish(self, action: np.ndarray, safe: np.ndarray | None = None) -> Any:
         """Publish ``action``'s command; where it is not finite, ``safe``'s (counted in ``nonfinite``). Returns
-        the message sent."""
-        cmd = self.layout.command_vector(action, self._cmd)
-        values = cmd.tolist()
-        if not all(math.isfinite(v) for v in values):
+        the message sent (reused: the next ``publish`` rewrites it; copy its ``data`` to keep it)."""
+        data = self._data
+        values = action.tolist() if action.ndim == 1 else action.reshape(-1).tolist()
+        if not self.layout.command_into(values, self._terms, data):
             self.nonfinite += 1
-            values = self._finite(safe)
+            for i, v in enumerate(self._finite(safe)):
+                data[i] = v
         msg = self._msg
-        msg.data = values
-        self._pub.publish(msg)
+        self._pub.publish(msg)  # serialised now: the next step's write into ``data`` cannot reach this message
         self.sent += 1
         if self._trajectory_pub is not None:
-            self._trajectory_pub.publish(self._trajectory(values))
+            self._trajectory_pub.publish(self._trajectory(data.tolist()))
         return msg
 
     def _finite(self, safe: np.ndarray | None) -> list[float]:

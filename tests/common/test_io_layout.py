@@ -158,3 +158,26 @@ def test_action_joint_limits_clamp_the_command_and_min_above_max_is_refused() ->
     assert "min" not in _layout().to_dict()["action"]  # no limits: none stored
     with pytest.raises(SacEdgeError, match=r"joint .j2. has min 1 above max 0\.5; swap them"):
         _layout({**raw, "action": {**raw["action"], "min": [0.0, 1.0]}})
+
+
+@pytest.mark.parametrize("limits", [{}, {"min": [-0.5, -1.0], "max": 0.5}])
+def test_the_command_over_python_floats_is_command_vectors_bit_for_bit(limits: dict[str, object]) -> None:
+    """``command_into`` (the ROS 2 node's per-step form) writes exactly ``command_vector``'s float64 values,
+    limits and non-finite results included, and says when one is not finite."""
+    import array
+
+    raw = {**ISSUE_FORM, "action": {"interface": "effort", "joints": ["j1", "j2"], "scale": [2.5, 1e308],
+                                    "offset": [0.1, -0.3], **limits}}  # fmt: skip
+    layout = _layout(raw)
+    terms, out = layout.command_terms(), array.array("d", [0.0, 0.0])
+    rng = np.random.default_rng(0)
+    actions = [*rng.uniform(-1, 1, (200, 2)).astype(np.float32), np.array([0.5, 2.0], np.float32),
+               np.array([np.nan, 0.0], np.float32), np.array([np.inf, -np.inf], np.float32)]  # fmt: skip
+    for action in actions:
+        with np.errstate(over="ignore", invalid="ignore"):  # the 1e308 scale overflows on purpose
+            want = layout.command_vector(action)
+        finite = layout.command_into(action.tolist(), terms, out)
+        assert np.array_equal(np.frombuffer(out), want, equal_nan=True), (action, list(out), want)
+        assert finite == bool(np.isfinite(want).all())
+    with pytest.raises(SacEdgeError, match="the action has 3 values for 2 joints"):
+        layout.command_into([0.0, 0.0, 0.0], terms, out)

@@ -72,3 +72,69 @@ def test_every_invalid_joint_state_is_named_with_the_robots_names_escaped() -> N
     assert "\n" not in first and "joint 'pendulum' appears twice" in twice, result
     assert "its position has 2 values for 1 joints" in short and valid is None, result
     assert result["invalid"] == 3 and result["missing"] is None, result
+
+
+GATHER = """
+import json, math, numpy as np
+from sensor_msgs.msg import JointState
+from sac_edge.common.io_layout import parse_layout
+from sac_edge.edge_runtime.ros2.inputs import RobotInputs
+raw = {"observation": [
+    {"source": "joint_states", "field": "position", "joints": ["a", "b", "c"], "transform": "cos", "offset": 0.25},
+    {"source": "joint_states", "field": "position", "joints": ["b", "a"], "transform": "sin", "scale": [2.0, -0.5]},
+    {"source": "joint_states", "field": "velocity", "joints": ["c", "a", "b"], "offset": [0.1, 0.0, -3.0],
+     "scale": 0.3},
+], "action": {"interface": "effort", "joints": ["a"]}, "ignore_joints": ["g"]}
+layout = parse_layout(json.dumps(raw), "test")
+inputs = RobotInputs(layout, "/joint_states", lambda: 0)
+rng = np.random.default_rng(0)
+special = [math.inf, -math.inf, math.nan, 1e300, -0.0, 1e-320]
+mismatches, checked = [], 0
+for i in range(400):
+    names = ["a", "b", "c", "g"] if i % 3 else ["c", "g", "a", "b"]
+    if i % 5 == 0:
+        names = ["a", "b", "c"]  # the layout's joints in its order: copied whole
+    pos, vel = rng.uniform(-7, 7, len(names)), rng.uniform(-7, 7, len(names))
+    if i % 7 == 0:
+        pos[i % len(names)] = special[i % len(special)]
+        vel[(i + 1) % len(names)] = special[(i + 2) % len(special)]
+    msg = JointState()
+    msg.name, msg.position, msg.velocity = names, pos.tolist(), vel.tolist()
+    assert inputs.on_state(msg, i) is None
+    obs = np.zeros(layout.obs_dim, np.float32)
+    assert inputs.read(i, 10, obs) is None
+    want = np.zeros(layout.obs_dim, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        layout.gather(want, layout.joint_map(names), {"position": pos, "velocity": vel}, {})
+    checked += 1
+    canonical = [np.where(np.isnan(x), np.float32(np.nan), x).tobytes() for x in (obs, want)]  # NaN's sign aside
+    if canonical[0] != canonical[1]:
+        mismatches.append([names, pos.tolist(), obs.tolist(), want.tolist()])
+# two publishers: the oldest joint's age decides staleness
+split = RobotInputs(layout, "/joint_states", lambda: 0)
+def part(names, t):
+    m = JointState()
+    m.name, m.position, m.velocity = names, [0.0] * len(names), [0.0] * len(names)
+    return split.on_state(m, t)
+part(["a", "b"], 100)
+stale_before_c = split.read(100, 50, np.zeros(layout.obs_dim, np.float32))
+part(["c", "g"], 140)
+ages = [split.read(t, 50, np.zeros(layout.obs_dim, np.float32)) for t in (150, 151)]
+part(["b", "a"], 160)
+ages.append(split.read(185, 50, np.zeros(layout.obs_dim, np.float32)))
+print(json.dumps({"checked": checked, "mismatches": mismatches[:3], "stale_before_c": stale_before_c, "ages": ages}))
+"""
+
+
+def test_the_merged_read_is_the_layouts_gather_bit_for_bit_and_the_oldest_joint_ages() -> None:
+    """The step's read (the precomputed gather over Python floats) gives the layout's reference gather bit for
+    bit (a NaN's sign bit aside), in any name order, with ignored joints, infinities, NaN and overflow; with
+    split publishers the oldest joint's arrival decides staleness."""
+    proc = subprocess.run([str(PYTHON), "-c", GATHER], capture_output=True, text=True, timeout=100, cwd=ROOT,
+                          env=ros_env(), check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["checked"] == 400 and result["mismatches"] == [], result["mismatches"]
+    # c never came: stale; at 150 a and b are 50 old (not past the limit), at 151 past it; b and a again at 160
+    # leave c (140) the oldest: 45 at 185
+    assert result["stale_before_c"] == "state" and result["ages"] == [None, "state", None], result
