@@ -57,20 +57,24 @@ def test_each_domain_is_outside_the_users_range_and_differs_from_the_last() -> N
 
 
 def test_a_domain_with_a_bound_port_or_held_by_another_run_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    mine = {domain for domain, _ in harness._held}  # locked by this process's earlier tests: a child would wait
-    picks = [domain for domain in harness._candidates() if domain not in mine][-3:]
+    monkeypatch.setattr(harness, "_held", [])  # this process's earlier tests keep theirs (their own descriptors)
+    picks = [harness.reserve_domain(keep=3) for _ in range(3)]  # free now and held: other runs pass them over
+    held = dict(harness._held)
     monkeypatch.setattr(harness, "_candidates", lambda: picks)
     monkeypatch.setattr(harness, "_held", [])
     bound = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     bound.bind(("127.0.0.1", harness._domain_ports(picks[0])[11]))  # as a participant's unicast port
     lock = Path(tempfile.gettempdir()) / f"sac-edge-ros-domain-{picks[1]}.lock"
-    other = subprocess.Popen(  # another run of the harness, holding its domain's lock
+    other = subprocess.Popen(  # another run of the harness, taking its domain's lock as soon as it is released
         [sys.executable, "-c", f"import fcntl, time; f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
          "print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
+        os.close(held.pop(picks[1]))
         assert other.stdout is not None and other.stdout.readline().strip() == "held"
+        os.close(held.pop(picks[0]))
+        os.close(held.pop(picks[2]))
         assert harness.reserve_domain() == picks[2]
         with pytest.raises(AssertionError, match="no free ROS domain"):
             harness.reserve_domain()  # the one left is this process's own last
@@ -78,7 +82,7 @@ def test_a_domain_with_a_bound_port_or_held_by_another_run_is_passed_over(monkey
         bound.close()
         other.kill()
         other.wait()
-        for _, fd in harness._held:
+        for fd in [*held.values(), *(fd for _, fd in harness._held)]:
             os.close(fd)
     fd = os.open(lock, os.O_RDWR)
     try:
