@@ -1,6 +1,8 @@
 """Where the ROS 2 node's step goes: each part of the message-mode step (``RobotInputs.on_state``, ``read``,
-``Runtime.act``, ``CommandOutputs.publish``, the whole ``Stepper.step``, ``Runtime.tick``) against the echo's
-work (a list and rclpy's publish) and the bare onnxruntime call, in-process on real rclpy, each call 1 ms
+``Runtime.act``, ``CommandOutputs.publish``, the whole ``Stepper.step``, ``Runtime.tick``), and ``Runtime.act``'s
+own stages, built as the runtime composes them (``ObservationGuard.check``, ``Backend.act`` on the bound input,
+``ActionGuard.take``, ``Shield.filter_action``), against the echo's work (a list and rclpy's publish) and the
+bare onnxruntime call, in-process on real rclpy, each call 1 ms
 after the last (the caches as cold as at the control rate, where a step's cost is mostly its cold misses),
 timed in thread CPU time, the parts interleaved.
 
@@ -46,7 +48,8 @@ def measure(bundle: str, rounds: int, skip: int) -> dict[str, dict[str, float]]:
     clock = time.monotonic_ns
     inputs = RobotInputs(layout, "/joint_states", clock)
     outputs = CommandOutputs(layout, "commands", "", lambda t, topic: node.create_publisher(t, topic, 10), 10**6)
-    bare = open_backend(open_bundle(bundle), "onnxruntime", "fp32").bare_call()
+    backend = open_backend(open_bundle(bundle), "onnxruntime", "fp32")
+    bare = backend.bare_call()
     echo_pub, echo_msg = node.create_publisher(Float64MultiArray, "echo", 10), Float64MultiArray()
     msg = JointState()
     msg.name = list(layout.state_joints)
@@ -60,6 +63,7 @@ def measure(bundle: str, rounds: int, skip: int) -> dict[str, dict[str, float]]:
         obs = stepper.obs
         inputs.on_state(msg, clock())
         action = runtime.act(obs).copy()
+        stage = act_stages(options, open_bundle(bundle), backend.act, obs)
 
         def echo() -> None:
             echo_msg.data = list(msg.position)
@@ -71,6 +75,7 @@ def measure(bundle: str, rounds: int, skip: int) -> dict[str, dict[str, float]]:
             "RobotInputs.on_state": lambda: inputs.on_state(msg, clock()),
             "RobotInputs.read": lambda: inputs.read(clock(), 10**9, obs),
             "Runtime.act": lambda: runtime.act(obs),
+            **stage,
             "CommandOutputs.publish": lambda: outputs.publish(action, action),
             "Stepper.step (read to publish)": lambda: stepper.step(clock(), clock),
             "Runtime.tick": runtime.tick,
@@ -86,6 +91,33 @@ def measure(bundle: str, rounds: int, skip: int) -> dict[str, dict[str, float]]:
     node.destroy_node()
     rclpy.try_shutdown()
     return {k: {"mean_us": float(np.mean(v)) / 1e3, "median_us": float(np.median(v)) / 1e3} for k, v in times.items()}
+
+
+def act_stages(options: Any, bundle: Any, infer: Callable[[np.ndarray], np.ndarray], obs: np.ndarray) -> dict[str, Any]:
+    """``Runtime.act``'s stages on their own, composed as ``compose.step_pipeline`` does for ``options`` (no
+    observation bounds but the shield's), each on the input the stage before it gives for ``obs``."""
+    from sac_edge.edge_runtime.compose import make_shield
+    from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
+
+    shield = make_shield(options, bundle, lambda _: None)
+    spec = bundle.spec
+    inner = shield.obs_bounds if shield is not None else None
+    unbounded = np.full(spec.obs_dim, np.inf)
+    guard = ObservationGuard(-unbounded, unbounded, options.obs_fault, inner, dtype=np.float32)
+    act_guard = ActionGuard(np.array(spec.action_low), np.array(spec.action_high))
+    observed, safe, inside = guard.check(obs)
+    if safe is None:
+        raise SystemExit("the bench's observation is outside the bundle's bounds")
+    raw = infer(safe).copy()
+    taken = list(act_guard.take(raw))
+    stages: dict[str, Any] = {
+        "  ObservationGuard.check": lambda: guard.check(obs),
+        "  Backend.act (bound input)": lambda: infer(safe),
+        "  ActionGuard.take": lambda: act_guard.take(raw),
+    }
+    if shield is not None:
+        stages["  Shield.filter_action"] = lambda: shield.filter_action(observed, inside, taken, True)
+    return stages
 
 
 def main(argv: list[str] | None = None) -> None:
