@@ -38,15 +38,16 @@ EVAL_SEED = 20_000
 def trained(out: Path, env_id: str, steps: int, seed: int, delay: int, extra: list[str]) -> Path:
     """The run dir of one training (reused when it finished before)."""
     run = out / (f"aware_d{delay}_s{seed}" if delay else f"plain_s{seed}")
-    state = run / "trainer_state.json"
-    if state.is_file() and json.loads(state.read_text()).get("step", 0) >= steps:
-        return run
     args = ["--env", env_id, "--total-steps", str(steps), "--seed", str(seed), "--out", str(run), "--force",
             "--no-progress", "--eval-every", "0", *extra]  # fmt: skip
     if delay:
         args += ["--action-delay", str(delay)]
+    done = run / "bench_args.json"  # written once the run finished: reused with the same budget and flags only
+    if done.is_file() and json.loads(done.read_text()) == args:
+        return run
     if sac_train(args) != 0:
         raise SystemExit(f"sac-train failed: {shlex.join(args)}")
+    done.write_text(json.dumps(args))
     return run
 
 
