@@ -111,3 +111,48 @@ def test_a_malformed_applied_action_keeps_the_one_sent():
     assert history.peek(np.array([0.5], np.float32)).tolist() == [0.5, 0.5]  # 1.0 of [-2, 2] is 0.5
     history.applied(np.array([-2.0]))
     assert history.peek(np.array([0.5], np.float32)).tolist() == [0.5, -1.0]
+
+
+def test_int8_rollouts_and_gate_episodes_assemble_the_input_as_the_trainer_did(history_run: tuple[Path, Path]):
+    """The calibration rollouts and the gate's episodes see the input the trainer's evaluation assembled: the
+    fp32 graph's gate return on a seed is the trainer's; each episode's first row repeats its first frame."""
+    from sac_edge.calibration.gate import episode_returns
+    from sac_edge.calibration.rollout import EnvSetup
+    from sac_edge.calibration.session import OnnxPolicy
+    from sac_edge.calibration.states import rollout_states
+    from sac_edge.export.source import load_source
+    from sac_edge.train.evaluate import evaluate
+
+    run, bundle = history_run
+    source = load_source(str(run))
+    contract = ObsContract.from_dict(source.observation, "run")
+    setup, policy = EnvSetup("Pendulum-v1", contract), OnnxPolicy(bundle / "policy.onnx")
+    history = ObsAssembler(contract, source.spec.action_low, source.spec.action_high)
+    (expected,) = evaluate(source.policy, make_env("Pendulum-v1"), 1, 5, history)
+    (gated,) = episode_returns(policy, setup, [5])
+    assert gated == pytest.approx(expected, rel=5e-3), (gated, expected)
+    rows = rollout_states(policy, setup, 2 * EPISODE, seed=5)  # every row of two whole episodes, in order
+    assert rows.shape == (2 * EPISODE, 13)
+    for first in (rows[0], rows[EPISODE]):  # [frame | last action 0 | the frame 3 times]
+        assert first[3] == 0.0 and np.array_equal(first[4:], np.tile(first[:3], 3)), first
+    later = rows[10]  # the history: the 3 frames before, oldest first; the last action: the one sent before
+    assert np.array_equal(later[4:], rows[7:10, :3].reshape(-1))
+    sent = policy(rows[9][None])[0]
+    assert later[3] == pytest.approx(float(sent[0]) / 2.0, abs=1e-6)  # Pendulum's [-2, 2] in policy units
+
+
+def test_sac_export_int8_and_sac_edge_run_int8_of_a_contract_run(history_run: tuple[Path, Path], tmp_path: Path):
+    run, _ = history_run
+    bundle = tmp_path / "int8"
+    export = [str(BIN / "sac-export"), str(run), "--out", str(bundle), "--engine", "never", "--int8",
+              "--calib-samples", "512", "--gate-episodes", "2"]  # fmt: skip
+    done = subprocess.run(export, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    states = manifest["calibration"]["states"]
+    assert states["calibration_replay"] > 0 and states["calibration_rollout"] > 0, states
+    assert manifest["gate"]["verdict"] == "accepted", manifest["gate"]
+    cli = [str(BIN / "sac-edge"), "run", str(bundle), "--backend", "onnxruntime", "--precision", "int8",
+           "--seed", "3", "--rate-hz", "1000", "--duration", "5", "--json"]  # fmt: skip
+    summary = json.loads(subprocess.run(cli, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    assert summary["precision"] == "int8" and len(summary["episode_returns"]) >= 1, summary
