@@ -156,3 +156,47 @@ def test_sac_export_int8_and_sac_edge_run_int8_of_a_contract_run(history_run: tu
            "--seed", "3", "--rate-hz", "1000", "--duration", "5", "--json"]  # fmt: skip
     summary = json.loads(subprocess.run(cli, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
     assert summary["precision"] == "int8" and len(summary["episode_returns"]) >= 1, summary
+
+
+def test_fine_tuning_stores_the_inputs_the_runtime_assembled(history_run: tuple[Path, Path], tmp_path: Path):
+    """``--finetune`` on a contract bundle: each replay row the learner gets holds the input the policy acted
+    on and the next one (the action applied in it, taken before an episode's end restarts the history), as
+    the trainer stores them; rows in order (a row the busy learner's lock made the control thread drop is
+    counted, never half-written)."""
+    _, bundle = history_run
+    options = RuntimeOptions.of(str(bundle), rate_hz=1000, backend="onnxruntime", finetune=True,
+                                finetune_dir=str(tmp_path / "ft"), learning_starts=10_000)  # fmt: skip
+    env, expected = make_env("Pendulum-v1"), []
+    assembler = ObsAssembler(ObsContract(3, 1, 1, 3), [-2.0], [2.0])
+    with Runtime(options) as runtime:
+        obs, _ = env.reset(seed=11)
+        for _ in range(EPISODE + 30):  # one episode's end on the way
+            frame = np.asarray(obs, np.float32)
+            acted_on = assembler.assemble(frame[None])[0].copy()
+            action = runtime.act(frame)
+            assembler.advance(frame[None], action[None])
+            obs, reward, terminated, truncated, _ = env.step(action)
+            expected.append((acted_on, assembler.assemble(np.asarray(obs, np.float32)[None])[0].copy()))
+            runtime.observe(frame, action, reward, np.asarray(obs, np.float32), terminated, truncated)
+            if terminated or truncated:
+                assembler.reset()
+                obs, _ = env.reset(seed=12)
+        ring = runtime._parts.tuner.ring  # type: ignore[union-attr]
+        written, dropped = ring.written, ring.dropped
+        rows = [(ring.obs[k].copy(), ring.next_obs[k].copy()) for k in range(written)]
+    assert written + dropped == len(expected) and written > len(expected) // 2, (written, dropped)
+    at = iter(expected)
+    for k, (got_obs, got_next) in enumerate(rows):
+        assert any(np.array_equal(got_obs, e[0]) and np.array_equal(got_next, e[1]) for e in at), f"row {k}"
+    assert np.array_equal(rows[0][0][4:], np.tile(rows[0][0][:3], 3))  # an episode's first input
+
+
+def test_sac_edge_run_finetune_of_a_contract_bundle_learns_and_swaps(history_run: tuple[Path, Path], tmp_path: Path):
+    _, bundle = history_run
+    cli = [str(BIN / "sac-edge"), "run", str(bundle), "--finetune", "--backend", "onnxruntime", "--rate-hz", "1000",
+           "--duration", "4", "--learning-starts", "200", "--swap-every", "20", "--finetune-buffer", "2000",
+           "--finetune-batch", "32", "--finetune-dir", str(tmp_path / "ft"), "--json"]  # fmt: skip
+    done = subprocess.run(cli, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tuned = json.loads(done.stdout.strip().splitlines()[-1])["finetune"]
+    assert tuned["error"] is None and tuned["updates"] > 0 and tuned["steps_collected"] > 200, tuned
