@@ -4,9 +4,11 @@ For each seed: one plain ``sac-train`` run (no delay, the frame alone) and one `
 run per delay K (the last K actions in the policy's input, recorded in the run dir); every run is then
 evaluated deterministically on the same ``--episodes`` seeded episodes with each action applied K steps
 late (``common/delay.py``'s wrapper, the one training used) and on time. Runs already finished in
-``--out`` are reused, so the trainings can run first (in the background) and the table later.
+``--out`` with the same ``sac-train`` arguments are reused, so the trainings can run first (in the
+background, ``--train-only``, one seed or delay at a time) and the table later.
 
     nice -n 5 python bench/action_delay.py --out runs/delay                     # Pendulum, delays 1-3, 3 seeds
+    python bench/action_delay.py --out runs/pend --seeds 0,1,2,3,4 --delays 3 --train-args=--learning-starts=1000
     python bench/action_delay.py --env HalfCheetah-v5 --steps 20000 --seeds 0 --delays 1 --out runs/delay-hc
 
 Prints a markdown table (per delay and seed: plain at delay K, delay-aware at delay K, both at delay 0) and
@@ -38,15 +40,16 @@ EVAL_SEED = 20_000
 def trained(out: Path, env_id: str, steps: int, seed: int, delay: int, extra: list[str]) -> Path:
     """The run dir of one training (reused when it finished before)."""
     run = out / (f"aware_d{delay}_s{seed}" if delay else f"plain_s{seed}")
-    state = run / "trainer_state.json"
-    if state.is_file() and json.loads(state.read_text()).get("step", 0) >= steps:
-        return run
     args = ["--env", env_id, "--total-steps", str(steps), "--seed", str(seed), "--out", str(run), "--force",
             "--no-progress", "--eval-every", "0", *extra]  # fmt: skip
     if delay:
         args += ["--action-delay", str(delay)]
+    done = run / "bench_args.json"  # written once the run finished: reused with the same budget and flags only
+    if done.is_file() and json.loads(done.read_text()) == args:
+        return run
     if sac_train(args) != 0:
         raise SystemExit(f"sac-train failed: {shlex.join(args)}")
+    done.write_text(json.dumps(args))
     return run
 
 

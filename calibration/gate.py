@@ -35,7 +35,7 @@ from sac_edge.common.envs import make_env
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.spec import PolicySpec
 
-from .rollout import Policy, random_policy, run_episode, zero_policy
+from .rollout import EnvSetup, Policy, env_setup, random_policy, run_episode, zero_policy
 from .session import OnnxPolicy
 from .states import GATE_SEED_OFFSET
 
@@ -123,13 +123,13 @@ def action_errors(
     return float(err.max()), float(err.mean()), float(frac.max()), float(frac.mean())
 
 
-def episode_returns(policy: Policy, env_id: str, seeds: Sequence[int]) -> tuple[float, ...]:
-    """Undiscounted returns of ``policy`` on one episode per seed."""
-    env = make_env(env_id)
+def episode_returns(policy: Policy, env: str | EnvSetup, seeds: Sequence[int]) -> tuple[float, ...]:
+    """Undiscounted returns of ``policy`` on one episode of ``env`` per seed."""
+    made = env_setup(env).make()
     try:
-        return tuple(run_episode(policy, env, s).total_return for s in seeds)
+        return tuple(run_episode(policy, made, s).total_return for s in seeds)
     finally:
-        env.close()
+        made.close()
 
 
 def worst_return(env_id: str, seeds: Sequence[int]) -> tuple[float, str]:
@@ -157,6 +157,8 @@ class GateSettings:
     """The first episode's seed is ``seed + GATE_SEED_OFFSET``."""
     worst: tuple[float, str] | None = None
     """The env's worst return and its source; None: worked out by :func:`worst_return`."""
+    rollout: EnvSetup | None = None
+    """The env as the policy is deployed in it (observation contract, trained delay); None: ``spec.env_id``."""
 
     def __post_init__(self) -> None:
         if self.gate_episodes < 1:
@@ -196,17 +198,18 @@ class _Reference:
     mean_return: float
     worst: tuple[float, str]
     allowed_drop: float
+    env: EnvSetup
 
 
 def _reference(fp32: onnx.ModelProto | Path, spec: PolicySpec, settings: GateSettings) -> _Reference:
-    policy = OnnxPolicy(fp32)
+    policy, env = OnnxPolicy(fp32), settings.rollout or EnvSetup(spec.env_id)
     if not spec.env_id:  # no episodes: the action-error rule alone decides
-        return _Reference(policy, (), (), math.nan, (math.nan, NO_ENV), math.nan)
+        return _Reference(policy, (), (), math.nan, (math.nan, NO_ENV), math.nan, env)
     seeds = tuple(settings.seed + GATE_SEED_OFFSET + k for k in range(settings.gate_episodes))
-    returns = episode_returns(policy, spec.env_id, seeds)
+    returns = episode_returns(policy, env, seeds)
     worst = settings.worst if settings.worst is not None else worst_return(spec.env_id, seeds)
     mean = _mean(returns)
-    return _Reference(policy, seeds, returns, mean, worst, MAX_RETURN_DROP_FRAC * max(mean - worst[0], 0.0))
+    return _Reference(policy, seeds, returns, mean, worst, MAX_RETURN_DROP_FRAC * max(mean - worst[0], 0.0), env)
 
 
 class _Trials:
@@ -233,7 +236,7 @@ class _Trials:
         """The candidate's episode returns and return drop (None without an environment)."""
         if not self.spec.env_id:
             return scored, None
-        returns = episode_returns(policy, self.spec.env_id, self.reference.seeds)
+        returns = episode_returns(policy, self.reference.env, self.reference.seeds)
         return dataclasses.replace(scored, int8_returns=returns), self.reference.mean_return - _mean(returns)
 
     def passes(self, scored: CandidateScore, drop: float | None) -> bool:

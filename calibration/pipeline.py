@@ -24,6 +24,7 @@ from .gate import MAX_MEAN_ERROR_FRAC, Candidates, GateReport, GateSettings, act
 from .graph import layer_name, linear_nodes
 from .integer import integer_graph
 from .qdq import quantizable_tensors, quantize_model
+from .rollout import EnvSetup
 from .session import OnnxPolicy, collect_activations
 from .states import StateSets, build_state_sets, validate_states
 
@@ -71,6 +72,9 @@ class CalibrationOptions:
     """Calibration states :func:`quantize_and_gate` builds (``sac-export --calib-samples``)."""
     holdout_samples: int = 2048
     """Held-out states :func:`quantize_and_gate` builds for the gate's action-error rule."""
+    rollout: EnvSetup | None = None
+    """The env as the policy is deployed in it: rollout states and gate episodes assemble its input (its
+    observation contract) and apply its trained delay's median; None: the spec's env as is."""
 
 
 def quantize_and_gate(
@@ -90,6 +94,7 @@ def quantize_and_gate(
         holdout_samples=options.holdout_samples,
         replay=replay,
         seed=options.seed,
+        rollout=options.rollout,
     )
     return calibrate_and_gate(fp32_onnx, out_dir, states, spec, options)
 
@@ -104,7 +109,9 @@ def calibrate_and_gate(
     rule on the same held-out states.
     """
     options = options or CalibrationOptions()
-    settings = GateSettings(options.gate_episodes, options.seed)  # its one-line check before any slow work
+    settings = GateSettings(
+        options.gate_episodes, options.seed, rollout=options.rollout
+    )  # its one-line check before any slow work
     model = _load_fp32(fp32_onnx)
     calibration = validate_states(states.calibration, spec.obs_dim, "calibration states")
     holdout = validate_states(states.holdout, spec.obs_dim, "held-out states")

@@ -1,13 +1,20 @@
 """Seeded episodes of a policy on a real environment: the source of fresh calibration states and of the
-returns the accuracy gate compares."""
+returns the accuracy gate compares. A policy with last actions or a history in its input (an observation
+contract) acts in the env wrapped so that its observations are the inputs ``Runtime`` assembles, and a
+policy trained under an action delay acts under its median."""
 
 from __future__ import annotations
 
 import typing
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
+
+from sac_edge.common.delay import ActionDelay, DelayDistribution
+from sac_edge.common.envs import make_env
+from sac_edge.common.obs_history import ObsAssembler, ObsContract
 
 Policy = typing.Callable[[np.ndarray], np.ndarray]  # [batch, obs_dim] float32 -> [batch, act_dim]
 DEFAULT_MAX_STEPS = 1000  # for envs registered without a time limit (module:Class)
@@ -57,3 +64,55 @@ def zero_policy(env: gym.Env) -> Policy:
     assert isinstance(space, gym.spaces.Box)
     action = np.clip(np.zeros(space.shape, dtype=np.float32), space.low, space.high).astype(np.float32)
     return lambda obs: np.broadcast_to(action, (len(obs), *action.shape))
+
+
+class AssembledObservation(gym.Wrapper):
+    """An env whose observations are the policy's inputs under ``contract`` (one ``ObsAssembler``, reset
+    with each episode and advanced with each action sent, as ``Runtime`` does): rollouts of a policy with
+    last actions or a history (INT8 calibration states, the accuracy gate's episodes)."""
+
+    def __init__(self, env: gym.Env, contract: ObsContract) -> None:
+        super().__init__(env)
+        space = env.action_space
+        assert isinstance(space, gym.spaces.Box)
+        self.history = ObsAssembler(contract, space.low, space.high)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (contract.obs_dim,), np.float32)
+        self._frame = np.zeros((1, contract.frame_dim), np.float32)
+
+    def _input(self, frame: Any) -> np.ndarray:
+        self._frame = np.asarray(frame, np.float32).reshape(1, -1)
+        return self.history.assemble(self._frame)[0].copy()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        frame, info = self.env.reset(seed=seed, options=options)
+        self.history.reset()
+        return self._input(frame), info
+
+    def step(self, action: Any) -> Any:
+        self.history.advance(self._frame, np.asarray(action).reshape(1, -1))
+        frame, reward, terminated, truncated, info = self.env.step(action)
+        return self._input(frame), reward, terminated, truncated, info
+
+
+@dataclass(frozen=True)
+class EnvSetup:
+    """The env a policy is rolled out in as it will be deployed."""
+
+    env_id: str
+    observation: ObsContract | None = None
+    """The policy's input contract (None: the frame alone)."""
+    action_delay: int = 0
+    """Control steps each action arrives late (the median of the delay it was trained under)."""
+
+    def make(self) -> gym.Env:
+        env = make_env(self.env_id)
+        if self.action_delay:
+            env = ActionDelay(env, DelayDistribution((self.action_delay,), (1.0,), "trained median"))
+        if self.observation is not None and not self.observation.plain:
+            env = AssembledObservation(env, self.observation)
+        return env
+
+
+def env_setup(env: str | EnvSetup) -> EnvSetup:
+    """An env id as the setup of a policy that sees the frame alone."""
+    return env if isinstance(env, EnvSetup) else EnvSetup(env)

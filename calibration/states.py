@@ -13,11 +13,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sac_edge.common.envs import make_env
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.spec import PolicySpec
 
-from .rollout import Policy, run_episode
+from .rollout import EnvSetup, Policy, env_setup, run_episode
 from .session import OnnxPolicy
 
 CALIB_STATES = "calib_states.npy"  # the run-dir file name (train/checkpoint.py CALIB_STATES)
@@ -61,19 +60,19 @@ def load_calib_states(path: Path, obs_dim: int) -> np.ndarray:
     return validate_states(arr, obs_dim, str(file))
 
 
-def rollout_states(policy: Policy, env_id: str, count: int, seed: int) -> np.ndarray:
-    """``count`` states visited by ``policy`` in seeded episodes (seeds ``seed, seed+1, ...``), sampled
-    uniformly over whole episodes so every phase of an episode is represented."""
-    env = make_env(env_id)
+def rollout_states(policy: Policy, env: str | EnvSetup, count: int, seed: int) -> np.ndarray:
+    """``count`` states (policy inputs) visited by ``policy`` in seeded episodes of ``env`` (seeds ``seed,
+    seed+1, ...``), sampled uniformly over whole episodes so every phase of an episode is represented."""
+    made = env_setup(env).make()
     try:
         episodes: list[np.ndarray] = []
         total = 0
         while total < count:
-            obs = run_episode(policy, env, seed + len(episodes)).observations
+            obs = run_episode(policy, made, seed + len(episodes)).observations
             episodes.append(obs)
             total += len(obs)
     finally:
-        env.close()
+        made.close()
     pool = np.concatenate(episodes)
     pick = np.random.default_rng(seed).choice(len(pool), size=count, replace=False)
     return pool[np.sort(pick)]
@@ -87,12 +86,14 @@ def build_state_sets(
     holdout_samples: int,
     replay: np.ndarray | None = None,
     seed: int = 0,
+    rollout: EnvSetup | None = None,
 ) -> StateSets:
     """Calibration set of ``calib_samples`` rows and a disjoint held-out set of ``holdout_samples`` rows.
 
     With ``replay`` (the run's ``calib_states.npy``) up to half of each set comes from it (its rows split
     between the two sets, never shared); the rest are fresh rollouts of ``fp32_onnx`` on ``spec.env_id``.
-    Without an environment (``spec.env_id`` empty) both sets come from ``replay`` alone.
+    Without an environment (``spec.env_id`` empty) both sets come from ``replay`` alone. ``rollout``: the env
+    as the policy is deployed in it (its observation contract, its trained delay), default ``spec.env_id``.
     """
     if calib_samples < 1 or holdout_samples < 1:
         raise SacEdgeError(
@@ -107,15 +108,13 @@ def build_state_sets(
         raise SacEdgeError("no environment to roll out and fewer than 2 given states to calibrate on; pass --env ID")
     n_cal_replay = min(calib_samples * share // 2, len(rows) // 2)
     n_hold_replay = min(holdout_samples * share // 2, len(rows) - n_cal_replay)
-    policy = OnnxPolicy(fp32_onnx)
+    policy, setup = OnnxPolicy(fp32_onnx), rollout or EnvSetup(spec.env_id)
     cal_parts = [rows[:n_cal_replay]]
     hold_parts = [rows[n_cal_replay : n_cal_replay + n_hold_replay]]
     if spec.env_id and calib_samples > n_cal_replay:
-        cal_parts.append(rollout_states(policy, spec.env_id, calib_samples - n_cal_replay, seed))
+        cal_parts.append(rollout_states(policy, setup, calib_samples - n_cal_replay, seed))
     if spec.env_id and holdout_samples > n_hold_replay:
-        hold_parts.append(
-            rollout_states(policy, spec.env_id, holdout_samples - n_hold_replay, seed + HOLDOUT_SEED_OFFSET)
-        )
+        hold_parts.append(rollout_states(policy, setup, holdout_samples - n_hold_replay, seed + HOLDOUT_SEED_OFFSET))
     calibration = np.concatenate(cal_parts)
     holdout = _without_rows(np.concatenate(hold_parts), calibration)
     counts = {

@@ -7,7 +7,8 @@ episode apply the middle of the action bounds (the policy's 0). A profile measur
 ``--json`` of ``sac-edge bench`` or ``sac-edge run``, or the ROS 2 node's summary) becomes steps at the env's
 control period ``dt``: a delay of s seconds is ``floor(s / dt + 0.5)`` steps (the nearest step), with the
 profile's median carrying half the probability, its p99 the next 49% and its max the last 1% (each a
-step's worth of inference time, plus the step's start lateness where the file has it).
+step's worth of inference time, plus the step's start lateness where the file has it; from the node's
+summary, its step time: input taken to command published).
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def _quantiles_us(data: dict[str, Any], path: str) -> tuple[float, float, float]
     """(p50, p99, max) of the delay in microseconds: inference latency (+ the step start's lateness)."""
     fix = "pass the --json of sac-edge bench or sac-edge run, or the ROS 2 node's summary"
     latency: Any = data.get("latency_us")
+    if latency is None and isinstance(data.get("node"), dict):  # the ROS 2 node's summary (file or last line)
+        latency = _node_step_us(data["node"], data.get("runtime"))
     if latency is None and isinstance(data.get("rows"), list):  # sac-edge bench: batch-1 rows, the fastest
         rows: list[Any] = [r.get("latency_us") for r in data["rows"] if isinstance(r, dict) and r.get("batch") == 1]
         ones: list[dict[str, Any]] = [r for r in rows if isinstance(r, dict) and _finite(r.get("p99"))]
@@ -117,6 +120,18 @@ def _quantiles_us(data: dict[str, Any], path: str) -> tuple[float, float, float]
         extra = float(jitter[key]) if _finite(jitter.get(key)) else 0.0
         out.append(value + extra)
     return out[0], out[1], out[2]
+
+
+def _node_step_us(node: dict[str, Any], runtime: Any) -> dict[str, Any] | None:
+    """The ROS 2 node's step time (input taken to command published: p50, p99) as ``latency_us``; its max is
+    at least the p99 and the slowest inference (the runtime's ``latency_us.max``), the only max it records."""
+    p50: Any = node.get("step_p50_us")
+    p99: Any = node.get("step_p99_us")
+    if not (_finite(p50) and _finite(p99)):
+        return None
+    inference: Any = runtime.get("latency_us") if isinstance(runtime, dict) else None
+    slowest: Any = inference.get("max") if isinstance(inference, dict) else None
+    return {"p50": p50, "p99": p99, "max": max(float(p99), float(slowest) if _finite(slowest) else 0.0)}
 
 
 def _finite(value: Any) -> bool:

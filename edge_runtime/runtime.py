@@ -414,7 +414,7 @@ class Runtime:
         resources = contextlib.ExitStack()
         try:
             bundle = verified_bundle(cfg) if self._bundle is None else checked_bundle(self._bundle, cfg)
-            self._history = _input_history(bundle, cfg.finetune.enabled)
+            self._history = _input_history(bundle)
             low, high = (_bound(b, bundle.frame_dim, name, fill) for b, name, fill in zip(self._bounds, _NAMES, _FILLS))
             ordered_bounds(low, high)
             weights = resources.enter_context(last_good_weights(cfg))
@@ -579,29 +579,35 @@ class Runtime:
             terminated, truncated = done_flag(terminated, "terminated"), done_flag(truncated, "truncated")
         counts = self._transitions
         counts.transitions += 1
-        history = self._history
+        history, tuner = self._history, self._parts.tuner
+        if tuner is not None:
+            if type(obs) is not np.ndarray:
+                obs = plain_array(obs)  # type: ignore[assignment]
+            if type(next_obs) is not np.ndarray:
+                next_obs = plain_array(next_obs)  # type: ignore[assignment]
+            guard = self._pipeline.obs_guard
+            if not (guard.well_formed(obs) and guard.well_formed(next_obs)):
+                tuner = None
+        inputs = None
         if history is not None:  # the action the caller applied is the last action the policy sees
             history.applied(action)
+            if tuner is not None:  # the inputs the trainer would store, before an episode's end restarts it
+                inputs = history.transition(next_obs)
+                tuner = tuner if inputs is not None else None
         if terminated or truncated:
             counts.episodes += 1
             if self._parts.shield is not None:  # the caller resets its plant: a new start for the ramp
                 self._parts.shield.restart()  # and for the observation history (its listener)
             elif history is not None:
                 history.restart()
-        tuner = self._parts.tuner
         if tuner is None:
-            return
-        if type(obs) is not np.ndarray:
-            obs = plain_array(obs)  # type: ignore[assignment]
-        if type(next_obs) is not np.ndarray:
-            next_obs = plain_array(next_obs)  # type: ignore[assignment]
-        guard = self._pipeline.obs_guard
-        if not (guard.well_formed(obs) and guard.well_formed(next_obs)):
             return
         value = finite_reward(reward)
         if value is None:
             counts.reward_invalid += 1
             return
+        if inputs is not None:
+            obs, next_obs = inputs
         tuner.observe(obs, np.asarray(action), value, next_obs, bool(terminated), bool(truncated))
 
     def tick(self, window: ScheduleWindow | None = None) -> TickReport:
@@ -752,16 +758,11 @@ class Runtime:
         )
 
 
-def _input_history(bundle: Bundle, finetune: bool) -> InputHistory | None:
+def _input_history(bundle: Bundle) -> InputHistory | None:
     """The observation history a bundle's contract asks the runtime to keep (None: the frame alone)."""
     contract = bundle.observation
     if contract is None or contract.plain:
         return None
-    if finetune:
-        raise SacEdgeError(
-            f"{bundle.path}: on-device fine-tuning takes the frame alone; this policy's input adds last actions or a "
-            "history (--last-action, --obs-history): run it without --finetune"
-        )
     return InputHistory(contract, bundle.spec.action_low, bundle.spec.action_high)
 
 

@@ -33,6 +33,7 @@ from sac_edge.common.bundle_format import (
     plan_name,
 )
 from sac_edge.common.config import save_config
+from sac_edge.common.delay import DelayDistribution
 from sac_edge.common.errors import SacEdgeError
 from sac_edge.common.io_layout import load_layout
 from sac_edge.common.jsonfile import read_json
@@ -115,11 +116,6 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
     check_out(cfg)
     layout = load_layout(cfg.layout) if cfg.layout is not None else None
     contract = ObsContract.from_dict(source.observation, "observation") if source.observation else None
-    if contract is not None and cfg.int8:
-        raise SacEdgeError(
-            f"{source.path}: --int8 calibrates on rollouts of the frame alone; a policy with an observation contract "
-            "(--last-action, --obs-history) is exported without it for now: drop --int8"
-        )
     if layout is not None:  # before the slow work: a layout that does not fit the policy is refused at once
         # The layout describes the env's frame, the first values of a wider policy input (obs_history.py).
         frame_dim = source.spec.obs_dim if contract is None else contract.frame_dim
@@ -141,7 +137,7 @@ def write_bundle(cfg: ExportConfig, source: PolicySource, sign_key: Ed25519Priva
         save_tensors(
             stage / LEARNER, source.learner, metadata={"format": "sac-edge learner", "env": source.spec.env_id}
         )
-        int8 = _int8(cfg, source, stage) if cfg.int8 else None
+        int8 = _int8(cfg, source, stage, contract) if cfg.int8 else None
         if (out / TIMING_CACHE).is_file():  # a re-export on the same machine reuses the tactic timings
             shutil.copyfile(out / TIMING_CACHE, stage / TIMING_CACHE)
         engines = _engines(cfg, stage, int8)
@@ -193,9 +189,15 @@ def _fp16(stage: Path, source: PolicySource, states: np.ndarray, origin: str) ->
     return parity
 
 
-def _int8(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any]:
-    """Calibration, ``policy.int8.onnx``, ``calib.cache`` and the accuracy gate (calibration/)."""
+def _int8(cfg: ExportConfig, source: PolicySource, stage: Path, contract: ObsContract | None) -> dict[str, Any]:
+    """Calibration, ``policy.int8.onnx``, ``calib.cache`` and the accuracy gate (calibration/): rollouts and
+    gate episodes assemble the policy's input as ``Runtime`` does (``contract``) under the median of the delay
+    it trained under."""
     from sac_edge.calibration.pipeline import CalibrationOptions, quantize_and_gate
+    from sac_edge.calibration.rollout import EnvSetup
+
+    delay = source.action_delay
+    median = DelayDistribution.from_dict(delay, "action_delay").quantile(0.5) if delay else 0
 
     options = CalibrationOptions(
         method=cfg.calib_method,
@@ -203,6 +205,7 @@ def _int8(cfg: ExportConfig, source: PolicySource, stage: Path) -> dict[str, Any
         gate_episodes=cfg.gate_episodes,
         seed=cfg.seed,
         calib_samples=cfg.calib_samples,
+        rollout=EnvSetup(source.spec.env_id, contract, median) if source.spec.env_id else None,
     )
     result = quantize_and_gate(stage / POLICY_ONNX, stage, source.replay_states, source.spec, options)
     if result.int8_onnx is not None:

@@ -5,7 +5,8 @@ here exactly as the trainer assembled them.
 ``inputs`` (a pipeline stage) builds the policy input from the checked frame; ``sent`` records the step's
 frame and the action it sent (a held step, whose frame was not trusted, records the action alone);
 ``applied`` replaces that action with the one the caller says it applied (``Runtime.observe``);
-``restart`` (an episode's end, ``Shield.restart``) starts the history anew.
+``restart`` (an episode's end, ``Shield.restart``) starts the history anew; ``transition`` gives on-device
+fine-tuning the step's input and the next one, as the trainer stored them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class InputHistory:
     def __init__(self, contract: ObsContract, low: object, high: object) -> None:
         self.assembler = ObsAssembler(contract, low, high, 1)
         self._frame: np.ndarray | None = None
+        self.inferred = False
+        """Whether the last step inferred (a held step's input was not the policy's)."""
 
     def inputs(self, frame: np.ndarray) -> np.ndarray:
         """The policy input for the checked ``frame`` (a buffer the next step reuses)."""
@@ -38,6 +41,7 @@ class InputHistory:
     def sent(self, action: np.ndarray) -> None:
         """The step is over: its frame (when it inferred) and ``action`` join the history."""
         frame, self._frame = self._frame, None
+        self.inferred = frame is not None
         self.assembler.advance(None if frame is None else frame.reshape(1, -1), np.asarray(action).reshape(1, -1))
 
     def applied(self, action: object) -> None:
@@ -50,6 +54,19 @@ class InputHistory:
         if values.shape == (self.assembler.contract.act_dim,) and np.isfinite(values).all():
             self.assembler.replace_last_action(values.reshape(1, -1))
 
+    def transition(self, next_frame: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(the last inferred step's input, the input ``next_frame`` makes with the action applied): the
+        replay row's observations, taken before an episode's end restarts the history; None after a held
+        step (the policy did not act on an input of its own)."""
+        if not self.inferred:
+            return None
+        out = self.assembler._out
+        acted = out[0].copy()
+        upcoming = self.assembler.assemble(np.asarray(next_frame, np.float32).reshape(1, -1))[0].copy()
+        out[0] = acted  # last_input() keeps answering for the step that inferred
+        return acted, upcoming
+
     def restart(self) -> None:
         self._frame = None
+        self.inferred = False
         self.assembler.reset()

@@ -38,10 +38,16 @@ def test_a_device_profile_becomes_steps_at_the_env_period(tmp_path: Path):
                                           {"batch": 1, "latency_us": {"p50": 60_000, "p99": 70_000}},
                                           {"batch": 64, "latency_us": {"p50": 1, "p99": 2}}]}))  # fmt: skip
     assert delay_from_profile(str(bench), dt=0.05).steps == (1,)
-    empty = tmp_path / "empty.json"
+    node = tmp_path / "summary.json"  # the ROS 2 node's: its step time, the slowest inference for the max
+    node.write_text(json.dumps({"node": {"step_p50_us": 30_000, "step_p99_us": 70_000},
+                                "runtime": {"latency_us": {"p50": 1_000, "p99": 2_000, "max": 130_000}}}))  # fmt: skip
+    assert delay_from_profile(str(node), dt=0.05).steps == (1, 3)
+    empty, unstepped = tmp_path / "empty.json", tmp_path / "unstepped.json"
     empty.write_text("{}")
-    with pytest.raises(SacEdgeError, match="no step latency"):
-        delay_from_profile(str(empty), dt=0.05)
+    unstepped.write_text(json.dumps({"node": {"step_p50_us": None, "step_p99_us": None}, "runtime": None}))
+    for path in (empty, unstepped):
+        with pytest.raises(SacEdgeError, match="no step latency"):
+            delay_from_profile(str(path), dt=0.05)
 
 
 def test_actions_arrive_late_by_a_delay_drawn_per_seeded_episode():

@@ -4,6 +4,7 @@ lifecycle driver, each in its own process on the loopback (harness.py)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from harness import PYTHON, Procs, cpu_seconds, ros_children, shm, sockets, wait_for
 
 from sac_edge.common.config import options
+from sac_edge.common.delay import delay_from_profile
 from sac_edge.edge_runtime.config import RunConfig
 
 pytestmark = [pytest.mark.ros2, pytest.mark.timeout(240)]
@@ -39,8 +41,9 @@ def test_lockstep_actions_equal_the_runtimes_bit_for_bit_on_the_loopback(
     procs: Procs, pendulum_layout_bundle: Path, tmp_path: Path
 ) -> None:
     shm_before = shm()
-    record, sim_out = tmp_path / "run.mcap", tmp_path / "sim.json"
-    node = procs.node(pendulum_layout_bundle, "mode:=message", "max_input_age_ms:=5000.0", f"record:={record}", *EXACT)
+    record, sim_out, summary_file = tmp_path / "run.mcap", tmp_path / "sim.json", tmp_path / "summary.json"
+    node = procs.node(pendulum_layout_bundle, "mode:=message", "max_input_age_ms:=5000.0", f"record:={record}",
+                      f"summary:={summary_file}", *EXACT)  # fmt: skip
     procs.start("sim", "tests/ros2/sim.py", "--lockstep", "--out", str(sim_out))
     wait_for(lambda: "ready, unconfigured" in procs.text("node", "err"), 60, "the node")
     idle0, t0 = sum(cpu_seconds(p) for p in ros_children(node)), time.monotonic()
@@ -71,6 +74,19 @@ def test_lockstep_actions_equal_the_runtimes_bit_for_bit_on_the_loopback(
     assert result["compared"] == summary["node"]["steps"], result
     assert result["equal"] == result["compared"], result["first_mismatch"]
     assert shm() - shm_before == set()
+    _trains_in_the_delay_it_measured(summary_file, summary)
+
+
+def _trains_in_the_delay_it_measured(summary_file: Path, printed: dict) -> None:
+    """The summary file the node wrote is a ``sac-train --delay-profile`` (the trainer's own parser): its step
+    time's p50 and p99 (and the slowest inference for the max) in control steps at Pendulum's 50 ms."""
+    written = json.loads(summary_file.read_text())
+    node, runtime = written["node"], written["runtime"]
+    assert node["steps"] == printed["node"]["steps"] and node["step_p99_us"] >= node["step_p50_us"] > 0, node
+    us = (node["step_p50_us"], node["step_p99_us"], max(node["step_p99_us"], runtime["latency_us"]["max"]))
+    delay = delay_from_profile(str(summary_file), 0.05)
+    assert delay.steps == tuple(sorted({math.floor(u * 1e-6 / 0.05 + 0.5) for u in us})), (delay, us)
+    assert delay.source.endswith(f"p50/p99/max {us[0]:.0f}/{us[1]:.0f}/{us[2]:.0f} us at dt 0.05 s"), delay
 
 
 @pytest.mark.parametrize("rate_hz", [200, 1000])

@@ -111,3 +111,92 @@ def test_a_malformed_applied_action_keeps_the_one_sent():
     assert history.peek(np.array([0.5], np.float32)).tolist() == [0.5, 0.5]  # 1.0 of [-2, 2] is 0.5
     history.applied(np.array([-2.0]))
     assert history.peek(np.array([0.5], np.float32)).tolist() == [0.5, -1.0]
+
+
+def test_int8_rollouts_and_gate_episodes_assemble_the_input_as_the_trainer_did(history_run: tuple[Path, Path]):
+    """The calibration rollouts and the gate's episodes see the input the trainer's evaluation assembled: the
+    fp32 graph's gate return on a seed is the trainer's; each episode's first row repeats its first frame."""
+    from sac_edge.calibration.gate import episode_returns
+    from sac_edge.calibration.rollout import EnvSetup
+    from sac_edge.calibration.session import OnnxPolicy
+    from sac_edge.calibration.states import rollout_states
+    from sac_edge.export.source import load_source
+    from sac_edge.train.evaluate import evaluate
+
+    run, bundle = history_run
+    source = load_source(str(run))
+    contract = ObsContract.from_dict(source.observation, "run")
+    setup, policy = EnvSetup("Pendulum-v1", contract), OnnxPolicy(bundle / "policy.onnx")
+    history = ObsAssembler(contract, source.spec.action_low, source.spec.action_high)
+    (expected,) = evaluate(source.policy, make_env("Pendulum-v1"), 1, 5, history)
+    (gated,) = episode_returns(policy, setup, [5])
+    assert gated == pytest.approx(expected, rel=5e-3), (gated, expected)
+    rows = rollout_states(policy, setup, 2 * EPISODE, seed=5)  # every row of two whole episodes, in order
+    assert rows.shape == (2 * EPISODE, 13)
+    for first in (rows[0], rows[EPISODE]):  # [frame | last action 0 | the frame 3 times]
+        assert first[3] == 0.0 and np.array_equal(first[4:], np.tile(first[:3], 3)), first
+    later = rows[10]  # the history: the 3 frames before, oldest first; the last action: the one sent before
+    assert np.array_equal(later[4:], rows[7:10, :3].reshape(-1))
+    sent = policy(rows[9][None])[0]
+    assert later[3] == pytest.approx(float(sent[0]) / 2.0, abs=1e-6)  # Pendulum's [-2, 2] in policy units
+
+
+def test_sac_export_int8_and_sac_edge_run_int8_of_a_contract_run(history_run: tuple[Path, Path], tmp_path: Path):
+    run, _ = history_run
+    bundle = tmp_path / "int8"
+    export = [str(BIN / "sac-export"), str(run), "--out", str(bundle), "--engine", "never", "--int8",
+              "--calib-samples", "512", "--gate-episodes", "2"]  # fmt: skip
+    done = subprocess.run(export, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    states = manifest["calibration"]["states"]
+    assert states["calibration_replay"] > 0 and states["calibration_rollout"] > 0, states
+    assert manifest["gate"]["verdict"] == "accepted", manifest["gate"]
+    cli = [str(BIN / "sac-edge"), "run", str(bundle), "--backend", "onnxruntime", "--precision", "int8",
+           "--seed", "3", "--rate-hz", "1000", "--duration", "5", "--json"]  # fmt: skip
+    summary = json.loads(subprocess.run(cli, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    assert summary["precision"] == "int8" and len(summary["episode_returns"]) >= 1, summary
+
+
+def test_fine_tuning_stores_the_inputs_the_runtime_assembled(history_run: tuple[Path, Path], tmp_path: Path):
+    """``--finetune`` on a contract bundle: each replay row the learner gets holds the input the policy acted
+    on and the next one (the action applied in it, taken before an episode's end restarts the history), as
+    the trainer stores them; rows in order (a row the busy learner's lock made the control thread drop is
+    counted, never half-written)."""
+    _, bundle = history_run
+    options = RuntimeOptions.of(str(bundle), rate_hz=1000, backend="onnxruntime", finetune=True,
+                                finetune_dir=str(tmp_path / "ft"), learning_starts=10_000)  # fmt: skip
+    env, expected = make_env("Pendulum-v1"), []
+    assembler = ObsAssembler(ObsContract(3, 1, 1, 3), [-2.0], [2.0])
+    with Runtime(options) as runtime:
+        obs, _ = env.reset(seed=11)
+        for _ in range(EPISODE + 30):  # one episode's end on the way
+            frame = np.asarray(obs, np.float32)
+            acted_on = assembler.assemble(frame[None])[0].copy()
+            action = runtime.act(frame)
+            assembler.advance(frame[None], action[None])
+            obs, reward, terminated, truncated, _ = env.step(action)
+            expected.append((acted_on, assembler.assemble(np.asarray(obs, np.float32)[None])[0].copy()))
+            runtime.observe(frame, action, reward, np.asarray(obs, np.float32), terminated, truncated)
+            if terminated or truncated:
+                assembler.reset()
+                obs, _ = env.reset(seed=12)
+        ring = runtime._parts.tuner.ring  # type: ignore[union-attr]
+        written, dropped = ring.written, ring.dropped
+        rows = [(ring.obs[k].copy(), ring.next_obs[k].copy()) for k in range(written)]
+    assert written + dropped == len(expected) and written > len(expected) // 2, (written, dropped)
+    at = iter(expected)
+    for k, (got_obs, got_next) in enumerate(rows):
+        assert any(np.array_equal(got_obs, e[0]) and np.array_equal(got_next, e[1]) for e in at), f"row {k}"
+    assert np.array_equal(rows[0][0][4:], np.tile(rows[0][0][:3], 3))  # an episode's first input
+
+
+def test_sac_edge_run_finetune_of_a_contract_bundle_learns_and_swaps(history_run: tuple[Path, Path], tmp_path: Path):
+    _, bundle = history_run
+    cli = [str(BIN / "sac-edge"), "run", str(bundle), "--finetune", "--backend", "onnxruntime", "--rate-hz", "1000",
+           "--duration", "4", "--learning-starts", "200", "--swap-every", "20", "--finetune-buffer", "2000",
+           "--finetune-batch", "32", "--finetune-dir", str(tmp_path / "ft"), "--json"]  # fmt: skip
+    done = subprocess.run(cli, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tuned = json.loads(done.stdout.strip().splitlines()[-1])["finetune"]
+    assert tuned["error"] is None and tuned["updates"] > 0 and tuned["steps_collected"] > 200, tuned
