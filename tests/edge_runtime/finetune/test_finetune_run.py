@@ -56,7 +56,8 @@ def test_finetune_smoke(finetune_bundle: Path, tmp_path: Path, capsys: pytest.Ca
     assert main(argv) == 0
     summary = _json(capsys)
     ft = summary["finetune"]
-    assert ft["updates"] > 0 and ft["steps_collected"] > 1000 and ft["error"] is None
+    # Past --learning-starts (the 3000 slots at 1 kHz shrink on a busy machine: no count beyond it is promised)
+    assert ft["updates"] > 0 and ft["steps_collected"] > 200 and ft["error"] is None
     assert ft["sizing"]["batch_size"] == 32 and ft["sizing"]["buffer_rows"] == 2000
     assert summary["shift"]["m"]["new"] == 1.5 and "miss_rate" in summary
     kinds = [json.loads(line).get("event") for line in telemetry.read_text().splitlines()]
