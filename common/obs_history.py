@@ -104,10 +104,11 @@ class ObsAssembler:
         self.fresh[rows] = True
         self.actions[rows] = 0.0
 
-    def assemble(self, frames: np.ndarray) -> np.ndarray:
-        """The inputs ``[n, obs_dim]`` for the current ``frames`` ``[n, frame_dim]`` (a buffer the next call
-        reuses)."""
-        c, out = self.contract, self._out
+    def assemble(self, frames: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The inputs ``[n, obs_dim]`` for the current ``frames`` ``[n, frame_dim]``, written into ``out``
+        (default: a buffer the next call reuses)."""
+        c = self.contract
+        out = self._out if out is None else out
         f, k = c.frame_dim, c.last_actions * c.act_dim
         out[:, :f] = frames
         out[:, f : f + k] = self.actions.reshape(self.n, k)

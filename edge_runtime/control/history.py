@@ -60,11 +60,9 @@ class InputHistory:
         step (the policy did not act on an input of its own)."""
         if not self.inferred:
             return None
-        out = self.assembler._out
-        acted = out[0].copy()
-        upcoming = self.assembler.assemble(np.asarray(next_frame, np.float32).reshape(1, -1))[0].copy()
-        out[0] = acted  # last_input() keeps answering for the step that inferred
-        return acted, upcoming
+        upcoming = np.empty((1, self.assembler.contract.obs_dim), np.float32)  # last_input() stays the step's
+        self.assembler.assemble(np.asarray(next_frame, np.float32).reshape(1, -1), upcoming)
+        return self.last_input(), upcoming[0]
 
     def restart(self) -> None:
         self._frame = None
