@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from sac_edge.common.delay import ActionDelay, DelayDistribution
-from sac_edge.common.envs import make_env
-from sac_edge.common.obs_history import ObsAssembler, ObsContract
+from sac_edge.common.delay import DelayDistribution
+from sac_edge.common.obs_history import ObsContract
 from sac_edge.common.spec import PolicySpec
 
 #: Episode seeds, disjoint from calibration (seed+k), the gate (+200_000) and parity (+300_000).
@@ -29,6 +28,7 @@ def delay_returns(
     seed: int,
 ) -> dict[str, dict[str, float]]:
     """``{"median" | "p99" | "2x_p99": {"steps": d, "mean_return": r}}`` of the graph at ``onnx_path``."""
+    from sac_edge.calibration.rollout import EnvSetup, run_episode
     from sac_edge.calibration.session import OnnxPolicy
 
     recorded = DelayDistribution.from_dict(delay, "action_delay")
@@ -37,25 +37,8 @@ def delay_returns(
     p99 = recorded.quantile(0.99)
     out = {}
     for name, steps in (("median", recorded.quantile(0.5)), ("p99", p99), ("2x_p99", 2 * p99)):
-        env = ActionDelay(make_env(spec.env_id), DelayDistribution((steps,), (1.0,), name))
-        history = None if contract is None else ObsAssembler(contract, spec.action_low, spec.action_high)
-        returns = [_episode(policy, env, history, seed + DELAY_SEED_OFFSET + i) for i in range(episodes)]
+        env = EnvSetup(spec.env_id, contract, steps).make()  # the inputs Runtime assembles, each action late
+        returns = [run_episode(policy, env, seed + DELAY_SEED_OFFSET + i).total_return for i in range(episodes)]
         env.close()
         out[name] = {"steps": steps, "mean_return": round(float(np.mean(returns)), 3)}
     return out
-
-
-def _episode(policy: Any, env: Any, history: ObsAssembler | None, seed: int) -> float:
-    obs, _ = env.reset(seed=seed)
-    if history is not None:
-        history.reset()
-    total, done = 0.0, False
-    while not done:
-        frame = np.asarray(obs, np.float32)[None]
-        action = policy(frame if history is None else history.assemble(frame))
-        if history is not None:
-            history.advance(frame, action)
-        obs, reward, terminated, truncated, _ = env.step(action[0])
-        total += float(reward)
-        done = bool(terminated or truncated)
-    return total
