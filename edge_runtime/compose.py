@@ -147,21 +147,22 @@ def make_governor(
     return Governor(GovernorConfig(cfg.budget.mem_budget_mb, power_budget_w), ladder)
 
 
-def power_sensor(cfg: RuntimeOptions, log: Log) -> tuple[PowerSensor | None, float | None]:
+def power_sensor(cfg: RuntimeOptions, log: Log, who: str) -> tuple[PowerSensor | None, float | None]:
     """The power sensor a run reads (None: none is read or none is present) and the power budget the governor
     enforces on it: ``--power-budget-w`` on a measured reading, on an estimate only with
     ``--enforce-estimated-power`` (an estimate models the whole machine's CPU load: another process's work
-    would lower this loop's rate). A budget that is not enforced is said in one line at the start."""
+    would lower this loop's rate). A budget that is not enforced is said in one line at the start, begun by
+    ``who`` (the caller's name: ``sac-edge run``, the ROS 2 node, a robot's own loop)."""
     root, watts = Path(cfg.budget.sensor_root), cfg.budget.power_budget_w
     sensor = detect_power_sensor(root) if cfg.telemetry or watts is not None else None
     if isinstance(sensor, NoPowerSensor):
         if watts is not None:
-            log(f"sac-edge run: --power-budget-w {watts:g} cannot be enforced: {sensor.reason}")
+            log(f"{who}: --power-budget-w {watts:g} cannot be enforced: {sensor.reason}")
         return None, None
     if sensor is None or watts is None or sensor.measured or cfg.budget.enforce_estimated_power:
         return sensor, watts
     log(
-        f"sac-edge run: --power-budget-w {watts:g} is not enforced: no power sensor is readable here, only an "
+        f"{who}: --power-budget-w {watts:g} is not enforced: no power sensor is readable here, only an "
         f"estimate ({sensor.source}, from the whole machine's CPU load), recorded in telemetry; "
         "--enforce-estimated-power enforces it on the estimate"
     )
@@ -225,18 +226,24 @@ class Composition:
 
 
 def compose(
-    cfg: RuntimeOptions, bundle: Bundle, weights: LastGoodWeights, shield: Shield | None, emit: Emit, log: Log
+    cfg: RuntimeOptions,
+    bundle: Bundle,
+    weights: LastGoodWeights,
+    shield: Shield | None,
+    emit: Emit,
+    log: Log,
+    who: str,
 ) -> Composition:
     """Backends, probe, fine-tuner (its learner process started), governor, sensor and monitor for ``cfg``.
 
     ``weights`` come from :func:`last_good_weights`, ``shield``
-    from :func:`make_shield`."""
+    from :func:`make_shield`; ``who`` begins the lines logged (the caller's name)."""
     backends, measurements = open_backends(cfg, bundle, log)
     probe = MemoryProbe(Path(cfg.budget.sensor_root))
     last = weights.last
     precisions = list(backends)
     tuner, resumed = None, None
-    sensor, watts = power_sensor(cfg, log)
+    sensor, watts = power_sensor(cfg, log, who)
     try:
         if cfg.finetune.enabled:
             tuner, resumed = build_finetuner(TunerSetup(

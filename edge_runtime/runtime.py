@@ -420,7 +420,7 @@ class Runtime:
             weights = resources.enter_context(last_good_weights(cfg))
             self._telemetry = resources.enter_context(TelemetryWriter(cfg.telemetry, overwrite=cfg.overwrite_telemetry))
             emit = locked(self._telemetry.write)
-            parts = compose(cfg, bundle, weights, make_shield(cfg, bundle, emit), emit, self._log)
+            parts = compose(cfg, bundle, weights, make_shield(cfg, bundle, emit), emit, self._log, self._caller.name)
             resources.callback(parts.monitor.close)
             if parts.tuner is not None:
                 resources.callback(parts.tuner.stop)  # before the lock is released: the learner process goes first

@@ -20,6 +20,7 @@ from sac_edge.common.lockfile import pid_lock
 from sac_edge.edge_runtime.config import RunConfig
 from sac_edge.edge_runtime.finetune.promotion import LastGoodStore
 from sac_edge.edge_runtime.runtime import (
+    Caller,
     Runtime,
     RuntimeOptions,
     RuntimeState,
@@ -65,6 +66,20 @@ def test_the_readme_loop_fine_tunes_promotes_and_keeps_the_last_good_weights(
 def _runtime(bundle: Path, **flags: Any) -> Runtime:
     options = RuntimeOptions.of(str(bundle), backend="onnxruntime", **flags)
     return Runtime(options, obs_low=[-1, -1, -8], obs_high=[1, 1, 8])
+
+
+def test_a_power_budget_not_enforced_is_said_by_the_caller(pendulum_bundle: Path, tmp_path: Path) -> None:
+    """The line is the caller's (the ROS 2 node, a robot's own loop), not ``sac-edge run``'s: a root without
+    a power sensor leaves only the estimate, and an estimate is not enforced unless asked."""
+    (tmp_path / "no-sensors").mkdir()
+    options = RuntimeOptions.of(
+        str(pendulum_bundle), backend="onnxruntime", power_budget_w=5, sensor_root=str(tmp_path / "no-sensors")
+    )
+    said: list[str] = []
+    with Runtime(options, log=said.append, caller=Caller("robot loop")):
+        pass
+    power = [line for line in said if "power" in line]
+    assert len(power) == 1 and power[0].startswith("robot loop: --power-budget-w 5 is not enforced: "), said
 
 
 def test_act_guards_the_observation_and_the_action(pendulum_bundle: Path, tmp_path: Path) -> None:
