@@ -186,12 +186,22 @@ def _section_doc(cls: type[Any]) -> str:
     return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, where it says something: not ``None`` or an empty list (the help
+    says what their absence means), not twice where the help already names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, (), [], "") or "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser(
     cls: type[Any], prog: str, description: str, positional: Sequence[str] = ()
 ) -> argparse.ArgumentParser:
     """An argparse parser whose options are the settings of the dataclass ``cls`` (a section's under its
     own heading); its errors are one-line ``SacEdgeError``s."""
-    parser = _Parser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _Parser(prog=prog, description=description, formatter_class=_HelpFormatter)
     groups = {name: parser.add_argument_group(name, _section_doc(tp)) for name, tp in sections(cls)}
     for opt in options(cls):
         target = groups[opt.path[0]] if len(opt.path) > 1 else parser

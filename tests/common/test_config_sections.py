@@ -56,6 +56,7 @@ def test_a_section_s_fields_are_flags_under_their_own_group() -> None:
     assert "--engine {fast,slow}" in group and "--cores" in group and "--loud" not in group
     cfg = parse_config(Command, ["t", "--engine", "slow", "--cores", "2,3", "--loud"], "cmd", "x", ("target",))
     assert cfg == Command("t", True, Engine("slow", None, (2, 3)))
+    assert "engine (default: fast)" in group and "the limit\n" in group and "the cores\n" in group  # no None, ()
     markdown = reference_markdown(Command, ("target",))
     assert "**engine**: How the engine runs.\n\n| argument |" in markdown and "| `--engine STR` | `fast` |" in markdown
 
