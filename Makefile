@@ -22,6 +22,7 @@ venv: $(STAMP)
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 typecheck: venv
 	$(BIN)/mypy sac_edge bench scripts

@@ -339,8 +339,8 @@ def report(rows: list[dict[str, Any]], load_start: tuple[float, float, float]) -
                     "cpu_ratio": node["cpu_us_per_step"] / floor["cpu_us_per_step"],
                 }
     for name, r in added.items():
-        print(f"{name}: CPU per step {r['cpu_ratio']:.2f}x ({r['added_cpu_us']:+.0f} us), p50 "
-              f"{r['added_p50_us']:+.0f} us")
+        cpu = f"CPU per step {r['cpu_ratio']:.2f}x ({r['added_cpu_us']:+.0f} us)"
+        print(f"{name}: {cpu}, p50 {r['added_p50_us']:+.0f} us")
     load = os.getloadavg()
     print(json.dumps({"bench": "ros2_loop", "rows": rows, "over_echo": added, "loadavg_start": load_start,
                       "loadavg": load}))  # fmt: skip
