@@ -42,13 +42,14 @@ def measure(bundle: str, rounds: int, skip: int) -> dict[str, dict[str, float]]:
 
     rclpy.init()
     node = rclpy.create_node("step_parts")
-    layout = bundle_layout(open_bundle(bundle))
+    opened = open_bundle(bundle)
+    layout = bundle_layout(opened)
     if layout is None:
         raise SystemExit(f"{bundle} has no layout: export it with sac-export --layout FILE")
     clock = time.monotonic_ns
     inputs = RobotInputs(layout, "/joint_states", clock)
     outputs = CommandOutputs(layout, "commands", "", lambda t, topic: node.create_publisher(t, topic, 10), 10**6)
-    backend = open_backend(open_bundle(bundle), "onnxruntime", "fp32")
+    backend = open_backend(opened, "onnxruntime", "fp32")
     bare = backend.bare_call()
     echo_pub, echo_msg = node.create_publisher(Float64MultiArray, "echo", 10), Float64MultiArray()
     msg = JointState()
@@ -63,7 +64,7 @@ def measure(bundle: str, rounds: int, skip: int) -> dict[str, dict[str, float]]:
         obs = stepper.obs
         inputs.on_state(msg, clock())
         action = runtime.act(obs).copy()
-        stage = act_stages(options, open_bundle(bundle), backend.act, obs)
+        stage = act_stages(runtime._scratch, backend.act, obs)  # the stages exactly as the runtime composed them
 
         def echo() -> None:
             echo_msg.data = list(msg.position)
@@ -93,18 +94,11 @@ def measure(bundle: str, rounds: int, skip: int) -> dict[str, dict[str, float]]:
     return {k: {"mean_us": float(np.mean(v)) / 1e3, "median_us": float(np.median(v)) / 1e3} for k, v in times.items()}
 
 
-def act_stages(options: Any, bundle: Any, infer: Callable[[np.ndarray], np.ndarray], obs: np.ndarray) -> dict[str, Any]:
-    """``Runtime.act``'s stages on their own, composed as ``compose.step_pipeline`` does for ``options`` (no
-    observation bounds but the shield's), each on the input the stage before it gives for ``obs``."""
-    from sac_edge.edge_runtime.compose import make_shield
-    from sac_edge.edge_runtime.control.safety import ActionGuard, ObservationGuard
-
-    shield = make_shield(options, bundle, lambda _: None)
-    spec = bundle.spec
-    inner = shield.obs_bounds if shield is not None else None
-    unbounded = np.full(spec.obs_dim, np.inf)
-    guard = ObservationGuard(-unbounded, unbounded, options.obs_fault, inner, dtype=np.float32)
-    act_guard = ActionGuard(np.array(spec.action_low), np.array(spec.action_high))
+def act_stages(pipeline: Any, infer: Callable[[np.ndarray], np.ndarray], obs: np.ndarray) -> dict[str, Any]:
+    """``Runtime.act``'s stages on their own: ``pipeline``'s (the runtime's scratch pipeline, the same stages
+    ``compose.step_pipeline`` builds for its step, on state of their own), each on the input the stage before
+    it gives for ``obs``."""
+    guard, act_guard, shield = pipeline.obs_guard, pipeline.act_guard, pipeline.shield
     observed, safe, inside = guard.check(obs)
     if safe is None:
         raise SystemExit("the bench's observation is outside the bundle's bounds")
