@@ -55,14 +55,22 @@ class Cluster:
             "RAY_AUTH_TOKEN_PATH": str(token),
             "RAY_USAGE_STATS_ENABLED": "0",
         }
-        self.holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"], start_new_session=True)
+        # The holder brings its own loopback up and says so: until unshare(2) has run, /proc/PID/ns/net is
+        # still this machine's namespace, and an ``ip link set lo up`` entered from outside can land there,
+        # leaving the cluster's lo down (every connect ENETUNREACH, the head's GCS unreachable by its own node).
+        self.holder = subprocess.Popen(
+            ["unshare", "--net", "sh", "-c", "ip link set lo up && echo up && exec sleep infinity"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
         self.address = f"127.0.0.1:{GCS_PORT}"
-        deadline = time.monotonic() + 10
-        while subprocess.run(self.netns(["ip", "link", "set", "lo", "up"]), capture_output=True).returncode:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the network namespace did not come up")
-            time.sleep(0.1)
+        assert self.holder.stdout is not None and self.holder.stderr is not None
+        said = self.holder.stdout.readline().strip()
+        link = subprocess.run(self.netns(["ip", "-o", "link", "show", "lo"]), capture_output=True, text=True)
+        if said != "up" or ",UP" not in link.stdout:
+            self.holder.kill()
+            self.holder.wait()
+            raise RuntimeError(f"the cluster's loopback did not come up: {said!r} {link.stdout.strip()!r}")
 
     def netns(self, argv: list[str]) -> list[str]:
         """``argv`` run inside the cluster's network namespace."""
@@ -114,15 +122,6 @@ class Cluster:
                 raise RuntimeError(f"the cluster did not reach {count} alive nodes: {logs}")
             time.sleep(1.0)
 
-    def wait_head(self, timeout: float) -> bool:
-        """Whether the head's GCS answers within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while self.alive() == 0:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(1.0)
-        return True
-
     def kill(self, name: str) -> None:
         """Kill a node outright, as a machine that loses power."""
         node = self.nodes.pop(name)
@@ -145,35 +144,21 @@ class Cluster:
         for name in list(self.nodes):
             self.kill(name)
         os.killpg(self.holder.pid, signal.SIGKILL)
-        self.holder.wait()
+        self.holder.communicate()
         shutil.rmtree(self.work, ignore_errors=True)
-
-
-#: Starts of a fresh cluster before the fixture gives up. Ray 2.60's head in a fresh network namespace on this
-#: 2-vCPU VM sometimes never answers on its GCS port (its own ``ray start`` times out connecting: 4 of 10 starts
-#: in a row on 2026-12-06 at 20:00, when the others answered in 5 to 8 s): a start that is not answered in
-#: ``HEAD_WAIT_S`` is thrown away whole and the cluster started again, said on stderr.
-CLUSTER_STARTS = 3
-HEAD_WAIT_S = 45.0
 
 
 def start_cluster(private: Path, cpus: dict[str, int]) -> Cluster:
     """A cluster of ``cpus`` (node name -> CPUs, the first the head) with every node alive."""
-    for attempt in range(1, CLUSTER_STARTS + 1):
-        nodes = Cluster(private)
-        try:
-            head, *workers = cpus
-            nodes.start(head, cpus[head])
-            if not nodes.wait_head(HEAD_WAIT_S) and attempt < CLUSTER_STARTS:
-                print(f"ray_cluster: the head's GCS did not answer in {HEAD_WAIT_S:.0f} s (start {attempt}); "
-                      "starting the cluster again", file=sys.stderr)  # fmt: skip
-                nodes.close()
-                continue
-            for name in workers:
-                nodes.start(name, cpus[name])
-            nodes.wait_alive(len(cpus))
-            return nodes
-        except BaseException:
-            nodes.close()
-            raise
-    raise AssertionError("unreachable")
+    nodes = Cluster(private)
+    try:
+        head, *workers = cpus
+        nodes.start(head, cpus[head])
+        nodes.wait_alive(1)  # the workers join a GCS that answers, not one still starting
+        for name in workers:
+            nodes.start(name, cpus[name])
+        nodes.wait_alive(len(cpus))
+        return nodes
+    except BaseException:
+        nodes.close()
+        raise

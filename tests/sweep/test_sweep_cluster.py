@@ -92,6 +92,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         nodes.close()
 
 
+def test_the_clusters_loopback_is_up_every_time(tmp_path: Path) -> None:
+    """The namespace's lo was sometimes left down (an ``ip link set lo up`` entered before unshare(2) had run
+    lands in this machine's namespace): every connect in it then failed and the head never answered (CI)."""
+    for _ in range(20):
+        nodes = Cluster(tmp_path)
+        try:
+            link = subprocess.run(nodes.netns(["ip", "-o", "link", "show", "lo"]), capture_output=True, text=True)
+            assert ",UP" in link.stdout, link
+        finally:
+            nodes.close()
+
+
 def _start(cluster: Cluster, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return cluster.sweep(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or {})
 
