@@ -32,9 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from sac_edge.common.delay import ActionDelay, parse_action_delay
-from sac_edge.common.envs import make_env
-from sac_edge.common.obs_history import ObsAssembler, ObsContract
+from sac_edge.common.obs_history import ObsContract
+from sac_edge.common.rollout import EnvSetup
 from sac_edge.export.source import load_source
 from sac_edge.train.cli import main as sac_train
 from sac_edge.train.evaluate import evaluate
@@ -91,14 +90,8 @@ def train_all(todo: list[tuple[Path, list[str]]], jobs: int) -> None:
 def returns(run: Path, env_id: str, delay: int, episodes: int) -> list[float]:
     """Deterministic returns of ``run``'s policy on ``episodes`` seeded episodes, actions ``delay`` steps late."""
     source = load_source(str(run))
-    env = make_env(env_id)
-    if delay:
-        env = ActionDelay(env, parse_action_delay(str(delay)))
-    history = None
-    if source.observation is not None:
-        contract = ObsContract.from_dict(source.observation, str(run))
-        history = ObsAssembler(contract, source.spec.action_low, source.spec.action_high)
-    return evaluate(source.policy, env, episodes, EVAL_SEED, history)
+    contract = None if source.observation is None else ObsContract.from_dict(source.observation, str(run))
+    return evaluate(source.policy, EnvSetup(env_id, contract, delay).make(), episodes, EVAL_SEED)
 
 
 def main() -> None:

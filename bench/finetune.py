@@ -52,9 +52,9 @@ from typing import Any
 
 import numpy as np
 
-from sac_edge.calibration.rollout import run_episode
 from sac_edge.common.bundle import open_bundle
 from sac_edge.common.envs import make_env
+from sac_edge.common.rollout import run_episode
 from sac_edge.common.summary import emit_json
 from sac_edge.edge_runtime.backends.registry import open_backend
 from sac_edge.edge_runtime.finetune.promotion import LastGoodStore

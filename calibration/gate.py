@@ -33,9 +33,10 @@ import onnx
 from sac_edge.common.bundle_format import FP32, INT8
 from sac_edge.common.envs import make_env
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.rollout import EnvSetup, Policy, env_setup, run_episode
 from sac_edge.common.spec import PolicySpec
 
-from .rollout import EnvSetup, Policy, env_setup, random_policy, run_episode, zero_policy
+from .reference_policies import random_policy, zero_policy
 from .session import OnnxPolicy
 from .states import GATE_SEED_OFFSET
 

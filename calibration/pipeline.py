@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from sac_edge.common.atomic import atomic_write_bytes
 from sac_edge.common.bundle_format import CALIB_CACHE, INT8_CPU_ONNX, INT8_ONNX
 from sac_edge.common.errors import InternalError, SacEdgeError
+from sac_edge.common.rollout import EnvSetup
 from sac_edge.common.spec import PolicySpec
 from sac_edge.common.trt.calib_cache import TRT_VERSION, write_cache
 
@@ -24,7 +25,6 @@ from .gate import MAX_MEAN_ERROR_FRAC, Candidates, GateReport, GateSettings, act
 from .graph import layer_name, linear_nodes
 from .integer import integer_graph
 from .qdq import quantizable_tensors, quantize_model
-from .rollout import EnvSetup
 from .session import OnnxPolicy, collect_activations
 from .states import StateSets, build_state_sets, validate_states
 

@@ -14,9 +14,9 @@ from typing import NamedTuple
 import numpy as np
 
 from sac_edge.common.errors import SacEdgeError
+from sac_edge.common.rollout import EnvSetup, Policy, env_setup, run_episode
 from sac_edge.common.spec import PolicySpec
 
-from .rollout import EnvSetup, Policy, env_setup, run_episode
 from .session import OnnxPolicy
 
 CALIB_STATES = "calib_states.npy"  # the run-dir file name (train/checkpoint.py CALIB_STATES)

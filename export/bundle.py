@@ -194,7 +194,7 @@ def _int8(cfg: ExportConfig, source: PolicySource, stage: Path, contract: ObsCon
     gate episodes assemble the policy's input as ``Runtime`` does (``contract``) under the median of the delay
     it trained under."""
     from sac_edge.calibration.pipeline import CalibrationOptions, quantize_and_gate
-    from sac_edge.calibration.rollout import EnvSetup
+    from sac_edge.common.rollout import EnvSetup
 
     delay = source.action_delay
     median = DelayDistribution.from_dict(delay, "action_delay").quantile(0.5) if delay else 0

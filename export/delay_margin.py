@@ -28,8 +28,8 @@ def delay_returns(
     seed: int,
 ) -> dict[str, dict[str, float]]:
     """``{"median" | "p99" | "2x_p99": {"steps": d, "mean_return": r}}`` of the graph at ``onnx_path``."""
-    from sac_edge.calibration.rollout import EnvSetup, run_episode
     from sac_edge.calibration.session import OnnxPolicy
+    from sac_edge.common.rollout import EnvSetup, run_episode
 
     recorded = DelayDistribution.from_dict(delay, "action_delay")
     policy = OnnxPolicy(onnx_path)

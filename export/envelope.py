@@ -100,9 +100,9 @@ def rollout_data(onnx_path: Path, env_id: str, episodes: int, seed: int) -> tupl
     episodes on ``env_id``, or None when there is no env to roll out in."""
     if not env_id or episodes < 1:
         return None
-    from sac_edge.calibration.rollout import run_episode
     from sac_edge.calibration.session import OnnxPolicy
     from sac_edge.common.envs import make_env
+    from sac_edge.common.rollout import run_episode
 
     policy = OnnxPolicy(onnx_path)
     env = make_env(env_id)

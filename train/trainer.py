@@ -30,6 +30,7 @@ from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.obs_history import ObsAssembler, ObsContract
+from sac_edge.common.rollout import policy_inputs
 from sac_edge.common.spec import PolicySpec
 
 from . import checkpoint as ckpt
@@ -163,6 +164,7 @@ class Trainer:
         # The networks take the assembled input; the env, the layout and the bounds describe the frame.
         self.spec: PolicySpec = dataclasses.replace(frame_spec, obs_dim=self.contract.obs_dim)
         self.history = None if self.contract.plain else self._assembler(cfg.num_envs)
+        self.eval_env = policy_inputs(self.eval_env, self.contract)  # the inputs the runtime assembles
         self.choices = {**speed.choices, "threads": self._choose_threads()}  # before the learner: see there
         if cfg.device == "cpu" and cfg.amp == "bf16" and not cpu_bf16_flags():
             print(
@@ -342,13 +344,7 @@ class Trainer:
             torch.tensor(self.spec.action_high, device=self.device),
         )
         with torch_threads(1):  # batch-1 acting: too little work per op to share, only barriers to wait at
-            returns = evaluate(
-                policy,
-                self.eval_env,
-                self.cfg.eval_episodes,
-                self.cfg.seed + EVAL_SEED_OFFSET,
-                None if self.history is None else self._assembler(1),
-            )
+            returns = evaluate(policy, self.eval_env, self.cfg.eval_episodes, self.cfg.seed + EVAL_SEED_OFFSET)
         return float(np.mean(returns))
 
     def train(self) -> TrainSummary:

@@ -82,16 +82,16 @@ def test_the_runtime_assembles_what_the_trainer_assembled(history_run: tuple[Pat
 
 
 def test_sac_edge_run_returns_what_the_trainer_evaluates(history_run: tuple[Path, Path]):
+    from sac_edge.common.rollout import policy_inputs
     from sac_edge.export.source import load_source
     from sac_edge.train.evaluate import evaluate
 
     run, bundle = history_run
     source = load_source(str(run))
     assert source.observation is not None
-    contract = ObsContract.from_dict(source.observation, "run")
-    history = ObsAssembler(contract, source.spec.action_low, source.spec.action_high)
+    env = policy_inputs(make_env("Pendulum-v1"), ObsContract.from_dict(source.observation, "run"))  # the trainer's
     for seed in (3, 4):
-        (expected,) = evaluate(source.policy, make_env("Pendulum-v1"), 1, seed, history)
+        (expected,) = evaluate(source.policy, env, 1, seed)
         # A whole 200-step episode at 50 Hz with the whole 20 ms period as the inference's budget: an overrun
         # (the shield then holds) needs a 20 ms stall, not a busy machine's 1 ms one at 1 kHz.
         cli = [str(BIN / "sac-edge"), "run", str(bundle), "--seed", str(seed),
@@ -119,9 +119,9 @@ def test_int8_rollouts_and_gate_episodes_assemble_the_input_as_the_trainer_did(h
     """The calibration rollouts and the gate's episodes see the input the trainer's evaluation assembled: the
     fp32 graph's gate return on a seed is the trainer's; each episode's first row repeats its first frame."""
     from sac_edge.calibration.gate import episode_returns
-    from sac_edge.calibration.rollout import EnvSetup
     from sac_edge.calibration.session import OnnxPolicy
     from sac_edge.calibration.states import rollout_states
+    from sac_edge.common.rollout import EnvSetup
     from sac_edge.export.source import load_source
     from sac_edge.train.evaluate import evaluate
 
@@ -129,8 +129,7 @@ def test_int8_rollouts_and_gate_episodes_assemble_the_input_as_the_trainer_did(h
     source = load_source(str(run))
     contract = ObsContract.from_dict(source.observation, "run")
     setup, policy = EnvSetup("Pendulum-v1", contract), OnnxPolicy(bundle / "policy.onnx")
-    history = ObsAssembler(contract, source.spec.action_low, source.spec.action_high)
-    (expected,) = evaluate(source.policy, make_env("Pendulum-v1"), 1, 5, history)
+    (expected,) = evaluate(source.policy, setup.make(), 1, 5)
     (gated,) = episode_returns(policy, setup, [5])
     assert gated == pytest.approx(expected, rel=5e-3), (gated, expected)
     rows = rollout_states(policy, setup, 2 * EPISODE, seed=5)  # every row of two whole episodes, in order

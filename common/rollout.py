@@ -1,7 +1,8 @@
-"""Seeded episodes of a policy on a real environment: the source of fresh calibration states and of the
-returns the accuracy gate compares. A policy with last actions or a history in its input (an observation
-contract) acts in the env wrapped so that its observations are the inputs ``Runtime`` assembles, and a
-policy trained under an action delay acts under its median."""
+"""Seeded episodes of a policy on a real environment, in the env it is deployed to: the trainer's evaluation,
+INT8 calibration states, the accuracy gate's returns, the export's delay margin and envelope, benchmarks.
+A policy with last actions or a history in its input (an observation contract) acts in the env wrapped so
+that its observations are the inputs ``Runtime`` assembles; one trained under an action delay acts late.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from sac_edge.common.delay import ActionDelay, DelayDistribution
-from sac_edge.common.envs import make_env
-from sac_edge.common.obs_history import ObsAssembler, ObsContract
+from .delay import ActionDelay, DelayDistribution
+from .envs import make_env
+from .obs_history import ObsAssembler, ObsContract
 
 Policy = typing.Callable[[np.ndarray], np.ndarray]  # [batch, obs_dim] float32 -> [batch, act_dim]
 DEFAULT_MAX_STEPS = 1000  # for envs registered without a time limit (module:Class)
@@ -43,27 +44,6 @@ def run_episode(policy: Policy, env: gym.Env, seed: int) -> Episode:
         if terminated or truncated:
             break
     return Episode(np.stack(seen), total)
-
-
-def random_policy(env: gym.Env, seed: int) -> Policy:
-    """Uniform random actions from a seeded generator (a reference policy for the gate, never for states)."""
-    rng = np.random.default_rng(seed)
-    space = env.action_space
-    assert isinstance(space, gym.spaces.Box)
-    low, high = space.low.astype(np.float32), space.high.astype(np.float32)
-
-    def act(obs: np.ndarray) -> np.ndarray:
-        return rng.uniform(low, high, size=(len(obs), *low.shape)).astype(np.float32)
-
-    return act
-
-
-def zero_policy(env: gym.Env) -> Policy:
-    """The action nearest zero inside the bounds (a "do nothing" reference policy for the gate)."""
-    space = env.action_space
-    assert isinstance(space, gym.spaces.Box)
-    action = np.clip(np.zeros(space.shape, dtype=np.float32), space.low, space.high).astype(np.float32)
-    return lambda obs: np.broadcast_to(action, (len(obs), *action.shape))
 
 
 class AssembledObservation(gym.Wrapper):
@@ -102,15 +82,19 @@ class EnvSetup:
     observation: ObsContract | None = None
     """The policy's input contract (None: the frame alone)."""
     action_delay: int = 0
-    """Control steps each action arrives late (the median of the delay it was trained under)."""
+    """Control steps each action arrives late (a bundle's: the median of the delay it was trained under)."""
 
     def make(self) -> gym.Env:
         env = make_env(self.env_id)
         if self.action_delay:
             env = ActionDelay(env, DelayDistribution((self.action_delay,), (1.0,), "trained median"))
-        if self.observation is not None and not self.observation.plain:
-            env = AssembledObservation(env, self.observation)
-        return env
+        return policy_inputs(env, self.observation)
+
+
+def policy_inputs(env: gym.Env, contract: ObsContract | None) -> gym.Env:
+    """``env`` with the policy's inputs under ``contract`` as its observations (``env`` itself for the frame
+    alone)."""
+    return env if contract is None or contract.plain else AssembledObservation(env, contract)
 
 
 def env_setup(env: str | EnvSetup) -> EnvSetup:
