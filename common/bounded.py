@@ -72,6 +72,8 @@ def open_regular(
                 if stat.S_ISFIFO(kind)
                 else "a device"
                 if stat.S_ISCHR(kind) or stat.S_ISBLK(kind)
+                else "a directory"
+                if stat.S_ISDIR(kind)
                 else "not a file"
             )
             raise SacEdgeError(f"{path}: {what} is not a regular file ({shown}); {fix}")

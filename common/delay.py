@@ -102,7 +102,6 @@ def parse_action_delay(text: str) -> DelayDistribution:
 
 def _quantiles_us(data: dict[str, Any], path: str) -> tuple[float, float, float]:
     """(p50, p99, max) of the delay in microseconds: inference latency (+ the step start's lateness)."""
-    fix = "pass the --json of sac-edge bench or sac-edge run, or the ROS 2 node's summary"
     latency: Any = data.get("latency_us")
     if latency is None and isinstance(data.get("node"), dict):  # the ROS 2 node's summary (file or last line)
         latency = _node_step_us(data["node"], data.get("runtime"))
@@ -111,7 +110,7 @@ def _quantiles_us(data: dict[str, Any], path: str) -> tuple[float, float, float]
         ones: list[dict[str, Any]] = [r for r in rows if isinstance(r, dict) and _finite(r.get("p99"))]
         latency = min(ones, key=lambda r: float(r["p99"])) if ones else None
     if not isinstance(latency, dict) or not all(_finite(latency.get(k)) for k in ("p50", "p99")):
-        raise SacEdgeError(f"--delay-profile {path}: no step latency (latency_us p50/p99) in it; {fix}")
+        raise SacEdgeError(f"--delay-profile {path}: no step latency (latency_us p50/p99) in it; {PROFILE_FIX}")
     jitter: Any = data.get("jitter_us") if isinstance(data.get("jitter_us"), dict) else {}
     out = []
     for key in ("p50", "p99", "max"):
@@ -138,14 +137,14 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
+#: What ``--delay-profile`` takes, said by each of its errors.
+PROFILE_FIX = "pass the --json output of sac-edge bench or sac-edge run, or the ROS 2 node's summary"
+
+
 def delay_from_profile(path: str, dt: float) -> DelayDistribution:
     """The delay distribution in control steps of ``dt`` seconds that a measured profile implies."""
     file = Path(path)
-    if file.is_symlink() or not file.is_file():
-        raise SacEdgeError(f"--delay-profile {path}: not a regular file; pass the --json output of sac-edge run")
-    data = read_json(file, "delay profile", "pass the --json output of sac-edge bench or sac-edge run")
-    if not isinstance(data, dict):
-        raise SacEdgeError(f"--delay-profile {path}: not a JSON object")
+    data = read_json(file, "--delay-profile file", PROFILE_FIX, follow=False)  # names a missing file, a FIFO
     p50, p99, top = _quantiles_us(data, path)
     steps = tuple(min(MAX_DELAY, math.floor(us * 1e-6 / dt + 0.5)) for us in (p50, p99, top))
     origin = f"--delay-profile {file.name}: p50/p99/max {p50:.0f}/{p99:.0f}/{top:.0f} us at dt {dt:g} s"

@@ -16,12 +16,12 @@ def read_json(
     """The JSON object in ``path``; missing, oversized (over ``max_bytes``), malformed, too deeply nested or
     non-object files raise one SacEdgeError line naming ``what`` the file is and ``fix``, what to do. Only a
     regular file is read, with ``follow=False`` not through a symlink (``bounded.open_regular``)."""
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():  # anything else there is named by its kind below
         raise SacEdgeError(f"{path}: {what} not found; {fix}")
     try:
         raw = read_capped(path, max_bytes, what, fix, follow=follow)
     except OSError as err:
-        raise SacEdgeError(f"{path}: {what} is not valid JSON ({err}); {fix}") from None
+        raise SacEdgeError(f"{path}: {what} cannot be read ({err.strerror or err}); {fix}") from None
     return parse_json_object(raw, path, what, fix)
 
 

@@ -4,6 +4,7 @@ the wrapper that applies actions late, drawn per episode from the reset's seed."
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import gymnasium as gym
@@ -11,7 +12,13 @@ import numpy as np
 import pytest
 from applied_actions import AppliedActions
 
-from sac_edge.common.delay import ActionDelay, DelayDistribution, delay_from_profile, parse_action_delay
+from sac_edge.common.delay import (
+    PROFILE_FIX,
+    ActionDelay,
+    DelayDistribution,
+    delay_from_profile,
+    parse_action_delay,
+)
 from sac_edge.common.errors import SacEdgeError
 
 
@@ -48,6 +55,13 @@ def test_a_device_profile_becomes_steps_at_the_env_period(tmp_path: Path):
     for path in (empty, unstepped):
         with pytest.raises(SacEdgeError, match="no step latency"):
             delay_from_profile(str(path), dt=0.05)
+    link, fifo = tmp_path / "link.json", tmp_path / "fifo.json"
+    link.symlink_to(run)
+    os.mkfifo(fifo)
+    said = {"missing.json": "not found", "link.json": "symlink", "fifo.json": "FIFO", "empty.json": "no step latency"}
+    for name, why in said.items():  # one line each, naming the file's problem and what to pass
+        with pytest.raises(SacEdgeError, match=f"{why}.*; {PROFILE_FIX}"):
+            delay_from_profile(str(tmp_path / name), dt=0.05)
 
 
 def test_actions_arrive_late_by_a_delay_drawn_per_seeded_episode():
