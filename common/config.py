@@ -29,6 +29,8 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sac_edge import __version__
+
 from .atomic import atomic_write_json
 from .errors import InternalError, SacEdgeError
 
@@ -196,12 +198,18 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def version_line(prog: str) -> str:
+    """What ``PROG --version`` prints: the command and sac-edge's version (one for every command)."""
+    return f"{prog} {__version__}"
+
+
 def build_parser(
     cls: type[Any], prog: str, description: str, positional: Sequence[str] = ()
 ) -> argparse.ArgumentParser:
     """An argparse parser whose options are the settings of the dataclass ``cls`` (a section's under its
     own heading); its errors are one-line ``SacEdgeError``s."""
     parser = _Parser(prog=prog, description=description, formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=version_line(prog), help="print the version and exit")
     groups = {name: parser.add_argument_group(name, _section_doc(tp)) for name, tp in sections(cls)}
     for opt in options(cls):
         target = groups[opt.path[0]] if len(opt.path) > 1 else parser

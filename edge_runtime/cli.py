@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sac_edge.common.config import parse_config
+from sac_edge.common.config import parse_config, version_line
 from sac_edge.common.errors import SacEdgeError, run_cli
 from sac_edge.common.summary import emit_json
 
@@ -34,7 +34,7 @@ USAGE = f"""usage: {PROG} {{run,bench,drill,doctor}} BUNDLE [options] | {PROG} r
   keygen  write an Ed25519 key pair: NAME (private, for sac-export --sign-key) and NAME.pub (for a
           --trusted-keys directory); missing folders are made 0700; a warning where git would commit NAME
 
-'{PROG} COMMAND --help' lists a command's options."""
+'{PROG} COMMAND --help' lists a command's options; '{PROG} --version' prints the version."""
 
 
 def log(message: str) -> None:
@@ -154,6 +154,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
+    if args[0] == "--version":
+        print(version_line(PROG))
+        return 0
     command, rest = args[0], args[1:]
     if command == "run":
         return _run(rest)

@@ -180,3 +180,18 @@ def test_a_negative_infinity_is_read_as_a_value_and_refused_as_one() -> None:
         parse_config(Command, ["t", "--limit", "-inf"], "cmd", "x", ("target",))
     with pytest.raises(SacEdgeError, match=r"^argument --limit: expected one argument"):  # a word stays a flag
         parse_config(Command, ["t", "--limit", "-fast"], "cmd", "x", ("target",))
+
+
+@pytest.mark.parametrize("argv", [["sac-train"], ["sac-export"], ["sac-sweep"], ["sac-edge"], ["sac-edge", "run"]])
+def test_every_command_prints_its_version(argv: list[str]) -> None:
+    """The installed console scripts: ``--version`` is the command and sac-edge's one version, exit 0."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sac_edge import __version__
+
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / argv[0]), *argv[1:], "--version"], capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{' '.join(argv)} {__version__}\n", "")
