@@ -195,3 +195,12 @@ def test_every_command_prints_its_version(argv: list[str]) -> None:
         [str(Path(sys.executable).parent / argv[0]), *argv[1:], "--version"], capture_output=True, text=True
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, f"{' '.join(argv)} {__version__}\n", "")
+
+
+def test_the_installed_version_is_the_packages() -> None:
+    """pyproject takes its version from ``sac_edge.__version__``: pip's record and --version agree."""
+    import importlib.metadata
+
+    from sac_edge import __version__
+
+    assert importlib.metadata.version("sac-edge") == __version__
