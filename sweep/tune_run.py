@@ -17,6 +17,7 @@ import ipaddress
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import traceback
@@ -28,6 +29,7 @@ from typing import IO, Any
 
 import ray
 from ray import tune
+from ray._private.services import canonicalize_bootstrap_address
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from sac_edge.common.bounded import open_regular
@@ -51,6 +53,9 @@ ASHA_REDUCTION = 2
 MAX_RETRIES = 3
 MAX_TRACEBACK = 64 * 1024
 PROBE_TIMEOUT_S = 120.0
+#: How long a cluster's head may take to accept a TCP connection before ``--address`` is said to be wrong.
+CONNECT_TIMEOUT_S = 5.0
+ADDRESS_FIX = "start the cluster's head there (ray start --head) or check --address ('auto' on a node of the cluster)"
 
 
 class _ReportingTrainer(Trainer):
@@ -240,10 +245,30 @@ def _fd2_to(sink: IO[bytes]) -> Iterator[None]:
         os.close(saved)
 
 
+def _answers(address: str, said: IO[bytes]) -> None:
+    """One line at once where nothing listens at the cluster's address (``auto`` as Ray resolves it: RAY_ADDRESS,
+    then the newest ``ray start`` on this node); ``ray.init`` would retry it in silence for minutes (Ray 2.60:
+    20 tries, each a GcsClient that waits up to ~35 s). What Ray's core logs meanwhile goes to ``said``."""
+    try:
+        with _fd2_to(said):
+            bootstrap = canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError) as err:
+        raise SacEdgeError(f"--address {address}: {_error_line(err).rstrip('.')}; {ADDRESS_FIX}") from None
+    if bootstrap is None:
+        return
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as err:
+        why = getattr(err, "strerror", None) or _error_line(err)
+        raise SacEdgeError(f"nothing answers at {address} ({bootstrap}: {why}); {ADDRESS_FIX}") from None
+
+
 def _join(address: str) -> None:
     """Join the cluster at ``address``; Ray's C++ core logs each refused attempt (tens of lines) on stderr,
     so they are kept aside and read to say why a join failed (a token the cluster refused)."""
     with tempfile.TemporaryFile() as said:
+        _answers(address, said)
         try:
             with _fd2_to(said):
                 ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env())

@@ -5,6 +5,8 @@ crashing trial shares the storage test's second sweep."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,24 @@ def test_storage_holds_one_checkpoint_per_trial_force_clears_it_and_a_crash_spar
     assert result["best"]["run"].endswith("default-seed0") and result["configs"][0]["per_seed"]["1"] is None
     assert [p.parent.name.partition("@")[0] for p in store.glob("sweep/*/checkpoint_*")] == ["default-seed0"]
     assert [p.name for p in (out / "trials").iterdir()] == ["default-seed0"]
+
+
+def test_an_address_where_nothing_answers_is_one_line_at_once(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ray 2.60's ``ray.init`` retried a closed port or an unknown host for minutes without a word (over 150 s
+    here for 127.0.0.1:PORT)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray lets it override --address
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    for address, why in ((f"127.0.0.1:{port}", "Connection refused"), ("no-such-head.invalid:6379", "")):
+        start = time.monotonic()
+        assert main(["--address", address, "--out", str(tmp_path / "out"), *TINY]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"nothing answers at {address}" in err and why in err, err
+        assert "ray start --head" in err and time.monotonic() - start < 30, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_ray_client_addresses_are_refused_with_the_alternatives(capsys: pytest.CaptureFixture[str]) -> None:
