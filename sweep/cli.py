@@ -80,6 +80,23 @@ def _given(cfg: Any, names: Sequence[str]) -> dict[str, Any]:
     return {name: getattr(cfg, name) for name in names if getattr(cfg, name) != defaults[name]}
 
 
+def _changed(cfg: Any, saved: dict[str, Any], taken: Sequence[str]) -> list[str]:
+    """The settings the command line gave (other than their defaults) that differ from the ``saved`` ones and
+    that ``--resume`` does not take (all but ``taken``), each as ``--flag VALUE (saved: VALUE)``."""
+    now, default = config_dict(cfg), config_dict(type(cfg)())
+    return [
+        f"--{k.replace('_', '-')} {_shown(v)} (saved: {_shown(saved.get(k))})"
+        for k, v in now.items()
+        if k not in taken and v != default[k] and k in saved and v != saved[k]
+    ]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def _saved(sweep_dir: Path, sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, TrainConfig]:
     saved = read_json(sweep_dir / SAVED, "sweep config", "nothing to resume; run without --resume")
     source = str(sweep_dir / SAVED)
@@ -87,6 +104,13 @@ def _saved(sweep_dir: Path, sweep: SweepConfig, train: TrainConfig) -> tuple[Swe
         raise SacEdgeError(f"{source}: holds no 'sweep' and 'train' settings; nothing to resume; run without --resume")
     flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
     saved["sweep"].setdefault("name", TUNE_DIR)  # saved before sweeps shared a storage: its one folder
+    ignored = _changed(sweep, saved["sweep"], (*RESUME_FROM_FLAGS, *RESUME_IF_GIVEN["sweep"]))
+    ignored += _changed(train, saved["train"], (*RESUME_IF_GIVEN["train"], "env"))  # env: the sweep's
+    if ignored:  # the same command line again with --resume passes; a changed setting would be lost in silence
+        raise SacEdgeError(
+            f"--resume continues the sweep saved in {source} with its settings, not {', '.join(ignored)}; "
+            "drop them, or start a new sweep (another --out)"
+        )
     sweep_given, train_given = _given(sweep, RESUME_IF_GIVEN["sweep"]), _given(train, RESUME_IF_GIVEN["train"])
     sweep_cfg = config_from_dict(SweepConfig, {**saved["sweep"], **flags, **sweep_given}, source)
     train_cfg = config_from_dict(TrainConfig, {**saved["train"], **train_given}, source)

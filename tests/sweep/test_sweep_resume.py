@@ -66,3 +66,18 @@ def test_a_bad_price_on_resume_is_one_line_naming_the_flag(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["sac-sweep: error: --price-per-hour must be a price of 0 or more, got -1.0"]
     assert (finished_sweep / SAVED).read_text() == before
+
+
+def test_a_setting_resume_would_not_take_is_refused_the_same_one_passes(
+    finished_sweep: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, ``--resume --total-steps 600 --seeds 3`` continued the saved sweep and dropped both in silence."""
+    before = (finished_sweep / SAVED).read_text()
+    changed = ["--out", str(finished_sweep), "--resume", "--total-steps", "600", "--seeds", "3", "--force"]
+    assert sweep_main(changed) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sac-sweep: error: --resume continues the sweep saved in "), err
+    for said in ("--seeds 3 (saved: 1)", "--force on (saved: off)", "--total-steps 600 (saved: 300)"):
+        assert said in err[0], err
+    assert (finished_sweep / SAVED).read_text() == before
+    assert _resume(finished_sweep, capsys, "--seeds", "1", *TINY)["reached_target"] == 0  # the command line again
