@@ -445,6 +445,26 @@ def check_fields(config: Any) -> None:
             raise SacEdgeError(f"{flag} must be one of {', '.join(map(str, choices))}, got {value!r}")
 
 
+def resume_conflicts(cfg: Any, saved: Mapping[str, Any], taken: Container[str]) -> list[str]:
+    """What a ``--resume`` would drop in silence: the settings of the flat config ``cfg`` that the command line
+    gave (other than their defaults), that differ from the ``saved`` ones and that the resume does not take
+    (all but ``taken``), each as ``--flag VALUE (saved: VALUE)``. The same command line again has none."""
+    now, default = config_dict(cfg), config_dict(type(cfg)())
+    was = json.loads(json.dumps({k: v for k, v in saved.items() if k in now}, default=str))  # JSON forms, as now's
+    flags = {opt.dest: opt.flag for opt in options(type(cfg))}
+    return [
+        f"{flags.get(k, k)} {_shown(v)} (saved: {_shown(was[k])})"
+        for k, v in now.items()
+        if k not in taken and v != default[k] and k in was and v != was[k]
+    ]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def config_dict(cfg: Any) -> dict[str, Any]:
     """The resolved config as plain JSON-able values (a section as a nested object, an inline section's
     settings in its outer object)."""

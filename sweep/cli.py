@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sac_edge.common.atomic import atomic_write_json
-from sac_edge.common.config import build_parser, check_fields, config_dict, config_from_dict
+from sac_edge.common.config import build_parser, check_fields, config_dict, config_from_dict, resume_conflicts
 from sac_edge.common.errors import InternalError, SacEdgeError, run_cli
 from sac_edge.common.jsonfile import read_json
 from sac_edge.common.summary import emit_json
 from sac_edge.train.config import TrainConfig, check_values
 
-from .config import TUNE_DIR, SweepConfig, check_sizes, sweep_name
+from .config import RESUME_FROM_FLAGS, RESUME_IF_GIVEN, TUNE_DIR, SweepConfig, check_sizes, sweep_name
 from .grid import Trial, TrialOutcome, parse_grid, plan
 
 if TYPE_CHECKING:
@@ -27,13 +27,6 @@ if TYPE_CHECKING:
 PROG = "sac-sweep"
 INSTALL = "pip install 'sac-edge[sweep]'"
 SAVED = "sweep_config.json"
-# On --resume these come from the command line; everything else from DIR/sweep_config.json.
-# `out` above all: the directory resumed is the one named here, never one a copied sweep_config.json names.
-RESUME_FROM_FLAGS = ("address", "cpus", "json", "out", "resume")
-# On --resume these replace the saved ones when given (a value other than the default), else the saved ones stay:
-# --storage (the same store reached another way) and what the report measures against, the target return and the
-# price; those two are also written back to DIR/sweep_config.json, as settings of the sweep rather than of a session.
-RESUME_IF_GIVEN = {"sweep": ("storage", "target_return"), "train": ("price_per_hour",)}
 WRITTEN_BACK = {"sweep": ("target_return",), "train": ("price_per_hour",)}
 JSON_KEYS = (
     "engine",
@@ -80,23 +73,6 @@ def _given(cfg: Any, names: Sequence[str]) -> dict[str, Any]:
     return {name: getattr(cfg, name) for name in names if getattr(cfg, name) != defaults[name]}
 
 
-def _changed(cfg: Any, saved: dict[str, Any], taken: Sequence[str]) -> list[str]:
-    """The settings the command line gave (other than their defaults) that differ from the ``saved`` ones and
-    that ``--resume`` does not take (all but ``taken``), each as ``--flag VALUE (saved: VALUE)``."""
-    now, default = config_dict(cfg), config_dict(type(cfg)())
-    return [
-        f"--{k.replace('_', '-')} {_shown(v)} (saved: {_shown(saved.get(k))})"
-        for k, v in now.items()
-        if k not in taken and v != default[k] and k in saved and v != saved[k]
-    ]
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
-
-
 def _saved(sweep_dir: Path, sweep: SweepConfig, train: TrainConfig) -> tuple[SweepConfig, TrainConfig]:
     saved = read_json(sweep_dir / SAVED, "sweep config", "nothing to resume; run without --resume")
     source = str(sweep_dir / SAVED)
@@ -104,8 +80,8 @@ def _saved(sweep_dir: Path, sweep: SweepConfig, train: TrainConfig) -> tuple[Swe
         raise SacEdgeError(f"{source}: holds no 'sweep' and 'train' settings; nothing to resume; run without --resume")
     flags = {k: getattr(sweep, k) for k in RESUME_FROM_FLAGS}
     saved["sweep"].setdefault("name", TUNE_DIR)  # saved before sweeps shared a storage: its one folder
-    ignored = _changed(sweep, saved["sweep"], (*RESUME_FROM_FLAGS, *RESUME_IF_GIVEN["sweep"]))
-    ignored += _changed(train, saved["train"], (*RESUME_IF_GIVEN["train"], "env"))  # env: the sweep's
+    ignored = resume_conflicts(sweep, saved["sweep"], (*RESUME_FROM_FLAGS, *RESUME_IF_GIVEN["sweep"]))
+    ignored += resume_conflicts(train, saved["train"], (*RESUME_IF_GIVEN["train"], "env"))  # env: the sweep's
     if ignored:  # the same command line again with --resume passes; a changed setting would be lost in silence
         raise SacEdgeError(
             f"--resume continues the sweep saved in {source} with its settings, not {', '.join(ignored)}; "

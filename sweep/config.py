@@ -13,8 +13,22 @@ from sac_edge.common.errors import SacEdgeError
 #: The sweep's folder in the default storage, the sweep dir (and in the --storage of a sweep saved before
 #: sweeps shared one).
 TUNE_DIR = "tune"
+# On --resume these come from the command line; everything else from DIR/sweep_config.json.
+# `out` above all: the directory resumed is the one named here, never one a copied sweep_config.json names.
+RESUME_FROM_FLAGS = ("address", "cpus", "json", "out", "resume")
+# On --resume these replace the saved ones when given (a value other than the default), else the saved ones stay:
+# --storage (the same store reached another way) and what the report measures against, the target return and the
+# price; those two are also written back to DIR/sweep_config.json, as settings of the sweep rather than of a session.
+RESUME_IF_GIVEN = {"sweep": ("storage", "target_return"), "train": ("price_per_hour",)}
 MAX_TRIALS = 10_000
 """Grid points x seeds at most: past it a sweep would not end (``--seeds 100000000000`` started Ray and ran on)."""
+
+
+RESUME_TAKES_IF_GIVEN = (*RESUME_IF_GIVEN["sweep"], *RESUME_IF_GIVEN["train"])
+
+
+def _flags(names: tuple[str, ...]) -> str:
+    return ", ".join("--" + name.replace("_", "-") for name in names if name != "resume")
 
 
 @dataclass(frozen=True)
@@ -69,7 +83,12 @@ class SweepConfig:
     )
     out: str = field(default="sweeps/latest", metadata={"help": "sweep directory (trials/, summary.json, curves.png)"})
     resume: bool = field(
-        default=False, metadata={"help": "continue the sweep in --out with its saved settings (Tune's restore)"}
+        default=False,
+        metadata={
+            "help": "continue the sweep in --out with its saved settings (Tune's restore); taken from the command "
+            f"line: {_flags(RESUME_FROM_FLAGS)}, and when given {_flags(RESUME_TAKES_IF_GIVEN)} (any other "
+            "setting given must be the saved one)"
+        },
     )
     force: bool = field(default=False, metadata={"help": "replace an existing sweep in --out"})
     json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})

@@ -9,6 +9,9 @@ from typing import Any
 from sac_edge.common.cpus import usable_cpus
 from sac_edge.common.errors import SacEdgeError
 
+#: What ``--resume`` takes from the command line; every other setting is the run's saved one.
+RESUME_TAKES = ("out", "total_steps", "threads", "log_every", "profile", "price_per_hour", "progress", "json")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -119,7 +122,14 @@ class TrainConfig:
         },
     )
     out: str = field(default="runs/latest", metadata={"help": "run directory"})
-    resume: bool = field(default=False, metadata={"help": "continue the run in --out from its checkpoint"})
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "continue the run in --out from its checkpoint with its saved settings; taken from the command "
+            f"line: {', '.join('--' + name.replace('_', '-') for name in RESUME_TAKES)} (any other setting given "
+            "must be the saved one)"
+        },
+    )
     force: bool = field(default=False, metadata={"help": "overwrite an existing run in --out"})
     progress: bool = field(default=True, metadata={"help": "tqdm progress bar on stderr (on a terminal)"})
     json: bool = field(default=False, metadata={"help": "print a one-line JSON summary last on stdout"})

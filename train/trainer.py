@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 import sac_edge
 from sac_edge.common.atomic import atomic_path, atomic_write_json, check_output_path
-from sac_edge.common.config import check_fields, config_dict
+from sac_edge.common.config import check_fields, config_dict, resume_conflicts
 from sac_edge.common.delay import ActionDelay, DelayDistribution, delay_from_profile, env_dt, parse_action_delay
 from sac_edge.common.envs import file_env, make_env
 from sac_edge.common.errors import InternalError, SacEdgeError
@@ -34,7 +34,7 @@ from sac_edge.common.rollout import policy_inputs
 from sac_edge.common.spec import PolicySpec
 
 from . import checkpoint as ckpt
-from .config import TrainConfig, check_values
+from .config import RESUME_TAKES, TrainConfig, check_values
 from .cost import cost_fields, cost_line, eta_s
 from .defaults import cpu_bf16_flags, resolve_speed
 from .envs import env_state, make_vector_env, policy_spec, restore_env_state
@@ -123,7 +123,13 @@ def resolve_config(cfg: TrainConfig) -> tuple[TrainConfig, Path]:
             raise SacEdgeError(f"{run}: {NO_CHECKPOINT}")
         if isinstance(saved_cfg.get("compile"), bool):  # runs saved before --compile auto
             saved_cfg["compile"] = "on" if saved_cfg["compile"] else "off"
-        keep = {"total_steps", "progress", "json", "resume", "out", "threads", "log_every", "profile", "price_per_hour"}
+        keep = {*RESUME_TAKES, "resume"}
+        dropped = resume_conflicts(cfg, saved_cfg, keep | {"env"})  # the env: said above
+        if dropped:  # the same command line again passes; a changed setting would be replaced in silence
+            raise SacEdgeError(
+                f"--resume continues {run} with its settings, not {', '.join(dropped)}; drop them, or train a "
+                "new run (another --out, or --force)"
+            )
         resumed = dataclasses.replace(cfg, **{k: v for k, v in saved_cfg.items() if k not in keep})
         try:  # a saved value of the wrong type failed deep in torch after the envs and networks were built
             check_fields(resumed)

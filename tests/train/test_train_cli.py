@@ -90,6 +90,21 @@ def test_resume_from_another_env_is_refused(tmp_path, capsys):
     assert sha256_file(run / "checkpoint.safetensors") == before
 
 
+def test_a_setting_resume_would_replace_is_refused_the_same_one_passes(tmp_path, capsys):
+    """Before, ``--resume --hidden 64,64 --seed 3`` trained on with the saved 32,32 and seed 0 in silence."""
+    run = tmp_path / "run"
+    assert _train(run) == 0
+    before = sha256_file(run / "checkpoint.safetensors")
+    capsys.readouterr()
+    assert main(["--out", str(run), "--resume", "--total-steps", "600", "--hidden", "64,64", "--seed", "3"]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"sac-train: error: --resume continues {run} with its settings, not "), line
+    assert "--seed 3 (saved: 0)" in line and "--hidden 64,64 (saved: 32,32)" in line, line
+    assert sha256_file(run / "checkpoint.safetensors") == before
+    again = ["--out", str(run), "--resume", "--total-steps", "600", "--hidden", "32,32", "--no-progress"]
+    assert main(again) == 0  # the same settings again: taken
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
 def test_corrupt_checkpoint_is_one_line(tmp_path, capsys, damage):
     run = tmp_path / "run"
