@@ -29,7 +29,6 @@ from typing import IO, Any
 
 import ray
 from ray import tune
-from ray._private.services import canonicalize_bootstrap_address
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 
 from sac_edge.common.bounded import open_regular
@@ -249,6 +248,10 @@ def _answers(address: str, said: IO[bytes]) -> None:
     """One line at once where nothing listens at the cluster's address (``auto`` as Ray resolves it: RAY_ADDRESS,
     then the newest ``ray start`` on this node); ``ray.init`` would retry it in silence for minutes (Ray 2.60:
     20 tries, each a GcsClient that waits up to ~35 s). What Ray's core logs meanwhile goes to ``said``."""
+    try:  # Ray's own resolution (private, in every Ray sac-sweep supports); without it Ray is left to say
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:
+        return
     try:
         with _fd2_to(said):
             bootstrap = canonicalize_bootstrap_address(address)
