@@ -40,8 +40,8 @@ def render() -> str:
     parts = [
         "# sac-edge command-line reference\n",
         "Generated from the commands' config classes by `scripts/cli_reference.py` (`make docs`); a test fails"
-        " when this page and the code differ. Each command also takes `--help` and `--version`. `sac-edge keygen NAME` writes"
-        " an Ed25519 key pair (NAME, NAME.pub) for `sac-export --sign-key` and `--trusted-keys`. Outputs,"
+        " when this page and the code differ. Each command also takes `--help` and `--version`. `sac-edge keygen"
+        " NAME` writes an Ed25519 key pair (NAME, NAME.pub) for `sac-export --sign-key` and `--trusted-keys`. Outputs,"
         " `--json` keys and exit codes: [CONTRACTS.md](CONTRACTS.md).\n",
     ]
     for line, cls, positional, what in COMMANDS:
