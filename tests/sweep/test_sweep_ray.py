@@ -94,18 +94,18 @@ def test_storage_holds_one_checkpoint_per_trial_force_clears_it_and_a_crash_spar
 def test_an_address_where_nothing_answers_is_one_line_at_once(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Ray 2.60's ``ray.init`` retried a closed port or an unknown host for minutes without a word (over 150 s
+    """Ray 2.60's ``ray.init`` retried a closed port or an unknown host for minutes without a word (over 300 s
     here for 127.0.0.1:PORT)."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # Ray lets it override --address
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     for address, why in ((f"127.0.0.1:{port}", "Connection refused"), ("no-such-head.invalid:6379", "")):
-        start = time.monotonic()
+        start = time.monotonic()  # 3 s each here; the bound leaves room for a busy machine and a slow DNS resolver
         assert main(["--address", address, "--out", str(tmp_path / "out"), *TINY]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and f"nothing answers at {address}" in err and why in err, err
-        assert "ray start --head" in err and time.monotonic() - start < 30, err
+        assert "ray start --head" in err and time.monotonic() - start < 90, err
     assert not (tmp_path / "out").exists()
 
 
