@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sac_edge.common.config import flag_of
 from sac_edge.common.cpus import usable_cpus
 from sac_edge.common.errors import SacEdgeError
 
@@ -28,7 +29,7 @@ RESUME_TAKES_IF_GIVEN = (*RESUME_IF_GIVEN["sweep"], *RESUME_IF_GIVEN["train"])
 
 
 def _flags(names: tuple[str, ...]) -> str:
-    return ", ".join("--" + name.replace("_", "-") for name in names if name != "resume")
+    return ", ".join(flag_of(name) for name in names if name != "resume")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sac_edge.common.config import flag_of
 from sac_edge.common.cpus import usable_cpus
 from sac_edge.common.errors import SacEdgeError
 
@@ -126,7 +127,7 @@ class TrainConfig:
         default=False,
         metadata={
             "help": "continue the run in --out from its checkpoint with its saved settings; taken from the command "
-            f"line: {', '.join('--' + name.replace('_', '-') for name in RESUME_TAKES)} (any other setting given "
+            f"line: {', '.join(map(flag_of, RESUME_TAKES))} (any other setting given "
             "must be the saved one)"
         },
     )
